@@ -1,0 +1,229 @@
+"""Input validation for ``taylor_shift_attention``: every public form calls this once.
+
+Each error names the argument, what was expected and what came, so that a user can fix the
+call without reading our code.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+MODES = ("auto", "direct", "efficient")
+FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+@dataclass(frozen=True)
+class Problem:
+    """A validated call, with the derived facts the forms need.
+
+    ``mask`` is the bool mask broadcast to (B, H, Nq, Nk) or ``None``; ``key_mask`` is the
+    same mask reduced to (B, H, Nk) when it does not vary over queries, else ``None``.
+    """
+
+    batch: int
+    heads: int
+    n_query: int
+    n_key: int
+    head_dim: int
+    value_dim: int
+    mask: Tensor | None
+    key_mask: Tensor | None
+    mask_varies_over_queries: bool
+
+
+def _shape(t: Tensor) -> str:
+    return "(" + ", ".join(str(s) for s in t.shape) + ")"
+
+
+def _check_tensor(name: str, t: object, layout: str) -> Tensor:
+    if not isinstance(t, Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor of shape {layout}; got {type(t).__name__}")
+    if t.dim() != 4:
+        raise ValueError(
+            f"{name} must be 4-D with shape {layout}; got {t.dim()}-D tensor of shape {_shape(t)}"
+        )
+    if t.dtype not in FLOAT_DTYPES:
+        raise TypeError(
+            f"{name} must have a floating dtype (float16, bfloat16, float32 or float64); "
+            f"got {t.dtype}"
+        )
+    return t
+
+
+def check_inputs(
+    query: object,
+    key: object,
+    value: object,
+    attn_mask: object,
+    is_causal: object,
+    temperature: object,
+    scale: object,
+    normalize: object,
+    order: object,
+    mode: object,
+) -> Problem:
+    """Validate a call; raise ``TypeError``/``ValueError`` naming the argument on bad input."""
+    q = _check_tensor("query", query, "(B, H, Nq, d)")
+    k = _check_tensor("key", key, "(B, H, Nk, d)")
+    v = _check_tensor("value", value, "(B, H, Nk, dv)")
+
+    b, h, nq, d = q.shape
+    if k.shape[:2] != (b, h):
+        raise ValueError(
+            f"key must have the batch and head sizes of query, (B, H) = ({b}, {h}); "
+            f"got key of shape {_shape(k)}"
+        )
+    if v.shape[:2] != (b, h):
+        raise ValueError(
+            f"value must have the batch and head sizes of query, (B, H) = ({b}, {h}); "
+            f"got value of shape {_shape(v)}"
+        )
+    nk = k.shape[2]
+    if v.shape[2] != nk:
+        raise ValueError(
+            f"value must have as many tokens as key (Nk = {nk}); got value of shape {_shape(v)}"
+        )
+    if k.shape[3] != d:
+        raise ValueError(
+            f"key must have the head dim of query (d = {d}); got key of shape {_shape(k)}"
+        )
+    if d == 0:
+        raise ValueError(
+            f"query and key must have a head dim d >= 1; got query of shape {_shape(q)}"
+        )
+    for name, t in (("key", k), ("value", v)):
+        if t.dtype != q.dtype:
+            raise TypeError(f"{name} must have the dtype of query ({q.dtype}); got {t.dtype}")
+        if t.device != q.device:
+            raise ValueError(f"{name} must be on the device of query ({q.device}); got {t.device}")
+
+    if not isinstance(is_causal, bool):
+        raise TypeError(f"is_causal must be a bool; got {type(is_causal).__name__}")
+    if not isinstance(normalize, bool):
+        raise TypeError(f"normalize must be a bool; got {type(normalize).__name__}")
+    if isinstance(order, bool) or not isinstance(order, numbers.Integral):
+        raise TypeError(f"order must be an int (an even order >= 2); got {type(order).__name__}")
+    if order < 2 or order % 2:
+        raise ValueError(
+            f"order must be even and >= 2 (odd orders can give negative weights and vanishing "
+            f"denominators); got {order}"
+        )
+    if not isinstance(mode, str) or mode not in MODES:
+        raise ValueError(f"mode must be one of {', '.join(map(repr, MODES))}; got {mode!r}")
+
+    _check_temperature_and_scale(temperature, scale, normalize, q)
+
+    mask = None
+    key_mask = None
+    varies = False
+    if attn_mask is not None:
+        mask = _check_mask(attn_mask, b, h, nq, nk, q.device)
+        # A mask whose rows are all equal is a key-padding mask, whatever its shape says.
+        if mask.shape[2] == 1 or nq <= 1 or bool((mask == mask[:, :, :1, :]).all()):
+            key_mask = mask[:, :, 0, :]
+        else:
+            varies = True
+    if mode == "efficient":
+        if order != 2:
+            raise ValueError(
+                f"mode='efficient' supports order=2 only; got order={order} (use mode='direct')"
+            )
+        if varies:
+            raise ValueError(
+                "attn_mask varies over queries, which mode='efficient' cannot express (it "
+                "supports key-padding masks of shape (B, H, 1, Nk) and is_causal); use "
+                "mode='direct' for general masks"
+            )
+    return Problem(b, h, nq, nk, d, v.shape[3], mask, key_mask, varies)
+
+
+def _check_temperature_and_scale(
+    temperature: object, scale: object, normalize: bool, q: Tensor
+) -> None:
+    b, h = q.shape[:2]
+    if isinstance(temperature, Tensor):
+        if not temperature.is_floating_point():
+            raise TypeError(
+                f"temperature must be a float or floating tensor; got {temperature.dtype}"
+            )
+        if temperature.device != q.device:
+            raise ValueError(
+                f"temperature must be on the device of query ({q.device}); got {temperature.device}"
+            )
+        try:
+            ok = torch.broadcast_shapes(temperature.shape, (b, h, 1, 1)) == (b, h, 1, 1)
+        except RuntimeError:
+            ok = False
+        if not ok or temperature.dim() > 4:
+            raise ValueError(
+                f"temperature must broadcast to (B, H, 1, 1) = ({b}, {h}, 1, 1); "
+                f"got shape {_shape(temperature)}"
+            )
+    elif isinstance(temperature, bool) or not isinstance(temperature, numbers.Real):
+        raise TypeError(
+            f"temperature must be a float or a tensor; got {type(temperature).__name__}"
+        )
+    elif not math.isfinite(float(temperature)):
+        raise ValueError(f"temperature must be finite; got {temperature}")
+
+    if scale is not None:
+        if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
+            raise TypeError(f"scale must be a float or None; got {type(scale).__name__}")
+        if not math.isfinite(float(scale)):
+            raise ValueError(f"scale must be finite; got {scale}")
+        if normalize:
+            raise ValueError(
+                f"scale applies only with normalize=False (normalized scores use temperature); "
+                f"got scale={scale} with normalize=True"
+            )
+    if isinstance(temperature, Tensor):
+        if not normalize:
+            raise ValueError(
+                "temperature applies only with normalize=True (unnormalized scores use scale); "
+                f"got a temperature tensor of shape {_shape(temperature)} with normalize=False"
+            )
+    elif not normalize and float(temperature) != 1.0:
+        raise ValueError(
+            "temperature applies only with normalize=True (unnormalized scores use scale); "
+            f"got temperature={temperature} with normalize=False"
+        )
+
+
+def _check_mask(
+    attn_mask: object, b: int, h: int, nq: int, nk: int, device: torch.device
+) -> Tensor:
+    if not isinstance(attn_mask, Tensor):
+        raise TypeError(f"attn_mask must be a bool tensor or None; got {type(attn_mask).__name__}")
+    if attn_mask.dtype != torch.bool:
+        extra = (
+            " (additive float masks have no meaning for a polynomial weight; pass a bool "
+            "mask, e.g. float_mask == 0)"
+            if attn_mask.is_floating_point()
+            else ""
+        )
+        raise TypeError(
+            f"attn_mask must be a bool tensor (True = attend); got {attn_mask.dtype}{extra}"
+        )
+    if attn_mask.device != device:
+        raise ValueError(
+            f"attn_mask must be on the device of query ({device}); got {attn_mask.device}"
+        )
+    target = (b, h, nq, nk)
+    try:
+        ok = attn_mask.dim() <= 4 and torch.broadcast_shapes(attn_mask.shape, target) == target
+    except RuntimeError:
+        ok = False
+    if not ok:
+        raise ValueError(
+            f"attn_mask must broadcast to (B, H, Nq, Nk) = ({b}, {h}, {nq}, {nk}); "
+            f"got shape {_shape(attn_mask)}"
+        )
+    while attn_mask.dim() < 4:
+        attn_mask = attn_mask.unsqueeze(0)
+    # Keep the query dim at its own size (1 for key padding) so no (Nq, Nk) tensor appears.
+    return attn_mask.expand(b, h, attn_mask.shape[2], nk)

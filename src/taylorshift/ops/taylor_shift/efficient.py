@@ -1,0 +1,227 @@
+"""Efficient TaylorShift, non-causal, O(N d² dv): key-side states accumulated chunk by chunk.
+
+    S  = Σ_j φ(k'_j)ᵀ [v_j, 1]          (D, dv + 1), D = d(d+1)/2 + d + 1, masked keys left out
+    Y' = φ(q'_i) (c ⊙ S)                (Nq, dv + 1): numerator and denominator together
+    y  = Y'[:dv] / Y'[dv] · sqrt(n/d)
+
+No tensor of N × D features exists for the whole sequence: keys and queries are visited in
+chunks. Backward (``EfficientTaylorShiftFunction``) saves the inputs, the (D, dv + 1) state,
+the output and the O(N) denominators, and recomputes the features chunk by chunk; the
+derivation is in docs/efficient-form.md.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from .features import (
+    compute_dtype,
+    feature_dim,
+    features,
+    scaled_key,
+    scaled_query,
+    score_factor,
+    state_weights,
+    values_with_ones,
+)
+
+# Elements of one chunk of features, (B, H, C, D), that the default chunk size aims at.
+CHUNK_ELEMENTS = 1 << 22
+MIN_CHUNK = 64
+MAX_CHUNK = 4096
+
+
+def default_chunk_size(batch_heads: int, d: int) -> int:
+    """Tokens per chunk so that a (B·H, C, D) feature block holds about 4M elements."""
+    c = CHUNK_ELEMENTS // max(1, batch_heads * feature_dim(d))
+    return max(MIN_CHUNK, min(MAX_CHUNK, c))
+
+
+def query_factor(temperature: Tensor | None, factor: float, dtype: torch.dtype, b: int, h: int):
+    """The multiplier of q after normalisation: a (B, H, 1, 1) tensor or a float."""
+    if temperature is None:
+        return factor
+    return temperature.to(dtype).expand(b, h, 1, 1)
+
+
+def grad_outputs(
+    grad_out: Tensor, out: Tensor, den: Tensor, count: Tensor, normalize: bool, d: int
+) -> Tensor:
+    """Gradient w.r.t. Y' = [numerator, denominator] from the gradient w.r.t. y.
+
+    y = nom · f / den with f = sqrt(n/d) (or 1): ∂y/∂nom = f/den and ∂y/∂den = -y/den.
+    Rows with no attended key (n = 0) get zero. Shapes: grad_out, out (B, H, N, dv);
+    den (B, H, N); count broadcasts to (B, H, N). Returns (B, H, N, dv + 1).
+    """
+    valid = count > 0
+    safe_den = torch.where(valid, den, 1.0)
+    scale = torch.where(valid, 1.0 / safe_den, 0.0)
+    g_den = -(grad_out * out).sum(-1) * scale
+    if normalize:
+        scale = scale * torch.sqrt(count / d)
+    g_nom = grad_out * scale.unsqueeze(-1)
+    return torch.cat([g_nom, g_den.unsqueeze(-1)], dim=-1)
+
+
+def finish_outputs(
+    y_prime: Tensor, count: Tensor, normalize: bool, d: int
+) -> tuple[Tensor, Tensor]:
+    """y = nom/den · sqrt(n/d) from Y' (…, N, dv + 1); count broadcasts to (…, N).
+
+    Returns (y, den). A row with n = 0 has a zero state product, so 0/1 keeps it zero.
+    """
+    nom, den = y_prime[..., :-1], y_prime[..., -1]
+    valid = count > 0
+    scale = 1.0 / torch.where(valid, den, 1.0)
+    if normalize:
+        scale = scale * torch.sqrt(count / d)
+    return nom * scale.unsqueeze(-1), den
+
+
+class EfficientTaylorShiftFunction(torch.autograd.Function):
+    """Non-causal efficient TaylorShift with a chunked, recomputing backward."""
+
+    @staticmethod
+    def forward(ctx, query, key, value, temperature, factor, normalize, key_mask, chunk):
+        b, h, nq, d = query.shape
+        nk, dv = key.shape[2], value.shape[3]
+        cd = compute_dtype(query.dtype)
+        weights = state_weights(d, cd, query.device)  # (D, 1)
+        tau = query_factor(temperature, factor, cd, b, h)
+
+        state = query.new_zeros((b, h, feature_dim(d), dv + 1), dtype=cd)
+        for j0 in range(0, nk, chunk):
+            j1 = min(j0 + chunk, nk)
+            k = scaled_key(key[:, :, j0:j1].to(cd), normalize)
+            mask = None if key_mask is None else key_mask[:, :, j0:j1]
+            v = values_with_ones(value[:, :, j0:j1].to(cd), mask)
+            state += features(k).transpose(-2, -1) @ v
+
+        count = key_count(key_mask, nk, cd, query.device)  # (B, H, 1) or scalar tensor
+        weighted = state * weights
+        out = torch.empty((b, h, nq, dv), dtype=query.dtype, device=query.device)
+        den = torch.empty((b, h, nq), dtype=cd, device=query.device)
+        for i0 in range(0, nq, chunk):
+            i1 = min(i0 + chunk, nq)
+            q = scaled_query(query[:, :, i0:i1].to(cd), tau, normalize)
+            y, den[:, :, i0:i1] = finish_outputs(features(q) @ weighted, count, normalize, d)
+            out[:, :, i0:i1] = y.to(out.dtype)
+
+        ctx.save_for_backward(query, key, value, temperature, key_mask, state, out, den)
+        ctx.factor, ctx.normalize, ctx.chunk = factor, normalize, chunk
+        return out
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_out):
+        query, key, value, temperature, key_mask, state, out, den = ctx.saved_tensors
+        need_q, need_k, need_v, need_t = ctx.needs_input_grad[:4]
+        normalize, chunk = ctx.normalize, ctx.chunk
+        b, h, nq, d = query.shape
+        nk, _dv = key.shape[2], value.shape[3]
+        cd = state.dtype
+        weights = state_weights(d, cd, query.device)
+        weighted = state * weights
+        count = key_count(key_mask, nk, cd, query.device)
+        g_y = grad_outputs(grad_out.to(cd), out.to(cd), den, count, normalize, d)
+
+        gq = torch.zeros_like(query, dtype=cd) if need_q else None
+        gt = torch.zeros((b, h, 1, 1), dtype=cd, device=query.device) if need_t else None
+        g_state = torch.zeros_like(state)  # gradient w.r.t. the weighted state
+        for i0 in range(0, nq, chunk):
+            i1 = min(i0 + chunk, nq)
+            g_chunk = g_y[:, :, i0:i1]
+            with torch.enable_grad():
+                q_in = query[:, :, i0:i1].to(cd).detach().requires_grad_(need_q)
+                t_in = None
+                if temperature is not None:
+                    t_in = query_factor(temperature, 0.0, cd, b, h).detach().requires_grad_(need_t)
+                phi = features(scaled_query(q_in, ctx.factor if t_in is None else t_in, normalize))
+            if need_q or need_t:
+                inputs = [x for x, need in ((q_in, need_q), (t_in, need_t)) if need]
+                grads = torch.autograd.grad(phi, inputs, g_chunk @ weighted.transpose(-2, -1))
+                grads = list(grads)
+                if need_q:
+                    gq[:, :, i0:i1] = grads.pop(0)
+                if need_t:
+                    gt += grads.pop(0)
+            g_state += phi.detach().transpose(-2, -1) @ g_chunk
+
+        g_state *= weights  # now the gradient w.r.t. the unweighted state
+        gk, gv = key_side_grads(key, value, key_mask, g_state, normalize, chunk, need_k, need_v)
+        return (
+            None if gq is None else gq.to(query.dtype),
+            gk,
+            gv,
+            None if gt is None else gt.sum_to_size(temperature.shape).to(temperature.dtype),
+            None,
+            None,
+            None,
+            None,
+        )
+
+
+def key_count(key_mask: Tensor | None, nk: int, dtype: torch.dtype, device) -> Tensor:
+    """Attended keys per query for a key-padding mask: (B, H, 1), or a 0-d tensor."""
+    if key_mask is None:
+        return torch.tensor(float(nk), dtype=dtype, device=device)
+    return key_mask.sum(-1, keepdim=True).to(dtype)
+
+
+def key_side_grads(
+    key: Tensor,
+    value: Tensor,
+    key_mask: Tensor | None,
+    g_state: Tensor,
+    normalize: bool,
+    chunk: int,
+    need_k: bool,
+    need_v: bool,
+) -> tuple[Tensor | None, Tensor | None]:
+    """Gradients of key and value from the gradient of S = Σ_j φ(k'_j)ᵀ v'_j (B, H, D, dv+1).
+
+    ∂/∂v'_j = φ(k'_j) g_state and ∂/∂φ(k'_j) = v'_j g_stateᵀ; the feature map is
+    differentiated by autograd on one chunk at a time.
+    """
+    nk, dv = key.shape[2], value.shape[3]
+    cd = g_state.dtype
+    gk = torch.zeros_like(key, dtype=cd) if need_k else None
+    gv = torch.zeros_like(value, dtype=cd) if need_v else None
+    if not (need_k or need_v):
+        return None, None
+    for j0 in range(0, nk, chunk):
+        j1 = min(j0 + chunk, nk)
+        mask = None if key_mask is None else key_mask[:, :, j0:j1]
+        with torch.enable_grad():
+            k_in = key[:, :, j0:j1].to(cd).detach().requires_grad_(need_k)
+            phi = features(scaled_key(k_in, normalize))
+        if need_v:
+            g = (phi.detach() @ g_state)[..., :dv]
+            gv[:, :, j0:j1] = g if mask is None else g * mask.unsqueeze(-1)
+        if need_k:
+            v = values_with_ones(value[:, :, j0:j1].to(cd), mask)
+            (gk[:, :, j0:j1],) = torch.autograd.grad(phi, k_in, v @ g_state.transpose(-2, -1))
+    return (
+        None if gk is None else gk.to(key.dtype),
+        None if gv is None else gv.to(value.dtype),
+    )
+
+
+def efficient_taylor_shift(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    key_mask: Tensor | None,
+    temperature: Tensor | float,
+    scale: float | None,
+    normalize: bool,
+    chunk_size: int | None = None,
+) -> Tensor:
+    """Non-causal efficient form on validated inputs; key_mask is (B, H, Nk) bool or None."""
+    b, h, _, d = query.shape
+    chunk = chunk_size or default_chunk_size(b * h, d)
+    factor = score_factor(temperature, scale, normalize, d)
+    t = factor if isinstance(factor, Tensor) else None
+    f = 0.0 if t is not None else float(factor)
+    return EfficientTaylorShiftFunction.apply(query, key, value, t, f, normalize, key_mask, chunk)

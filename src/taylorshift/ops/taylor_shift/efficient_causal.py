@@ -1,0 +1,216 @@
+"""Efficient TaylorShift, causal (SPEC §2.3): chunks of C tokens, O(N C d + N d² dv).
+
+For the query chunk [i0, i1):
+    Y'  = φ(q') (c ⊙ S_<i0)                  keys before the chunk, through the prefix state
+        + w(q' k'ᵀ ⊙ tril) [v, 1]             keys inside the chunk, directly, causally masked
+    S  += φ(k'_chunk)ᵀ [v, 1]_chunk           then the chunk joins the prefix
+with n_i = number of attended keys j <= i in the output factor.
+
+Query i attends key j iff j <= i (upper-left aligned, as SDPA), also when Nq != Nk.
+
+Backward runs two sweeps so that no prefix state is ever stored or obtained by subtraction:
+a forward sweep rebuilds S_<i0 and gives the query-side and intra-chunk gradients; a reverse
+sweep accumulates G_>c = Σ_{c' > c} φ(q'_c')ᵀ ∂Y'_c' and gives the key-side gradients.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from .efficient import finish_outputs, grad_outputs, query_factor
+from .features import (
+    compute_dtype,
+    feature_dim,
+    features,
+    scaled_key,
+    scaled_query,
+    score_factor,
+    state_weights,
+    taylor_weight,
+    values_with_ones,
+)
+
+DEFAULT_CAUSAL_CHUNK = 128
+
+
+def causal_count(key_mask: Tensor | None, nq: int, nk: int, dtype: torch.dtype, device) -> Tensor:
+    """n_i = attended keys j <= i: (B, H, Nq) with a key mask, else (Nq,)."""
+    rows = torch.arange(nq, device=device)
+    if key_mask is None:
+        return (rows + 1).clamp(max=nk).to(dtype)
+    if nk == 0:
+        return torch.zeros((*key_mask.shape[:2], nq), dtype=dtype, device=device)
+    seen = key_mask.to(torch.int64).cumsum(-1)  # (B, H, Nk)
+    return seen[..., rows.clamp(max=nk - 1)].to(dtype)
+
+
+def _chunk_output(q, k, v, weighted):
+    """Y' of one query chunk: the prefix state plus the causal intra-chunk part.
+
+    q (B, H, C, d); k, v (B, H, Ck, d / dv+1) with Ck <= C keys at the same positions (or
+    None when the chunk lies past the last key); weighted (B, H, D, dv + 1).
+    """
+    y = features(q) @ weighted
+    if k is not None:
+        w = taylor_weight(q @ k.transpose(-2, -1), 2)  # (B, H, C, Ck)
+        causal = torch.ones(w.shape[-2:], dtype=torch.bool, device=w.device).tril()
+        y = y + w.masked_fill(~causal, 0.0) @ v
+    return y
+
+
+class CausalEfficientTaylorShiftFunction(torch.autograd.Function):
+    """Causal efficient TaylorShift with a chunked, recomputing backward."""
+
+    @staticmethod
+    def forward(ctx, query, key, value, temperature, factor, normalize, key_mask, chunk):
+        b, h, nq, d = query.shape
+        nk, dv = key.shape[2], value.shape[3]
+        cd = compute_dtype(query.dtype)
+        weights = state_weights(d, cd, query.device)
+        tau = query_factor(temperature, factor, cd, b, h)
+        count = causal_count(key_mask, nq, nk, cd, query.device)
+
+        state = query.new_zeros((b, h, feature_dim(d), dv + 1), dtype=cd)
+        out = torch.empty((b, h, nq, dv), dtype=query.dtype, device=query.device)
+        den = torch.empty((b, h, nq), dtype=cd, device=query.device)
+        for i0 in range(0, nq, chunk):
+            i1 = min(i0 + chunk, nq)
+            q = scaled_query(query[:, :, i0:i1].to(cd), tau, normalize)
+            k = v = None
+            if i0 < nk:
+                j1 = min(i1, nk)
+                k = scaled_key(key[:, :, i0:j1].to(cd), normalize)
+                mask = None if key_mask is None else key_mask[:, :, i0:j1]
+                v = values_with_ones(value[:, :, i0:j1].to(cd), mask)
+            y_prime = _chunk_output(q, k, v, state * weights)
+            y, den[:, :, i0:i1] = finish_outputs(y_prime, count[..., i0:i1], normalize, d)
+            out[:, :, i0:i1] = y.to(out.dtype)
+            if k is not None:
+                state += features(k).transpose(-2, -1) @ v
+
+        ctx.save_for_backward(query, key, value, temperature, key_mask, out, den)
+        ctx.factor, ctx.normalize, ctx.chunk = factor, normalize, chunk
+        return out
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_out):
+        query, key, value, temperature, key_mask, out, den = ctx.saved_tensors
+        need_q, need_k, need_v, need_t = ctx.needs_input_grad[:4]
+        normalize, chunk = ctx.normalize, ctx.chunk
+        b, h, nq, d = query.shape
+        nk, dv = key.shape[2], value.shape[3]
+        cd = den.dtype
+        weights = state_weights(d, cd, query.device)
+        count = causal_count(key_mask, nq, nk, cd, query.device)
+        g_y = grad_outputs(grad_out.to(cd), out.to(cd), den, count, normalize, d)
+
+        gq = torch.zeros_like(query, dtype=cd) if need_q else None
+        gk = torch.zeros_like(key, dtype=cd) if need_k else None
+        gv = torch.zeros_like(value, dtype=cd) if need_v else None
+        gt = torch.zeros((b, h, 1, 1), dtype=cd, device=query.device) if need_t else None
+
+        # Forward sweep: rebuild the prefix state; gradients through the query features and
+        # the intra-chunk block.
+        state = query.new_zeros((b, h, feature_dim(d), dv + 1), dtype=cd)
+        for i0 in range(0, nq, chunk):
+            i1 = min(i0 + chunk, nq)
+            j1 = min(i1, nk)
+            has_keys = i0 < nk
+            mask = None if key_mask is None or not has_keys else key_mask[:, :, i0:j1]
+            with torch.enable_grad():
+                q_in = query[:, :, i0:i1].to(cd).detach().requires_grad_(need_q)
+                t_in = None
+                if temperature is not None:
+                    t_in = query_factor(temperature, 0.0, cd, b, h).detach().requires_grad_(need_t)
+                q = scaled_query(q_in, ctx.factor if t_in is None else t_in, normalize)
+                k_in = v_in = k = v = None
+                if has_keys:
+                    k_in = key[:, :, i0:j1].to(cd).detach().requires_grad_(need_k)
+                    v_in = value[:, :, i0:j1].to(cd).detach().requires_grad_(need_v)
+                    k = scaled_key(k_in, normalize)
+                    v = values_with_ones(v_in, mask)
+                y_prime = _chunk_output(q, k, v, state * weights)
+            wanted = [
+                (x, name)
+                for x, name, need in (
+                    (q_in, "q", need_q),
+                    (t_in, "t", need_t),
+                    (k_in, "k", need_k),
+                    (v_in, "v", need_v),
+                )
+                if need and x is not None
+            ]
+            if wanted:
+                grads = torch.autograd.grad(
+                    y_prime, [x for x, _ in wanted], g_y[:, :, i0:i1], allow_unused=True
+                )
+                for (_, name), g in zip(wanted, grads, strict=False):
+                    if g is None:
+                        continue
+                    if name == "q":
+                        gq[:, :, i0:i1] += g
+                    elif name == "t":
+                        gt += g
+                    elif name == "k":
+                        gk[:, :, i0:j1] += g
+                    else:
+                        gv[:, :, i0:j1] += g
+            if has_keys:
+                state += features(k.detach()).transpose(-2, -1) @ v.detach()
+
+        # Reverse sweep: the gradient of the state that chunk c feeds, from later queries.
+        if need_k or need_v:
+            g_state = torch.zeros_like(state)
+            for i0 in reversed(range(0, nq, chunk)):
+                i1 = min(i0 + chunk, nq)
+                if i0 < nk:
+                    j1 = min(i1, nk)
+                    mask = None if key_mask is None else key_mask[:, :, i0:j1]
+                    g_s = g_state * weights
+                    with torch.enable_grad():
+                        k_in = key[:, :, i0:j1].to(cd).detach().requires_grad_(need_k)
+                        phi = features(scaled_key(k_in, normalize))
+                    if need_v:
+                        g = (phi.detach() @ g_s)[..., :dv]
+                        gv[:, :, i0:j1] += g if mask is None else g * mask.unsqueeze(-1)
+                    if need_k:
+                        v = values_with_ones(value[:, :, i0:j1].to(cd), mask)
+                        (g,) = torch.autograd.grad(phi, k_in, v @ g_s.transpose(-2, -1))
+                        gk[:, :, i0:j1] += g
+                tau = query_factor(temperature, ctx.factor, cd, b, h)
+                q = scaled_query(query[:, :, i0:i1].to(cd), tau, normalize)
+                g_state += features(q).transpose(-2, -1) @ g_y[:, :, i0:i1]
+
+        return (
+            None if gq is None else gq.to(query.dtype),
+            None if gk is None else gk.to(key.dtype),
+            None if gv is None else gv.to(value.dtype),
+            None if gt is None else gt.sum_to_size(temperature.shape).to(temperature.dtype),
+            None,
+            None,
+            None,
+            None,
+        )
+
+
+def causal_efficient_taylor_shift(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    key_mask: Tensor | None,
+    temperature: Tensor | float,
+    scale: float | None,
+    normalize: bool,
+    chunk_size: int | None = None,
+) -> Tensor:
+    """Causal efficient form on validated inputs; key_mask is (B, H, Nk) bool or None."""
+    d = query.shape[-1]
+    chunk = chunk_size or DEFAULT_CAUSAL_CHUNK
+    factor = score_factor(temperature, scale, normalize, d)
+    t = factor if isinstance(factor, Tensor) else None
+    f = 0.0 if t is not None else float(factor)
+    return CausalEfficientTaylorShiftFunction.apply(
+        query, key, value, t, f, normalize, key_mask, chunk
+    )

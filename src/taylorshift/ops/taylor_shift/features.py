@@ -1,0 +1,111 @@
+"""Shared pieces of every TaylorShift form: score scaling, Taylor weights, feature maps.
+
+Layout everywhere: (B, H, N, d). Arithmetic runs in float32 for float16/bfloat16/float32
+inputs and in float64 for float64 inputs (``compute_dtype``).
+"""
+
+from __future__ import annotations
+
+import math
+from functools import lru_cache
+
+import torch
+from torch import Tensor
+
+# Floor on ‖q‖ and ‖k‖ before dividing (as torch.nn.functional.normalize): a zero vector
+# stays zero, so its scores are 0 and its weights the constant term 1.
+NORM_EPS = 1e-12
+
+
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype sums are accumulated in: float64 for float64 input, else float32."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def score_factor(temperature: Tensor | float, scale: float | None, normalize: bool, d: int):
+    """The factor on the query side: τ when normalising, else ``scale`` (default 1/sqrt(d))."""
+    if normalize:
+        return temperature
+    return scale if scale is not None else 1.0 / math.sqrt(d)
+
+
+def scaled_query(q: Tensor, factor: Tensor | float, normalize: bool) -> Tensor:
+    """q' with s_ij = q'_i · k'_j: τ q/‖q‖ (normalize) or scale · q. Shape (..., N, d)."""
+    if normalize:
+        q = q / torch.linalg.vector_norm(q, dim=-1, keepdim=True).clamp_min(NORM_EPS)
+    return q * factor
+
+
+def scaled_key(k: Tensor, normalize: bool) -> Tensor:
+    """k' with s_ij = q'_i · k'_j: k/‖k‖ (normalize) or k unchanged. Shape (..., N, d)."""
+    if normalize:
+        k = k / torch.linalg.vector_norm(k, dim=-1, keepdim=True).clamp_min(NORM_EPS)
+    return k
+
+
+def taylor_weight(s: Tensor, order: int) -> Tensor:
+    """w(s) = Σ_{n=0..order} sⁿ/n!, by Horner's rule (positive for even order)."""
+    w = torch.ones_like(s)
+    for n in range(order, 0, -1):
+        w = 1.0 + s * w / n
+    return w
+
+
+def output_factor(count: Tensor, normalize: bool, d: int) -> Tensor | None:
+    """The paper's output factor sqrt(n_i/d) from the attended-key count n_i, or None."""
+    if not normalize:
+        return None
+    return torch.sqrt(count / d)
+
+
+@lru_cache(maxsize=64)
+def _pair_index_cpu(d: int) -> tuple[Tensor, Tensor]:
+    a, b = torch.triu_indices(d, d)
+    return a, b
+
+
+def pair_index(d: int, device: torch.device) -> tuple[Tensor, Tensor]:
+    """Index pairs (a, b) with a <= b: the d(d+1)/2 distinct entries of x ⊗ x."""
+    a, b = _pair_index_cpu(d)
+    return a.to(device), b.to(device)
+
+
+def feature_dim(d: int) -> int:
+    """Length of the feature vector φ(x) = [x_a x_b (a <= b), x, 1]."""
+    return d * (d + 1) // 2 + d + 1
+
+
+def features(x: Tensor) -> Tensor:
+    """φ(x) = [x_a x_b for a <= b, x, 1]: (..., N, d) -> (..., N, d(d+1)/2 + d + 1).
+
+    With the state weights of ``state_weights``, φ(q)ᵀ diag(c) φ(k) = 1 + q·k + (q·k)²/2:
+    the symmetric form of the row-wise tensor product (SPEC §2.2).
+    """
+    a, b = pair_index(x.shape[-1], x.device)
+    quad = x[..., a] * x[..., b]
+    ones = x.new_ones((*x.shape[:-1], 1))
+    return torch.cat([quad, x, ones], dim=-1)
+
+
+def state_weights(d: int, dtype: torch.dtype, device: torch.device) -> Tensor:
+    """c with Σ_{a<=b} c_ab q_a q_b k_a k_b = (q·k)²/2 and 1 on the linear and constant rows.
+
+    (q·k)² counts each off-diagonal pair twice, so c = 1/2 on the diagonal and 1 off it.
+    Shape (D, 1), to scale the rows of a (D, dv + 1) state.
+    """
+    a, b = pair_index(d, device)
+    quad = torch.where(a == b, 0.5, 1.0).to(dtype)
+    rest = torch.ones(d + 1, dtype=dtype, device=device)
+    return torch.cat([quad, rest]).unsqueeze(-1)
+
+
+def values_with_ones(v: Tensor, key_mask: Tensor | None) -> Tensor:
+    """V' = [v, 1], rows of masked keys zeroed: (..., N, dv) -> (..., N, dv + 1).
+
+    The ones column yields the denominator; zeroing the whole row removes a masked key from
+    every key-side sum, its constant term included.
+    """
+    vp = torch.cat([v, v.new_ones((*v.shape[:-1], 1))], dim=-1)
+    if key_mask is not None:
+        vp = vp * key_mask.unsqueeze(-1).to(vp.dtype)
+    return vp

@@ -1,0 +1,87 @@
+"""The public op: ``taylor_shift_attention``, one entry point for every form."""
+
+from __future__ import annotations
+
+from torch import Tensor
+
+from .checks import check_inputs
+from .direct import direct_taylor_shift
+from .dispatch import choose_mode
+from .efficient import efficient_taylor_shift
+from .efficient_causal import causal_efficient_taylor_shift
+
+
+def taylor_shift_attention(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attn_mask: Tensor | None = None,
+    is_causal: bool = False,
+    *,
+    temperature: Tensor | float = 1.0,
+    scale: float | None = None,
+    normalize: bool = True,
+    order: int = 2,
+    mode: str = "auto",
+) -> Tensor:
+    r"""Taylor-softmax attention (TaylorShift), in its direct or linear-time efficient form.
+
+    Softmax's exponential is replaced by its Taylor polynomial of even ``order``,
+    ``w(s) = Σ_{n=0..order} sⁿ/n!`` (``1 + s + s²/2`` by default, always > 0)::
+
+        # normalize=True (the paper's scheme)
+        q, k = query / max(‖query‖, eps), key / max(‖key‖, eps)
+        s    = temperature * q @ k.mT                      # (B, H, Nq, Nk)
+        w    = taylor(s) * allowed                         # allowed: mask ∧ causal
+        n    = allowed.sum(-1, keepdim=True)               # attended keys per query
+        out  = (w @ value) / w.sum(-1, keepdim=True) * sqrt(n / d)
+
+        # normalize=False: s = scale * query @ key.mT (scale = 1/sqrt(d)), no sqrt(n/d)
+
+    A query that attends no key returns zeros (and finite gradients).
+
+    Args:
+        query: (B, H, Nq, d).
+        key: (B, H, Nk, d).
+        value: (B, H, Nk, dv).
+        attn_mask: optional bool tensor broadcastable to (B, H, Nq, Nk), True = attend (as
+            SDPA). Float (additive) masks are refused: they have no meaning for a polynomial.
+            Masked keys leave every key-side sum, the constant term included.
+        is_causal: query i attends key j only if j <= i (upper-left aligned, as SDPA). Unlike
+            SDPA it combines with ``attn_mask`` (logical and), as padded causal batches need.
+        temperature: τ, a float or a tensor broadcastable to (B, H, 1, 1) (per-head, may
+            require grad). Only with ``normalize=True``.
+        scale: score scale for ``normalize=False``; default 1/sqrt(d).
+        normalize: the paper's normalisation of q and k and its output factor sqrt(n_i/d).
+        order: even Taylor order >= 2; the efficient form supports 2.
+        mode: ``"direct"`` materialises the (Nq, Nk) weights, O(N² d), any order and mask;
+            ``"efficient"`` is linear in N, O(N d² dv), for key-padding masks (not varying
+            over queries), causal, cross-attention; ``"auto"`` picks the cheaper one.
+
+    Returns:
+        (B, H, Nq, dv) in the dtype of ``query``. float16/bfloat16 inputs are accumulated in
+        float32.
+
+    Raises:
+        TypeError, ValueError: for bad input, naming the argument, the expected and the
+        actual value.
+    """
+    problem = check_inputs(
+        query, key, value, attn_mask, is_causal, temperature, scale, normalize, order, mode
+    )
+    if mode == "auto":
+        mode = choose_mode(
+            problem.n_query,
+            problem.n_key,
+            problem.head_dim,
+            problem.value_dim,
+            causal=is_causal,
+            order=order,
+            mask_varies=problem.mask_varies_over_queries,
+        )
+    if mode == "direct":
+        return direct_taylor_shift(
+            query, key, value, problem.mask, is_causal, temperature, scale, normalize, order
+        )
+    form = causal_efficient_taylor_shift if is_causal else efficient_taylor_shift
+    return form(query, key, value, problem.key_mask, temperature, scale, normalize)
