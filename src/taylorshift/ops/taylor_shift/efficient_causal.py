@@ -31,7 +31,7 @@ from .features import (
     values_with_ones,
 )
 
-DEFAULT_CAUSAL_CHUNK = 128
+DEFAULT_CAUSAL_CHUNK = 256
 
 
 def causal_count(key_mask: Tensor | None, nq: int, nk: int, dtype: torch.dtype, device) -> Tensor:

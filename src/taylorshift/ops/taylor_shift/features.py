@@ -65,7 +65,7 @@ def _pair_index_cpu(d: int) -> tuple[Tensor, Tensor]:
 
 
 def pair_index(d: int, device: torch.device) -> tuple[Tensor, Tensor]:
-    """Index pairs (a, b) with a <= b: the d(d+1)/2 distinct entries of x ⊗ x."""
+    """Index pairs (a, b) with a <= b, in the order of ``features``: row a holds b = a..d-1."""
     a, b = _pair_index_cpu(d)
     return a.to(device), b.to(device)
 
@@ -75,16 +75,47 @@ def feature_dim(d: int) -> int:
     return d * (d + 1) // 2 + d + 1
 
 
+class _Features(torch.autograd.Function):
+    """φ(x) with a hand-written backward (autograd of a gather would scatter-add: slow)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        d = x.shape[-1]
+        out = torch.empty((*x.shape[:-1], feature_dim(d)), dtype=x.dtype, device=x.device)
+        # Row a of the upper triangle, x_a · x[a:], as one contiguous slice of the output:
+        # d strided multiplies beat a gather of the pairs several times over on the CPU.
+        start = 0
+        for a in range(d):
+            torch.mul(x[..., a : a + 1], x[..., a:], out=out[..., start : start + d - a])
+            start += d - a
+        out[..., start : start + d] = x
+        out[..., -1] = 1.0
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        (x,) = ctx.saved_tensors
+        d = x.shape[-1]
+        p = d * (d + 1) // 2
+        gx = grad[..., p : p + d].clone()
+        # ∂(x_a x_b)/∂x_a = x_b and /∂x_b = x_a; on the diagonal both terms give 2 x_a.
+        start = 0
+        for a in range(d):
+            g = grad[..., start : start + d - a]
+            gx[..., a] += (g * x[..., a:]).sum(-1)
+            gx[..., a:] += g * x[..., a : a + 1]
+            start += d - a
+        return gx
+
+
 def features(x: Tensor) -> Tensor:
     """φ(x) = [x_a x_b for a <= b, x, 1]: (..., N, d) -> (..., N, d(d+1)/2 + d + 1).
 
     With the state weights of ``state_weights``, φ(q)ᵀ diag(c) φ(k) = 1 + q·k + (q·k)²/2:
     the symmetric form of the row-wise tensor product (SPEC §2.2).
     """
-    a, b = pair_index(x.shape[-1], x.device)
-    quad = x[..., a] * x[..., b]
-    ones = x.new_ones((*x.shape[:-1], 1))
-    return torch.cat([quad, x, ones], dim=-1)
+    return _Features.apply(x)
 
 
 def state_weights(d: int, dtype: torch.dtype, device: torch.device) -> Tensor:

@@ -1,0 +1,48 @@
+"""Shared test helpers: float64 comparisons by relative norm, random problems."""
+
+from __future__ import annotations
+
+import torch
+
+
+def rel_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    """‖actual − expected‖ / ‖expected‖ in float64 (absolute when expected is zero)."""
+    a, e = actual.double(), expected.double()
+    den = e.norm().item()
+    err = (a - e).norm().item()
+    return err / den if den > 0 else err
+
+
+def assert_rel_close(actual, expected, rtol: float, what: str = "", atol: float = 1e-13) -> None:
+    """‖actual − expected‖ <= rtol ‖expected‖ + atol sqrt(numel).
+
+    The absolute floor (per element, RMS) covers values that are zero in exact arithmetic
+    (a gradient through a single attended key, say), where a relative error means nothing.
+    """
+    assert actual.shape == expected.shape, f"{what}: shape {actual.shape} != {expected.shape}"
+    assert torch.isfinite(actual).all(), f"{what}: non-finite values"
+    err = (actual.double() - expected.double()).norm().item()
+    bound = rtol * expected.double().norm().item() + atol * expected.numel() ** 0.5
+    assert err <= bound, (
+        f"{what}: error {err:.3e} > bound {bound:.3e} (relative {rel_error(actual, expected):.3e})"
+    )
+
+
+def random_qkv(b, h, nq, nk, d, dv, dtype=torch.float64, seed=0, requires_grad=True):
+    g = torch.Generator().manual_seed(seed)
+    tensors = [
+        torch.randn(b, h, nq, d, generator=g, dtype=torch.float64),
+        torch.randn(b, h, nk, d, generator=g, dtype=torch.float64),
+        torch.randn(b, h, nk, dv, generator=g, dtype=torch.float64),
+    ]
+    return [t.to(dtype).requires_grad_(requires_grad) for t in tensors]
+
+
+def key_padding(b: int, nk: int, seed: int = 0, empty_row: bool = True) -> torch.Tensor:
+    """(B, 1, 1, Nk) bool mask: random lengths, batch 0 fully padded when asked."""
+    g = torch.Generator().manual_seed(seed + 1)
+    lengths = torch.randint(1, nk + 1, (b,), generator=g)
+    mask = torch.arange(nk)[None, :] < lengths[:, None]
+    if empty_row and b > 1:
+        mask[0] = False
+    return mask[:, None, None, :]
