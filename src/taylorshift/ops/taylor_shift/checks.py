@@ -40,9 +40,15 @@ def _shape(t: Tensor) -> str:
     return "(" + ", ".join(str(s) for s in t.shape) + ")"
 
 
+def _check_dense(name: str, t: Tensor) -> None:
+    if t.layout != torch.strided:
+        raise TypeError(f"{name} must be a dense (strided) tensor; got layout {t.layout}")
+
+
 def _check_tensor(name: str, t: object, layout: str) -> Tensor:
     if not isinstance(t, Tensor):
         raise TypeError(f"{name} must be a torch.Tensor of shape {layout}; got {type(t).__name__}")
+    _check_dense(name, t)
     if t.dim() != 4:
         raise ValueError(
             f"{name} must be 4-D with shape {layout}; got {t.dim()}-D tensor of shape {_shape(t)}"
@@ -136,8 +142,8 @@ def check_inputs(
         if varies:
             raise ValueError(
                 "attn_mask varies over queries, which mode='efficient' cannot express (it "
-                "supports key-padding masks of shape (B, H, 1, Nk) and is_causal); use "
-                "mode='direct' for general masks"
+                "supports key-padding masks of shape (B, H, 1, Nk) and is_causal); got "
+                f"attn_mask of shape {_shape(attn_mask)}; use mode='direct' for general masks"
             )
     return Problem(b, h, nq, nk, d, v.shape[3], mask, key_mask, varies)
 
@@ -147,6 +153,7 @@ def _check_temperature_and_scale(
 ) -> None:
     b, h = q.shape[:2]
     if isinstance(temperature, Tensor):
+        _check_dense("temperature", temperature)
         if not temperature.is_floating_point():
             raise TypeError(
                 f"temperature must be a float or floating tensor; got {temperature.dtype}"
@@ -199,6 +206,7 @@ def _check_mask(
 ) -> Tensor:
     if not isinstance(attn_mask, Tensor):
         raise TypeError(f"attn_mask must be a bool tensor or None; got {type(attn_mask).__name__}")
+    _check_dense("attn_mask", attn_mask)
     if attn_mask.dtype != torch.bool:
         extra = (
             " (additive float masks have no meaning for a polynomial weight; pass a bool "

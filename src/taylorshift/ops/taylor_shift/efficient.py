@@ -19,10 +19,12 @@ from .features import (
     compute_dtype,
     feature_dim,
     features,
+    quadratic_grad,
     scaled_key,
     scaled_query,
     score_factor,
     state_weights,
+    symmetric_state,
     values_with_ones,
 )
 
@@ -32,9 +34,14 @@ MIN_CHUNK = 64
 MAX_CHUNK = 4096
 
 
-def default_chunk_size(batch_heads: int, d: int) -> int:
-    """Tokens per chunk so that a (B·H, C, D) feature block holds about 4M elements."""
-    c = CHUNK_ELEMENTS // max(1, batch_heads * feature_dim(d))
+def default_chunk_size(batch_heads: int, d: int, dv: int) -> int:
+    """Tokens per chunk so that a (B·H, C, D) feature block holds about 4M elements.
+
+    Backward also forms (B·H, C, d·(dv + 1)) products (``quadratic_grad``): the wider of the
+    two sets the chunk.
+    """
+    width = max(feature_dim(d), d * (dv + 1))
+    c = CHUNK_ELEMENTS // max(1, batch_heads * width)
     return max(MIN_CHUNK, min(MAX_CHUNK, c))
 
 
@@ -119,7 +126,7 @@ class EfficientTaylorShiftFunction(torch.autograd.Function):
         need_q, need_k, need_v, need_t = ctx.needs_input_grad[:4]
         normalize, chunk = ctx.normalize, ctx.chunk
         b, h, nq, d = query.shape
-        nk, _dv = key.shape[2], value.shape[3]
+        nk = key.shape[2]
         cd = state.dtype
         weights = state_weights(d, cd, query.device)
         weighted = state * weights
@@ -132,21 +139,18 @@ class EfficientTaylorShiftFunction(torch.autograd.Function):
         for i0 in range(0, nq, chunk):
             i1 = min(i0 + chunk, nq)
             g_chunk = g_y[:, :, i0:i1]
-            with torch.enable_grad():
-                q_in = query[:, :, i0:i1].to(cd).detach().requires_grad_(need_q)
-                t_in = None
-                if temperature is not None:
-                    t_in = query_factor(temperature, 0.0, cd, b, h).detach().requires_grad_(need_t)
-                phi = features(scaled_query(q_in, ctx.factor if t_in is None else t_in, normalize))
+            q_in, t_in, q = scaled_query_leaf(
+                query[:, :, i0:i1], temperature, ctx.factor, normalize, cd, need_q, need_t
+            )
             if need_q or need_t:
+                g_q = state_input_grad(q.detach(), g_chunk, weighted)
                 inputs = [x for x, need in ((q_in, need_q), (t_in, need_t)) if need]
-                grads = torch.autograd.grad(phi, inputs, g_chunk @ weighted.transpose(-2, -1))
-                grads = list(grads)
+                grads = list(torch.autograd.grad(q, inputs, g_q))
                 if need_q:
                     gq[:, :, i0:i1] = grads.pop(0)
                 if need_t:
                     gt += grads.pop(0)
-            g_state += phi.detach().transpose(-2, -1) @ g_chunk
+            g_state += features(q.detach()).transpose(-2, -1) @ g_chunk
 
         g_state *= weights  # now the gradient w.r.t. the unweighted state
         gk, gv = key_side_grads(key, value, key_mask, g_state, normalize, chunk, need_k, need_v)
@@ -160,6 +164,35 @@ class EfficientTaylorShiftFunction(torch.autograd.Function):
             None,
             None,
         )
+
+
+def scaled_query_leaf(query_chunk, temperature, factor, normalize, dtype, need_q, need_t):
+    """q' of one chunk built from fresh leaves, to differentiate the cheap map q -> q'.
+
+    Returns (q leaf, temperature leaf (B, H, 1, 1) or None, q').
+    """
+    b, h = query_chunk.shape[:2]
+    with torch.enable_grad():
+        q_in = query_chunk.to(dtype).detach().requires_grad_(need_q)
+        t_in = None
+        if temperature is not None:
+            t_in = query_factor(temperature, 0.0, dtype, b, h).detach().requires_grad_(need_t)
+        q = scaled_query(q_in, factor if t_in is None else t_in, normalize)
+    return q_in, t_in, q
+
+
+def state_input_grad(x: Tensor, g: Tensor, state: Tensor) -> Tensor:
+    """∂/∂x of Σ g · (φ(x) @ state) for each token: (…, C, d) from g (…, C, c).
+
+    Only the quadratic and linear rows of the (D, c) state depend on x; the quadratic part
+    goes through ``quadratic_grad`` so that no (C, D) feature gradient is formed.
+    """
+    d = x.shape[-1]
+    p = d * (d + 1) // 2
+    linear = state[..., p : p + d, :]  # (…, d, c)
+    return quadratic_grad(x, g, symmetric_state(state[..., :p, :], d)) + g @ linear.transpose(
+        -2, -1
+    )
 
 
 def key_count(key_mask: Tensor | None, nk: int, dtype: torch.dtype, device) -> Tensor:
@@ -181,27 +214,28 @@ def key_side_grads(
 ) -> tuple[Tensor | None, Tensor | None]:
     """Gradients of key and value from the gradient of S = Σ_j φ(k'_j)ᵀ v'_j (B, H, D, dv+1).
 
-    ∂/∂v'_j = φ(k'_j) g_state and ∂/∂φ(k'_j) = v'_j g_stateᵀ; the feature map is
-    differentiated by autograd on one chunk at a time.
+    ∂/∂v'_j = φ(k'_j) g_state and ∂/∂k'_j = ``state_input_grad(k'_j, v'_j, g_state)``; the
+    map k -> k' (normalisation) is differentiated by autograd on one chunk at a time.
     """
+    if not (need_k or need_v):
+        return None, None
     nk, dv = key.shape[2], value.shape[3]
     cd = g_state.dtype
     gk = torch.zeros_like(key, dtype=cd) if need_k else None
     gv = torch.zeros_like(value, dtype=cd) if need_v else None
-    if not (need_k or need_v):
-        return None, None
     for j0 in range(0, nk, chunk):
         j1 = min(j0 + chunk, nk)
         mask = None if key_mask is None else key_mask[:, :, j0:j1]
         with torch.enable_grad():
             k_in = key[:, :, j0:j1].to(cd).detach().requires_grad_(need_k)
-            phi = features(scaled_key(k_in, normalize))
+            k = scaled_key(k_in, normalize)
         if need_v:
-            g = (phi.detach() @ g_state)[..., :dv]
+            g = (features(k.detach()) @ g_state)[..., :dv]
             gv[:, :, j0:j1] = g if mask is None else g * mask.unsqueeze(-1)
         if need_k:
             v = values_with_ones(value[:, :, j0:j1].to(cd), mask)
-            (gk[:, :, j0:j1],) = torch.autograd.grad(phi, k_in, v @ g_state.transpose(-2, -1))
+            g_k = state_input_grad(k.detach(), v, g_state)
+            (gk[:, :, j0:j1],) = torch.autograd.grad(k, k_in, g_k)
     return (
         None if gk is None else gk.to(key.dtype),
         None if gv is None else gv.to(value.dtype),
@@ -220,7 +254,7 @@ def efficient_taylor_shift(
 ) -> Tensor:
     """Non-causal efficient form on validated inputs; key_mask is (B, H, Nk) bool or None."""
     b, h, _, d = query.shape
-    chunk = chunk_size or default_chunk_size(b * h, d)
+    chunk = chunk_size or default_chunk_size(b * h, d, value.shape[-1])
     factor = score_factor(temperature, scale, normalize, d)
     t = factor if isinstance(factor, Tensor) else None
     f = 0.0 if t is not None else float(factor)

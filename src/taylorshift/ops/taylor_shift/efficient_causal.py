@@ -18,7 +18,13 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .efficient import finish_outputs, grad_outputs, query_factor
+from .efficient import (
+    finish_outputs,
+    grad_outputs,
+    query_factor,
+    scaled_query_leaf,
+    state_input_grad,
+)
 from .features import (
     compute_dtype,
     feature_dim,
@@ -45,18 +51,14 @@ def causal_count(key_mask: Tensor | None, nq: int, nk: int, dtype: torch.dtype, 
     return seen[..., rows.clamp(max=nk - 1)].to(dtype)
 
 
-def _chunk_output(q, k, v, weighted):
-    """Y' of one query chunk: the prefix state plus the causal intra-chunk part.
+def _intra_chunk(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    """The causal block of one chunk, directly: (B, H, C, dv + 1).
 
-    q (B, H, C, d); k, v (B, H, Ck, d / dv+1) with Ck <= C keys at the same positions (or
-    None when the chunk lies past the last key); weighted (B, H, D, dv + 1).
+    q (B, H, C, d); k, v (B, H, Ck, d / dv + 1), Ck <= C keys at the same positions.
     """
-    y = features(q) @ weighted
-    if k is not None:
-        w = taylor_weight(q @ k.transpose(-2, -1), 2)  # (B, H, C, Ck)
-        causal = torch.ones(w.shape[-2:], dtype=torch.bool, device=w.device).tril()
-        y = y + w.masked_fill(~causal, 0.0) @ v
-    return y
+    w = taylor_weight(q @ k.transpose(-2, -1), 2)  # (B, H, C, Ck)
+    causal = torch.ones(w.shape[-2:], dtype=torch.bool, device=w.device).tril()
+    return w.masked_fill(~causal, 0.0) @ v
 
 
 class CausalEfficientTaylorShiftFunction(torch.autograd.Function):
@@ -83,7 +85,9 @@ class CausalEfficientTaylorShiftFunction(torch.autograd.Function):
                 k = scaled_key(key[:, :, i0:j1].to(cd), normalize)
                 mask = None if key_mask is None else key_mask[:, :, i0:j1]
                 v = values_with_ones(value[:, :, i0:j1].to(cd), mask)
-            y_prime = _chunk_output(q, k, v, state * weights)
+            y_prime = features(q) @ (state * weights)
+            if k is not None:
+                y_prime = y_prime + _intra_chunk(q, k, v)
             y, den[:, :, i0:i1] = finish_outputs(y_prime, count[..., i0:i1], normalize, d)
             out[:, :, i0:i1] = y.to(out.dtype)
             if k is not None:
@@ -111,27 +115,32 @@ class CausalEfficientTaylorShiftFunction(torch.autograd.Function):
         gv = torch.zeros_like(value, dtype=cd) if need_v else None
         gt = torch.zeros((b, h, 1, 1), dtype=cd, device=query.device) if need_t else None
 
-        # Forward sweep: rebuild the prefix state; gradients through the query features and
+        # Forward sweep: rebuild the prefix state; gradients through the query side and
         # the intra-chunk block.
         state = query.new_zeros((b, h, feature_dim(d), dv + 1), dtype=cd)
         for i0 in range(0, nq, chunk):
             i1 = min(i0 + chunk, nq)
             j1 = min(i1, nk)
-            has_keys = i0 < nk
-            mask = None if key_mask is None or not has_keys else key_mask[:, :, i0:j1]
-            with torch.enable_grad():
-                q_in = query[:, :, i0:i1].to(cd).detach().requires_grad_(need_q)
-                t_in = None
-                if temperature is not None:
-                    t_in = query_factor(temperature, 0.0, cd, b, h).detach().requires_grad_(need_t)
-                q = scaled_query(q_in, ctx.factor if t_in is None else t_in, normalize)
-                k_in = v_in = k = v = None
-                if has_keys:
+            g_chunk = g_y[:, :, i0:i1]
+            q_in, t_in, q = scaled_query_leaf(
+                query[:, :, i0:i1], temperature, ctx.factor, normalize, cd, need_q, need_t
+            )
+            outputs, grad_outputs_ = [], []
+            if q.requires_grad:  # the prefix part, differentiated by hand
+                outputs.append(q)
+                grad_outputs_.append(state_input_grad(q.detach(), g_chunk, state * weights))
+            k_in = v_in = k = v = None
+            if i0 < nk:
+                mask = None if key_mask is None else key_mask[:, :, i0:j1]
+                with torch.enable_grad():
                     k_in = key[:, :, i0:j1].to(cd).detach().requires_grad_(need_k)
                     v_in = value[:, :, i0:j1].to(cd).detach().requires_grad_(need_v)
                     k = scaled_key(k_in, normalize)
                     v = values_with_ones(v_in, mask)
-                y_prime = _chunk_output(q, k, v, state * weights)
+                    intra = _intra_chunk(q, k, v)
+                if intra.requires_grad:
+                    outputs.append(intra)
+                    grad_outputs_.append(g_chunk)
             wanted = [
                 (x, name)
                 for x, name, need in (
@@ -142,11 +151,11 @@ class CausalEfficientTaylorShiftFunction(torch.autograd.Function):
                 )
                 if need and x is not None
             ]
-            if wanted:
+            if outputs and wanted:
                 grads = torch.autograd.grad(
-                    y_prime, [x for x, _ in wanted], g_y[:, :, i0:i1], allow_unused=True
+                    outputs, [x for x, _ in wanted], grad_outputs_, allow_unused=True
                 )
-                for (_, name), g in zip(wanted, grads, strict=False):
+                for (_, name), g in zip(wanted, grads, strict=True):
                     if g is None:
                         continue
                     if name == "q":
@@ -157,12 +166,13 @@ class CausalEfficientTaylorShiftFunction(torch.autograd.Function):
                         gk[:, :, i0:j1] += g
                     else:
                         gv[:, :, i0:j1] += g
-            if has_keys:
+            if k is not None:
                 state += features(k.detach()).transpose(-2, -1) @ v.detach()
 
         # Reverse sweep: the gradient of the state that chunk c feeds, from later queries.
         if need_k or need_v:
-            g_state = torch.zeros_like(state)
+            g_state = torch.zeros_like(state)  # w.r.t. the weighted state
+            tau = query_factor(temperature, ctx.factor, cd, b, h)
             for i0 in reversed(range(0, nq, chunk)):
                 i1 = min(i0 + chunk, nq)
                 if i0 < nk:
@@ -171,15 +181,15 @@ class CausalEfficientTaylorShiftFunction(torch.autograd.Function):
                     g_s = g_state * weights
                     with torch.enable_grad():
                         k_in = key[:, :, i0:j1].to(cd).detach().requires_grad_(need_k)
-                        phi = features(scaled_key(k_in, normalize))
+                        k = scaled_key(k_in, normalize)
                     if need_v:
-                        g = (phi.detach() @ g_s)[..., :dv]
+                        g = (features(k.detach()) @ g_s)[..., :dv]
                         gv[:, :, i0:j1] += g if mask is None else g * mask.unsqueeze(-1)
                     if need_k:
                         v = values_with_ones(value[:, :, i0:j1].to(cd), mask)
-                        (g,) = torch.autograd.grad(phi, k_in, v @ g_s.transpose(-2, -1))
+                        g_k = state_input_grad(k.detach(), v, g_s)
+                        (g,) = torch.autograd.grad(k, k_in, g_k)
                         gk[:, :, i0:j1] += g
-                tau = query_factor(temperature, ctx.factor, cd, b, h)
                 q = scaled_query(query[:, :, i0:i1].to(cd), tau, normalize)
                 g_state += features(q).transpose(-2, -1) @ g_y[:, :, i0:i1]
 

@@ -75,47 +75,47 @@ def feature_dim(d: int) -> int:
     return d * (d + 1) // 2 + d + 1
 
 
-class _Features(torch.autograd.Function):
-    """φ(x) with a hand-written backward (autograd of a gather would scatter-add: slow)."""
-
-    @staticmethod
-    def forward(ctx, x):
-        ctx.save_for_backward(x)
-        d = x.shape[-1]
-        out = torch.empty((*x.shape[:-1], feature_dim(d)), dtype=x.dtype, device=x.device)
-        # Row a of the upper triangle, x_a · x[a:], as one contiguous slice of the output:
-        # d strided multiplies beat a gather of the pairs several times over on the CPU.
-        start = 0
-        for a in range(d):
-            torch.mul(x[..., a : a + 1], x[..., a:], out=out[..., start : start + d - a])
-            start += d - a
-        out[..., start : start + d] = x
-        out[..., -1] = 1.0
-        return out
-
-    @staticmethod
-    def backward(ctx, grad):
-        (x,) = ctx.saved_tensors
-        d = x.shape[-1]
-        p = d * (d + 1) // 2
-        gx = grad[..., p : p + d].clone()
-        # ∂(x_a x_b)/∂x_a = x_b and /∂x_b = x_a; on the diagonal both terms give 2 x_a.
-        start = 0
-        for a in range(d):
-            g = grad[..., start : start + d - a]
-            gx[..., a] += (g * x[..., a:]).sum(-1)
-            gx[..., a:] += g * x[..., a : a + 1]
-            start += d - a
-        return gx
-
-
+@torch.no_grad()
 def features(x: Tensor) -> Tensor:
     """φ(x) = [x_a x_b for a <= b, x, 1]: (..., N, d) -> (..., N, d(d+1)/2 + d + 1).
 
     With the state weights of ``state_weights``, φ(q)ᵀ diag(c) φ(k) = 1 + q·k + (q·k)²/2:
-    the symmetric form of the row-wise tensor product (SPEC §2.2).
+    the symmetric form of the row-wise tensor product (SPEC §2.2). Not differentiable:
+    backward passes go through ``quadratic_grad`` instead, which needs no features.
     """
-    return _Features.apply(x)
+    d = x.shape[-1]
+    out = torch.empty((*x.shape[:-1], feature_dim(d)), dtype=x.dtype, device=x.device)
+    # Row a of the upper triangle, x_a · x[a:], as one contiguous slice of the output:
+    # d strided multiplies beat a gather of the pairs several times over on the CPU.
+    start = 0
+    for a in range(d):
+        torch.mul(x[..., a : a + 1], x[..., a:], out=out[..., start : start + d - a])
+        start += d - a
+    out[..., start : start + d] = x
+    out[..., -1] = 1.0
+    return out
+
+
+def symmetric_state(packed: Tensor, d: int) -> Tensor:
+    """Unpack the quadratic rows of a state: (..., P, c) -> (..., d, d, c), P = d(d+1)/2.
+
+    T[a, b] = T[b, a] = packed[(a, b)] off the diagonal and T[a, a] = 2 packed[(a, a)], so
+    that ∂/∂x Σ_{a<=b} x_a x_b u_ab = T x for u = packed @ g.
+    """
+    a, b = pair_index(d, packed.device)
+    t = packed.new_zeros((*packed.shape[:-2], d, d, packed.shape[-1]))
+    t[..., a, b, :] = packed
+    return t + t.transpose(-3, -2)
+
+
+def quadratic_grad(x: Tensor, g: Tensor, sym: Tensor) -> Tensor:
+    """∂/∂x of Σ_c g_c Σ_{a<=b} x_a x_b S[(a, b), c] for every token, without features.
+
+    x (..., C, d), g (..., C, c), sym = symmetric_state(S) (..., d, d, c) -> (..., C, d):
+    gx_a = Σ_{b, c} T[a, b, c] x_b g_c, one matmul over the (b, c) pairs.
+    """
+    z = (x.unsqueeze(-1) * g.unsqueeze(-2)).flatten(-2)  # (..., C, d·c)
+    return z @ sym.flatten(-2).transpose(-2, -1)
 
 
 def state_weights(d: int, dtype: torch.dtype, device: torch.device) -> Tensor:
