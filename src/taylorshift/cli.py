@@ -1,0 +1,211 @@
+"""The ``taylorshift`` command line: one entry point, one subcommand per task.
+
+Each subcommand is a :class:`Subcommand` in :data:`SUBCOMMANDS`: a function that adds its
+arguments to its parser and a function that runs it and returns the exit status. A new
+subcommand (``bench``, ``train``, ``eval``) is one more pair of functions and one more entry.
+Bad argument combinations go through ``parser.error`` (message on stderr, exit status 2).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from . import theory
+
+__all__ = ["SUBCOMMANDS", "Subcommand", "build_parser", "main"]
+
+
+@dataclass(frozen=True)
+class Subcommand:
+    """A subcommand: its name, one-line help, argument setup and runner."""
+
+    name: str
+    help: str
+    add_arguments: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace, argparse.ArgumentParser], int]
+
+
+def _positive_int(text: str) -> int:
+    """argparse type: a positive integer, with a message naming expected and actual."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def _format_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
+    """Right-aligned plain-text table, column widths fitted to the contents."""
+    cells = [list(headers)] + [[str(v) for v in row] for row in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+    lines = ["  ".join(c.rjust(w) for c, w in zip(row, widths, strict=True)) for row in cells]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+# `taylorshift theory`
+
+DEFAULT_THEORY_LENGTH = 1024
+
+
+def _theory_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--d",
+        type=_positive_int,
+        nargs="+",
+        default=list(theory.DEFAULT_TABLE_DIMS),
+        metavar="D",
+        help="head dims for the crossover table (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--d-emb",
+        type=_positive_int,
+        metavar="E",
+        help="embedding width: also analyse every head count h dividing E",
+    )
+    parser.add_argument(
+        "--heads",
+        type=_positive_int,
+        nargs="+",
+        metavar="H",
+        help="restrict the heads analysis to these head counts (each must divide E)",
+    )
+    parser.add_argument(
+        "--n",
+        type=_positive_int,
+        metavar="N",
+        help=f"sequence length for the heads analysis (default: {DEFAULT_THEORY_LENGTH})",
+    )
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead")
+
+
+def _theory_report(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict:
+    """The data `theory` prints, as plain JSON-ready values; argument errors exit with 2."""
+    if args.d_emb is None:
+        for flag, value in (("--heads", args.heads), ("--n", args.n)):
+            if value is not None:
+                parser.error(f"{flag} needs --d-emb (the embedding width the heads split)")
+    report: dict = {
+        "crossovers": [dataclasses.asdict(row) for row in theory.crossover_table(args.d)],
+    }
+    if args.d_emb is not None:
+        allowed = theory.divisors(args.d_emb)
+        bad = [h for h in args.heads or () if h not in allowed]
+        if bad:
+            parser.error(
+                f"--heads must divide --d-emb {args.d_emb} (expected one of {allowed}); "
+                f"got {', '.join(map(str, bad))}"
+            )
+        n = DEFAULT_THEORY_LENGTH if args.n is None else args.n
+        rows = theory.heads_analysis(args.d_emb, n, heads=args.heads)
+        report["heads_analysis"] = {
+            "d_emb": args.d_emb,
+            "n": n,
+            "optimal_head_dim_ops": theory.optimal_head_dim_ops(),
+            "optimal_head_dim_entries": theory.optimal_head_dim_entries(n),
+            "rows": [dataclasses.asdict(row) for row in rows],
+        }
+    return report
+
+
+CROSSOVER_COLUMNS = (
+    ("d", "d"),
+    ("N0", "n0"),
+    ("N1", "n1"),
+    ("N0 sym", "n0_symmetric"),
+    ("N1 sym", "n1_symmetric"),
+    ("N0+18d (A100 est.)", "n0_a100_estimate"),
+)
+
+HEADS_COLUMNS = (
+    ("h", "heads"),
+    ("d", "head_dim"),
+    ("ops direct", "ops_direct"),
+    ("ops eff", "ops_efficient"),
+    ("ops eff sym", "ops_efficient_symmetric"),
+    ("entries direct", "entries_direct"),
+    ("entries eff", "entries_efficient"),
+    ("entries eff sym", "entries_efficient_symmetric"),
+    ("N0", "n0"),
+    ("N1", "n1"),
+    ("N0 sym", "n0_symmetric"),
+    ("N1 sym", "n1_symmetric"),
+)
+
+
+def _table_of(columns: Sequence[tuple[str, str]], rows: Sequence[dict]) -> str:
+    return _format_table(
+        [title for title, _ in columns], [[r[k] for _, k in columns] for r in rows]
+    )
+
+
+def _print_theory(report: dict) -> None:
+    print("Crossover sequence lengths per head (the efficient form is no costlier from N on)")
+    print("  N0: FLOPs, N1: memory entries (the paper's Table 2); sym: our symmetric form;")
+    print("  N0+18d: the paper's measured speed crossover on an A100, an empirical estimate")
+    print()
+    print(_table_of(CROSSOVER_COLUMNS, report["crossovers"]))
+    heads = report.get("heads_analysis")
+    if heads is None:
+        return
+    print()
+    print(
+        f"Heads analysis: d_emb = {heads['d_emb']}, N = {heads['n']} "
+        "(ops and entries of the whole layer, crossovers per head)"
+    )
+    print()
+    print(_table_of(HEADS_COLUMNS, heads["rows"]))
+    d_ops, d_entries = heads["optimal_head_dim_ops"], heads["optimal_head_dim_entries"]
+    print()
+    print(
+        f"Efficient costs are lowest at head dim d = d_emb/h ≈ {d_ops:.3f} (FLOPs) and "
+        f"≈ {d_entries:.6g} (entries at N = {heads['n']}),\nboth below 1: the optimum lies past "
+        "h = d_emb, so over the allowed head counts more heads make\nthe efficient form cheaper "
+        "and the direct form dearer."
+    )
+
+
+def _run_theory(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    report = _theory_report(args, parser)
+    if args.json:
+        print(json.dumps(report))
+    else:
+        _print_theory(report)
+    return 0
+
+
+SUBCOMMANDS: tuple[Subcommand, ...] = (
+    Subcommand(
+        name="theory",
+        help="crossover lengths and multi-head costs from the paper's cost model",
+        add_arguments=_theory_arguments,
+        run=_run_theory,
+    ),
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The top-level parser with one subparser per entry of :data:`SUBCOMMANDS`."""
+    parser = argparse.ArgumentParser(
+        prog="taylorshift",
+        description="TaylorShift attention: cost model and tools.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for command in SUBCOMMANDS:
+        child = sub.add_parser(command.name, help=command.help, description=command.help)
+        command.add_arguments(child)
+        child.set_defaults(_command=command, _parser=child)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the ``taylorshift`` command line on ``argv`` (default ``sys.argv[1:]``)."""
+    args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
+    return args._command.run(args, args._parser)
