@@ -1,0 +1,281 @@
+"""Multi-head attention layers: a projection variant around a named attention kernel.
+
+Projection variants (Hosseini et al., SPEC §4; not to be confused with the *efficient form*
+of TaylorShift, which is how the kernel computes):
+
+=============  =============================================  ============================
+projection     what it learns                                 parameters (with biases)
+=============  =============================================  ============================
+``standard``   W_Q, W_K, W_V, W_O                             4 (d² + d)
+``optimized``  W_Q, W_K, W_O; head i's values are its slice   3 (d² + d)
+               of the input (no W_V)
+``efficient``  W_Q, W_O; keys and values are slices           2 (d² + d)
+``super``      ``efficient`` plus an alignment W_A (ℓ × ℓ,    2 (d² + d) + ℓ² + ℓ
+               with bias) mixing values over tokens, shared
+               by the heads, lower triangular when causal
+=============  =============================================  ============================
+
+``super`` fixes the context length ℓ (``context_len``): a longer sequence is refused; a
+shorter one of length N uses the top-left N × N block of W_A and the first N biases (the
+same as padding the values with zeros to ℓ and reading the first N rows). Padded keys'
+values are zeroed before W_A mixes them.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+from .kernels import create_kernel
+
+PROJECTIONS = ("standard", "optimized", "efficient", "super")
+
+
+def _check_dims(dim: int, num_heads: int) -> int:
+    for name, value in (("dim", dim), ("num_heads", num_heads)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive int; got {value!r}")
+    if dim % num_heads:
+        raise ValueError(
+            f"dim must be divisible by num_heads; got dim={dim}, num_heads={num_heads}"
+        )
+    return dim // num_heads
+
+
+def padding_to_mask(attn_mask: Tensor | None, batch: int, n_key: int) -> Tensor | None:
+    """A module-level mask as the kernels take it (broadcastable to (B, H, Nq, Nk)).
+
+    2-D (B, Nk) is key padding (True = attend); 3-D and 4-D masks are already in the
+    kernel's (B, H, Nq, Nk) broadcast form and pass unchanged.
+    """
+    if attn_mask is None:
+        return None
+    if not isinstance(attn_mask, Tensor) or attn_mask.dtype != torch.bool:
+        what = attn_mask.dtype if isinstance(attn_mask, Tensor) else type(attn_mask).__name__
+        raise TypeError(f"attn_mask must be a bool tensor (True = attend); got {what}")
+    if attn_mask.dim() == 2:
+        if tuple(attn_mask.shape) != (batch, n_key):
+            raise ValueError(
+                f"a 2-D attn_mask is key padding of shape (B, Nk) = ({batch}, {n_key}); "
+                f"got {tuple(attn_mask.shape)}"
+            )
+        return attn_mask[:, None, None, :]
+    return attn_mask
+
+
+class Attention(nn.Module):
+    """Multi-head self- or cross-attention on (B, N, dim) with a named kernel.
+
+    The constructor takes timm's ``Attention`` arguments, so the class works as timm's
+    ``attn_layer``; the keyword-only arguments after them are ours.
+
+    Args:
+        dim: model width; heads get ``dim // num_heads`` features each.
+        num_heads: number of heads.
+        qkv_bias: biases on the query/key/value projections.
+        qk_norm: LayerNorm (``norm_layer``) on each head's queries and keys.
+        scale_norm: ``norm_layer`` on the attention output before the output projection.
+        proj_bias: bias on the output projection.
+        attn_drop: attention dropout; its meaning depends on the kernel (see ``kernels``).
+        proj_drop: dropout after the output projection.
+        norm_layer: the norm for ``qk_norm`` / ``scale_norm`` (default ``nn.LayerNorm``).
+        device, dtype: where and in which dtype parameters are created.
+        attn_kernel: a name from ``taylorshift.nn.list_kernels()``.
+        kernel_args: options of that kernel (e.g. ``{"mode": "efficient"}``).
+        projection: ``standard``, ``optimized``, ``efficient`` or ``super`` (module docstring).
+        context_len: ℓ, the fixed context length of ``super``.
+        context_dim: width of ``context`` for cross-attention (default ``dim``).
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int = 8,
+        qkv_bias: bool = False,
+        qk_norm: bool = False,
+        scale_norm: bool = False,
+        proj_bias: bool = True,
+        attn_drop: float = 0.0,
+        proj_drop: float = 0.0,
+        norm_layer: type[nn.Module] | None = None,
+        device=None,
+        dtype=None,
+        *,
+        attn_kernel: str = "taylorshift",
+        kernel_args: dict | None = None,
+        projection: str = "standard",
+        context_len: int | None = None,
+        context_dim: int | None = None,
+    ):
+        super().__init__()
+        self.head_dim = _check_dims(dim, num_heads)
+        if projection not in PROJECTIONS:
+            raise ValueError(f"projection must be one of {PROJECTIONS}; got {projection!r}")
+        context_dim = dim if context_dim is None else context_dim
+        if projection != "standard" and context_dim != dim:
+            raise ValueError(
+                f"projection={projection!r} slices keys or values out of the context, so "
+                f"context_dim must equal dim ({dim}); got context_dim={context_dim}"
+            )
+        if projection == "super":
+            if isinstance(context_len, bool) or not isinstance(context_len, int) or context_len < 1:
+                raise ValueError(
+                    f"projection='super' needs context_len, a positive int; got {context_len!r}"
+                )
+        elif context_len is not None:
+            raise ValueError(
+                f"context_len applies to projection='super' only; got context_len={context_len} "
+                f"with projection={projection!r}"
+            )
+        fk = {"device": device, "dtype": dtype}
+        norm_layer = norm_layer or nn.LayerNorm
+        self.dim, self.num_heads, self.projection = dim, num_heads, projection
+        self.context_len = context_len
+
+        self.q_proj = nn.Linear(dim, dim, bias=qkv_bias, **fk)
+        self.k_proj = (
+            nn.Linear(context_dim, dim, bias=qkv_bias, **fk)
+            if projection in ("standard", "optimized")
+            else None
+        )
+        self.v_proj = (
+            nn.Linear(context_dim, dim, bias=qkv_bias, **fk) if projection == "standard" else None
+        )
+        if projection == "super":
+            self.align_weight = nn.Parameter(torch.empty(context_len, context_len, **fk))
+            self.align_bias = nn.Parameter(torch.empty(context_len, **fk))
+            self._reset_alignment()
+        self.q_norm = norm_layer(self.head_dim, **fk) if qk_norm else nn.Identity()
+        self.k_norm = norm_layer(self.head_dim, **fk) if qk_norm else nn.Identity()
+        self.kernel = create_kernel(
+            attn_kernel, num_heads, self.head_dim, attn_drop=attn_drop, **(kernel_args or {})
+        )
+        self.kernel.to(**{k: v for k, v in fk.items() if v is not None})
+        self.norm = norm_layer(dim, **fk) if scale_norm else nn.Identity()
+        self.proj = nn.Linear(dim, dim, bias=proj_bias, **fk)
+        self.proj_drop = nn.Dropout(proj_drop)
+
+    def _reset_alignment(self) -> None:
+        # Start at the identity (plus a small perturbation): values pass through unmixed.
+        with torch.no_grad():
+            ell = self.context_len
+            self.align_weight.copy_(torch.eye(ell) + torch.randn(ell, ell) / (10 * math.sqrt(ell)))
+            self.align_bias.zero_()
+
+    def _heads(self, x: Tensor) -> Tensor:
+        b, n, _ = x.shape
+        return x.view(b, n, self.num_heads, self.head_dim).transpose(1, 2)  # (B, H, N, d)
+
+    def _align(self, v: Tensor, key_mask: Tensor | None, is_causal: bool) -> Tensor:
+        """Super's W_A from the left on values (B, H, N, d), shared by the heads."""
+        n = v.shape[-2]
+        if n > self.context_len:
+            raise ValueError(
+                f"projection='super' has a fixed context length of {self.context_len} tokens; "
+                f"got a sequence of {n} tokens"
+            )
+        w = self.align_weight[:n, :n]
+        if is_causal:
+            w = w.tril()
+        if key_mask is not None:
+            v = v * key_mask.transpose(-2, -1).to(v.dtype)  # (B, 1|H, Nk, 1)
+        return w.to(v.dtype) @ v + self.align_bias[:n, None].to(v.dtype)
+
+    def forward(
+        self,
+        x: Tensor,
+        attn_mask: Tensor | None = None,
+        is_causal: bool = False,
+        context: Tensor | None = None,
+    ) -> Tensor:
+        """x (B, N, dim); context (B, M, context_dim) for cross-attention -> (B, N, dim).
+
+        attn_mask: bool, True = attend: (B, Nk) key padding, or broadcastable to
+        (B, H, N, Nk). ``is_causal`` combines with it.
+        """
+        if x.dim() != 3 or x.shape[-1] != self.dim:
+            raise ValueError(f"x must be (B, N, dim={self.dim}); got shape {tuple(x.shape)}")
+        source = x if context is None else context
+        if context is not None and (context.dim() != 3 or context.shape[0] != x.shape[0]):
+            raise ValueError(
+                f"context must be (B={x.shape[0]}, M, context_dim); got {tuple(context.shape)}"
+            )
+        mask = padding_to_mask(attn_mask, x.shape[0], source.shape[1])
+        q = self._heads(self.q_proj(x))
+        k = self._heads(source if self.k_proj is None else self.k_proj(source))
+        v = self._heads(source if self.v_proj is None else self.v_proj(source))
+        if self.projection == "super":
+            key_mask = None
+            if mask is not None and mask.dim() == 4 and mask.shape[-2] == 1:
+                key_mask = mask[:, :, 0, :][..., None, :]  # (B, 1|H, 1, Nk)
+            v = self._align(v, key_mask, is_causal)
+        q, k = self.q_norm(q), self.k_norm(k)
+        y = self.kernel(q, k, v, mask, is_causal)  # (B, H, N, d)
+        y = y.transpose(1, 2).reshape(x.shape[0], x.shape[1], self.dim)
+        return self.proj_drop(self.proj(self.norm(y)))
+
+
+class TaylorShiftAttention(Attention):
+    """Multi-head TaylorShift attention, a drop-in for timm's ``Attention``.
+
+    timm's arguments first (``dim, num_heads, qkv_bias, qk_norm, scale_norm, proj_bias,
+    attn_drop, proj_drop, norm_layer, device, dtype``), then ours:
+
+    Args:
+        mode: ``"auto"``, ``"direct"`` or ``"efficient"``.
+        order: even Taylor order.
+        temperature: initial value of the learnable per-head temperature τ.
+        normalize: the paper's normalisation (default) or plain scaled scores.
+        projection, context_len, context_dim: as ``Attention``.
+
+    ``attn_drop`` drops whole keys (see ``taylorshift.nn.kernels``), the same way in the
+    direct and the efficient form.
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int = 8,
+        qkv_bias: bool = False,
+        qk_norm: bool = False,
+        scale_norm: bool = False,
+        proj_bias: bool = True,
+        attn_drop: float = 0.0,
+        proj_drop: float = 0.0,
+        norm_layer: type[nn.Module] | None = None,
+        device=None,
+        dtype=None,
+        *,
+        mode: str = "auto",
+        order: int = 2,
+        temperature: float = 1.0,
+        normalize: bool = True,
+        projection: str = "standard",
+        context_len: int | None = None,
+        context_dim: int | None = None,
+    ):
+        super().__init__(
+            dim,
+            num_heads,
+            qkv_bias,
+            qk_norm,
+            scale_norm,
+            proj_bias,
+            attn_drop,
+            proj_drop,
+            norm_layer,
+            device,
+            dtype,
+            attn_kernel="taylorshift",
+            kernel_args={
+                "mode": mode,
+                "order": order,
+                "temperature": temperature,
+                "normalize": normalize,
+            },
+            projection=projection,
+            context_len=context_len,
+            context_dim=context_dim,
+        )

@@ -1,0 +1,221 @@
+"""Attention kernels selectable by name: the part of an attention layer after projections.
+
+A kernel maps q (B, H, Nq, d), k (B, H, Nk, d), v (B, H, Nk, dv), a bool mask broadcastable
+to (B, H, Nq, Nk) (True = attend) and ``is_causal`` to (B, H, Nq, dv). Kernels are modules
+so that they can own parameters (TaylorShift's per-head temperature). Every module and
+model takes ``attn_kernel=<name>`` and ``kernel_args={...}``.
+
+Attention dropout (``attn_drop``) by kernel:
+
+- ``softmax``, ``softmax-naive``: dropout on the normalised attention weights (as timm).
+- ``taylorshift``, ``linear``, ``holt``: the linear-time forms never form the weights, so
+  ``attn_drop`` drops whole keys instead: during training each key is removed for each
+  (batch, head) with probability p, through the key mask, so it leaves every key-side sum
+  and the denominator renormalises the rest (no 1/(1-p) factor). The direct and efficient
+  TaylorShift forms therefore compute the same function for the same dropped keys, and
+  agree exactly when ``attn_drop = 0`` or in eval mode.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..ops.holt import holt_attention
+from ..ops.linear_attention import linear_attention
+from ..ops.taylor_shift import taylor_shift_attention
+
+_KERNELS: dict[str, type[AttentionKernel]] = {}
+
+
+def register_kernel(name: str) -> Callable[[type[AttentionKernel]], type[AttentionKernel]]:
+    """Class decorator: make a kernel available as ``attn_kernel=name``."""
+
+    def wrap(cls: type[AttentionKernel]) -> type[AttentionKernel]:
+        if name in _KERNELS:
+            raise ValueError(f"attention kernel {name!r} is registered already")
+        cls.name = name
+        _KERNELS[name] = cls
+        return cls
+
+    return wrap
+
+
+def list_kernels() -> list[str]:
+    """Names accepted by ``create_kernel`` and by ``attn_kernel=`` of modules and models."""
+    return sorted(_KERNELS)
+
+
+def create_kernel(
+    name: str, num_heads: int, head_dim: int, attn_drop: float = 0.0, **kwargs
+) -> AttentionKernel:
+    """Build the kernel ``name``; ``kwargs`` are that kernel's own options."""
+    if name not in _KERNELS:
+        raise ValueError(f"attn_kernel must be one of {list_kernels()}; got {name!r}")
+    return _KERNELS[name](num_heads, head_dim, attn_drop=attn_drop, **kwargs)
+
+
+def combined_mask(
+    attn_mask: Tensor | None, is_causal: bool, nq: int, nk: int, device
+) -> Tensor | None:
+    """attn_mask ∧ causal (upper-left aligned) as one bool mask, or None."""
+    if not is_causal:
+        return attn_mask
+    causal = torch.ones(nq, nk, dtype=torch.bool, device=device).tril()
+    return causal if attn_mask is None else attn_mask & causal
+
+
+class AttentionKernel(nn.Module):
+    """Base class. Subclasses implement ``attend``; ``forward`` applies key dropout."""
+
+    name = ""
+    key_dropout = True  # False: the kernel drops attention weights itself
+
+    def __init__(self, num_heads: int, head_dim: int, *, attn_drop: float = 0.0):
+        super().__init__()
+        if not 0.0 <= attn_drop < 1.0:
+            raise ValueError(f"attn_drop must be in [0, 1); got {attn_drop}")
+        self.num_heads, self.head_dim, self.attn_drop = num_heads, head_dim, attn_drop
+
+    def forward(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        attn_mask: Tensor | None = None,
+        is_causal: bool = False,
+    ) -> Tensor:
+        if self.key_dropout and self.training and self.attn_drop > 0:
+            b, h, nk = k.shape[0], k.shape[1], k.shape[2]
+            keep = torch.rand(b, h, 1, nk, device=k.device) >= self.attn_drop
+            attn_mask = keep if attn_mask is None else attn_mask & keep
+        return self.attend(q, k, v, attn_mask, is_causal)
+
+    def attend(self, q, k, v, attn_mask, is_causal) -> Tensor:  # pragma: no cover
+        raise NotImplementedError
+
+    def extra_repr(self) -> str:
+        return f"name={self.name!r}, num_heads={self.num_heads}, attn_drop={self.attn_drop}"
+
+
+@register_kernel("taylorshift")
+class TaylorShiftKernel(AttentionKernel):
+    """TaylorShift with a learnable per-head temperature τ (shape (1, H, 1, 1)).
+
+    Args:
+        mode: ``"auto"``, ``"direct"`` or ``"efficient"`` (see ``taylor_shift_attention``).
+        order: even Taylor order (2 for the efficient form).
+        temperature: initial τ of every head.
+        learn_temperature: τ is a parameter (True) or a fixed buffer.
+        normalize: the paper's normalisation (True) or plain ``1/sqrt(d)`` scores.
+    """
+
+    def __init__(
+        self,
+        num_heads,
+        head_dim,
+        *,
+        attn_drop=0.0,
+        mode="auto",
+        order=2,
+        temperature=1.0,
+        learn_temperature=True,
+        normalize=True,
+    ):
+        super().__init__(num_heads, head_dim, attn_drop=attn_drop)
+        self.mode, self.order, self.normalize = mode, order, normalize
+        tau = torch.full((1, num_heads, 1, 1), float(temperature))
+        if learn_temperature and normalize:
+            self.temperature = nn.Parameter(tau)
+        else:
+            self.register_buffer("temperature", tau)
+
+    def attend(self, q, k, v, attn_mask, is_causal):
+        temperature = self.temperature if self.normalize else 1.0
+        return taylor_shift_attention(
+            q,
+            k,
+            v,
+            attn_mask,
+            is_causal,
+            temperature=temperature,
+            normalize=self.normalize,
+            order=self.order,
+            mode=self.mode,
+        )
+
+
+def _rows_with_keys(mask: Tensor | None) -> Tensor | None:
+    return None if mask is None else mask.any(-1, keepdim=True)
+
+
+@register_kernel("softmax")
+class SoftmaxKernel(AttentionKernel):
+    """Softmax attention through ``torch.nn.functional.scaled_dot_product_attention``.
+
+    Causal and mask are combined into one bool mask (SDPA refuses both at once); a query
+    with no attended key returns zeros, like every kernel here (SDPA alone gives NaN).
+    """
+
+    key_dropout = False
+
+    def attend(self, q, k, v, attn_mask, is_causal):
+        p = self.attn_drop if self.training else 0.0
+        if attn_mask is None:
+            return F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=is_causal)
+        mask = combined_mask(attn_mask, is_causal, q.shape[-2], k.shape[-2], q.device)
+        has_keys = _rows_with_keys(mask)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask | ~has_keys, dropout_p=p)
+        return y * has_keys
+
+
+@register_kernel("softmax-naive")
+class NaiveSoftmaxKernel(AttentionKernel):
+    """Softmax attention with the (Nq, Nk) matrix materialised: the paper's baseline."""
+
+    key_dropout = False
+
+    def attend(self, q, k, v, attn_mask, is_causal):
+        s = (q @ k.transpose(-2, -1)) / math.sqrt(q.shape[-1])
+        mask = combined_mask(attn_mask, is_causal, q.shape[-2], k.shape[-2], q.device)
+        if mask is not None:
+            s = s.masked_fill(~mask, float("-inf"))
+            has_keys = _rows_with_keys(mask)
+            s = s.masked_fill(~has_keys, 0.0)
+        a = torch.softmax(s, dim=-1)
+        if self.training and self.attn_drop > 0:
+            a = F.dropout(a, self.attn_drop)
+        y = a @ v
+        return y if mask is None else y * has_keys
+
+
+@register_kernel("linear")
+class LinearKernel(AttentionKernel):
+    """Linear attention, φ(x) = elu(x) + 1 (Katharopoulos et al.), linear time."""
+
+    def attend(self, q, k, v, attn_mask, is_causal):
+        return linear_attention(q, k, v, attn_mask, is_causal)
+
+
+@register_kernel("holt")
+class HoltKernel(AttentionKernel):
+    """Higher-order linear transformer: LayerNorm q/k, scores q̃·k̃/(α√d), linear time.
+
+    Args:
+        alpha: the score divisor α (3 in the paper).
+        subtract_one: drop the constant Taylor term (weights may then be negative; the
+            denominator is guarded).
+    """
+
+    def __init__(self, num_heads, head_dim, *, attn_drop=0.0, alpha=3.0, subtract_one=False):
+        super().__init__(num_heads, head_dim, attn_drop=attn_drop)
+        self.alpha, self.subtract_one = alpha, subtract_one
+
+    def attend(self, q, k, v, attn_mask, is_causal):
+        return holt_attention(
+            q, k, v, attn_mask, is_causal, alpha=self.alpha, subtract_one=self.subtract_one
+        )
