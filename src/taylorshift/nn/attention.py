@@ -129,10 +129,10 @@ class Attention(nn.Module):
                 f"context_len applies to projection='super' only; got context_len={context_len} "
                 f"with projection={projection!r}"
             )
-        fk = {"device": device, "dtype": dtype}
+        fk = {k: v for k, v in {"device": device, "dtype": dtype}.items() if v is not None}
         norm_layer = norm_layer or nn.LayerNorm
         self.dim, self.num_heads, self.projection = dim, num_heads, projection
-        self.context_len = context_len
+        self.context_len, self.context_dim = context_len, context_dim
 
         self.q_proj = nn.Linear(dim, dim, bias=qkv_bias, **fk)
         self.k_proj = (
@@ -152,7 +152,7 @@ class Attention(nn.Module):
         self.kernel = create_kernel(
             attn_kernel, num_heads, self.head_dim, attn_drop=attn_drop, **(kernel_args or {})
         )
-        self.kernel.to(**{k: v for k, v in fk.items() if v is not None})
+        self.kernel.to(**fk)
         self.norm = norm_layer(dim, **fk) if scale_norm else nn.Identity()
         self.proj = nn.Linear(dim, dim, bias=proj_bias, **fk)
         self.proj_drop = nn.Dropout(proj_drop)
@@ -202,14 +202,19 @@ class Attention(nn.Module):
             raise ValueError(
                 f"context must be (B={x.shape[0]}, M, context_dim); got {tuple(context.shape)}"
             )
+        if context is not None and context.shape[-1] != self.context_dim:
+            raise ValueError(
+                f"context must be (B, M, context_dim={self.context_dim}); "
+                f"got {tuple(context.shape)}"
+            )
         mask = padding_to_mask(attn_mask, x.shape[0], source.shape[1])
         q = self._heads(self.q_proj(x))
         k = self._heads(source if self.k_proj is None else self.k_proj(source))
         v = self._heads(source if self.v_proj is None else self.v_proj(source))
         if self.projection == "super":
-            key_mask = None
-            if mask is not None and mask.dim() == 4 and mask.shape[-2] == 1:
-                key_mask = mask[:, :, 0, :][..., None, :]  # (B, 1|H, 1, Nk)
+            # A key is padding when no query attends to it: zero its value before W_A
+            # mixes it into the others (whatever form the mask came in).
+            key_mask = None if mask is None else mask.any(dim=-2, keepdim=True)  # (B,1|H,1,Nk)
             v = self._align(v, key_mask, is_causal)
         q, k = self.q_norm(q), self.k_norm(k)
         y = self.kernel(q, k, v, mask, is_causal)  # (B, H, N, d)

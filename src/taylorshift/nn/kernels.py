@@ -28,6 +28,7 @@ from torch import Tensor, nn
 from ..ops.holt import holt_attention
 from ..ops.linear_attention import linear_attention
 from ..ops.taylor_shift import taylor_shift_attention
+from ..ops.taylor_shift.checks import check_options
 
 _KERNELS: dict[str, type[AttentionKernel]] = {}
 
@@ -127,6 +128,12 @@ class TaylorShiftKernel(AttentionKernel):
         normalize=True,
     ):
         super().__init__(num_heads, head_dim, attn_drop=attn_drop)
+        check_options(normalize, order, mode)
+        if not normalize and float(temperature) != 1.0:
+            raise ValueError(
+                f"temperature applies to the normalised form only; got temperature="
+                f"{temperature} with normalize=False"
+            )
         self.mode, self.order, self.normalize = mode, order, normalize
         tau = torch.full((1, num_heads, 1, 1), float(temperature))
         if learn_temperature and normalize:

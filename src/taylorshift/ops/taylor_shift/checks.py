@@ -61,6 +61,21 @@ def _check_tensor(name: str, t: object, layout: str) -> Tensor:
     return t
 
 
+def check_options(normalize: object, order: object, mode: object) -> None:
+    """The tensor-free options of the op; modules call this at construction."""
+    if not isinstance(normalize, bool):
+        raise TypeError(f"normalize must be a bool; got {type(normalize).__name__}")
+    if isinstance(order, bool) or not isinstance(order, numbers.Integral):
+        raise TypeError(f"order must be an int (an even order >= 2); got {type(order).__name__}")
+    if order < 2 or order % 2:
+        raise ValueError(
+            f"order must be even and >= 2 (odd orders can give negative weights and vanishing "
+            f"denominators); got {order}"
+        )
+    if not isinstance(mode, str) or mode not in MODES:
+        raise ValueError(f"mode must be one of {', '.join(map(repr, MODES))}; got {mode!r}")
+
+
 def check_inputs(
     query: object,
     key: object,
@@ -110,17 +125,7 @@ def check_inputs(
 
     if not isinstance(is_causal, bool):
         raise TypeError(f"is_causal must be a bool; got {type(is_causal).__name__}")
-    if not isinstance(normalize, bool):
-        raise TypeError(f"normalize must be a bool; got {type(normalize).__name__}")
-    if isinstance(order, bool) or not isinstance(order, numbers.Integral):
-        raise TypeError(f"order must be an int (an even order >= 2); got {type(order).__name__}")
-    if order < 2 or order % 2:
-        raise ValueError(
-            f"order must be even and >= 2 (odd orders can give negative weights and vanishing "
-            f"denominators); got {order}"
-        )
-    if not isinstance(mode, str) or mode not in MODES:
-        raise ValueError(f"mode must be one of {', '.join(map(repr, MODES))}; got {mode!r}")
+    check_options(normalize, order, mode)
 
     _check_temperature_and_scale(temperature, scale, normalize, q)
 
