@@ -1,0 +1,169 @@
+"""Transformer encoder classifier for token sequences and continuous inputs (LRA tasks)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from .embedding import ConvTokenEmbedding
+from .encoder import (
+    EncoderClassifier,
+    EncoderConfig,
+    _choice,
+    _positive_int,
+    check_padding_mask,
+)
+from .registry import register_model_class
+
+TOKEN_EMBEDDINGS = ("vocab", "linear", "conv")
+
+
+@dataclass(frozen=True)
+class ClassifierConfig(EncoderConfig):
+    """``TransformerClassifier`` settings: ``EncoderConfig``'s and the input's.
+
+    Args:
+        token_embedding: ``"vocab"``: token ids (B, N) through a ``vocab_size`` embedding
+            table; ``"linear"``: features (B, N, ``in_features``) through a linear layer;
+            ``"conv"``: either of the two (whichever of ``vocab_size`` / ``in_features`` is
+            set) followed by a 3-layer 1-D CNN (paper appendix D.5).
+        vocab_size: number of token ids (``"vocab"``, or ``"conv"`` on ids).
+        in_features: features per position (``"linear"``, or ``"conv"`` on features).
+        max_len: longest sequence; required by ``pos_embedding="learned"`` (cosine
+            embeddings take any length and do not enforce it).
+    """
+
+    token_embedding: str = "vocab"
+    vocab_size: int | None = None
+    in_features: int | None = None
+    max_len: int | None = None
+
+    def validate(self) -> None:
+        super().validate()
+        _choice("token_embedding", self.token_embedding, TOKEN_EMBEDDINGS)
+        _positive_int("vocab_size", self.vocab_size, allow_none=True)
+        _positive_int("in_features", self.in_features, allow_none=True)
+        _positive_int("max_len", self.max_len, allow_none=True)
+        kind = self.token_embedding
+        has_vocab, has_features = self.vocab_size is not None, self.in_features is not None
+        if kind == "vocab" and (not has_vocab or has_features):
+            raise ValueError(
+                "token_embedding='vocab' takes token ids: set vocab_size and leave in_features "
+                f"None; got vocab_size={self.vocab_size}, in_features={self.in_features}"
+            )
+        if kind == "linear" and (not has_features or has_vocab):
+            raise ValueError(
+                "token_embedding='linear' takes features: set in_features and leave vocab_size "
+                f"None; got vocab_size={self.vocab_size}, in_features={self.in_features}"
+            )
+        if kind == "conv" and has_vocab == has_features:
+            raise ValueError(
+                "token_embedding='conv' needs exactly one of vocab_size (token ids) and "
+                f"in_features (features); got vocab_size={self.vocab_size}, "
+                f"in_features={self.in_features}"
+            )
+        if self.pos_embedding == "learned" and self.max_len is None:
+            raise ValueError("pos_embedding='learned' needs max_len, the longest sequence")
+
+
+@register_model_class
+class TransformerClassifier(EncoderClassifier):
+    """Transformer encoder classifier of token sequences (LRA ListOps, CIFAR pixel, IMDB byte).
+
+    Built from a ``ClassifierConfig``, from keyword settings, or both (settings override the
+    config). ``model.config`` holds every setting; ``taylorshift.models.save_model`` stores
+    it with the weights.
+
+    Args:
+        config: a ``ClassifierConfig`` (or None: built from ``settings``).
+        device, dtype: where and in which dtype parameters are created.
+        **settings: ``ClassifierConfig`` fields; an unknown name raises TypeError listing
+            the valid ones.
+
+    Example::
+
+        model = TransformerClassifier(vocab_size=20, num_classes=10, dim=64, num_heads=4)
+        logits = model(tokens, padding_mask)        # (B, N) ids, (B, N) bool -> (B, 10)
+    """
+
+    config_class = ClassifierConfig
+    config: ClassifierConfig
+
+    def __init__(
+        self, config: ClassifierConfig | None = None, *, device=None, dtype=None, **settings: Any
+    ):
+        if config is None:
+            config = ClassifierConfig.from_dict(settings)
+        elif settings:
+            config = config.replace(**settings)
+        if not isinstance(config, ClassifierConfig):
+            raise TypeError(f"config must be a ClassifierConfig; got {type(config).__name__}")
+        super().__init__(config, config.max_len, device=device, dtype=dtype)
+        fk = {"device": device, "dtype": dtype}
+        if config.vocab_size is not None:
+            self.embed: nn.Module = nn.Embedding(config.vocab_size, config.dim, **fk)
+        else:
+            self.embed = nn.Linear(config.in_features, config.dim, **fk)
+        conv = config.token_embedding == "conv"
+        self.conv = ConvTokenEmbedding(config.dim, **fk) if conv else None
+        self.reset_parameters()
+
+    def _check_inputs(self, inputs: Tensor, padding_mask: Tensor | None) -> None:
+        cfg = self.config
+        if cfg.vocab_size is not None:
+            if inputs.dim() != 2 or not _is_int_dtype(inputs.dtype):
+                raise ValueError(
+                    f"inputs must be integer token ids of shape (B, N); got dtype {inputs.dtype}, "
+                    f"shape {tuple(inputs.shape)}"
+                )
+        elif inputs.dim() != 3 or inputs.shape[-1] != cfg.in_features:
+            raise ValueError(
+                f"inputs must be features of shape (B, N, in_features={cfg.in_features}); got "
+                f"shape {tuple(inputs.shape)}"
+            )
+        check_padding_mask(padding_mask, inputs.shape[0], inputs.shape[1])
+
+    def embed_tokens(self, inputs: Tensor, padding_mask: Tensor | None = None) -> Tensor:
+        """Inputs -> (B, N, dim) before position embedding.
+
+        Padded positions' inputs are replaced by zeros (id 0) first, so whatever they hold
+        (a pad id, -100, NaN) never reaches a real token, a loss or a gradient.
+        """
+        if padding_mask is not None:
+            keep = padding_mask if inputs.dim() == 2 else padding_mask[..., None]
+            inputs = inputs.masked_fill(~keep, 0)
+        if self.config.vocab_size is not None and inputs.device.type == "cpu" and inputs.numel():
+            # (on accelerators an out-of-range id trips a device-side assert instead of a sync)
+            low, high = int(inputs.min()), int(inputs.max())
+            if low < 0 or high >= self.config.vocab_size:
+                raise ValueError(
+                    f"token ids must be in [0, vocab_size={self.config.vocab_size}); got ids "
+                    f"from {low} to {high}"
+                )
+        x = self.embed(inputs)
+        if self.conv is not None:
+            x = self.conv(x, padding_mask)
+        return x
+
+    def forward_features(self, inputs: Tensor, padding_mask: Tensor | None = None) -> Tensor:
+        """(B, N) ids or (B, N, in_features) -> (B, N (+1, CLS first), dim), after the norm."""
+        self._check_inputs(inputs, padding_mask)
+        return self._encode(self.embed_tokens(inputs, padding_mask), padding_mask)
+
+    def forward(self, inputs: Tensor, padding_mask: Tensor | None = None) -> Tensor:
+        """Logits (B, num_classes).
+
+        Args:
+            inputs: token ids (B, N) (``vocab_size`` set) or features (B, N, in_features).
+            padding_mask: optional (B, N) bool, True = real token. Padded positions do not
+                change any output: the logits equal those of the unpadded sequences.
+        """
+        features = self.forward_features(inputs, padding_mask)
+        return self.head(self._pool(features, padding_mask))
+
+
+def _is_int_dtype(dtype: torch.dtype) -> bool:
+    return not dtype.is_floating_point and not dtype.is_complex and dtype != torch.bool

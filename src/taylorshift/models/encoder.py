@@ -1,0 +1,263 @@
+"""What the encoder models share: the config fields and the trunk after the embedding.
+
+Trunk: position embedding -> dropout -> [CLS] prepended (``pooling="cls"``) -> ``depth``
+pre-norm ``Block``s -> LayerNorm -> pooling -> linear head. Padding masks (B, N), True = real
+token, go to every block as key padding; the CLS token is always attended; mean pooling
+averages real tokens only. Padded queries are computed but never read, so a padded batch
+gives the same logits as its sequences run one by one.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import torch
+from torch import Tensor, nn
+
+from ..nn import PROJECTIONS, Block, list_kernels
+from .embedding import CosinePositionEmbedding, LearnedPositionEmbedding
+
+POS_EMBEDDINGS = ("cosine", "learned")
+POOLINGS = ("cls", "mean")
+
+
+def _positive_int(name: str, value: Any, *, allow_none: bool = False) -> None:
+    if allow_none and value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        expected = "a positive int or None" if allow_none else "a positive int"
+        raise ValueError(f"{name} must be {expected}; got {value!r}")
+
+
+def _choice(name: str, value: Any, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {list(choices)}; got {value!r}")
+
+
+def _probability(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
+        raise ValueError(f"{name} must be a number in [0, 1); got {value!r}")
+
+
+def _flag(name: str, value: Any) -> None:
+    if not isinstance(value, bool):
+        raise ValueError(f"{name} must be a bool; got {value!r}")
+
+
+@dataclass(frozen=True)
+class EncoderConfig:
+    """Settings shared by the encoder models; every field is saved with the weights.
+
+    Frozen: ``config.replace(**overrides)`` returns a validated copy.
+
+    Args:
+        num_classes: outputs of the classification head.
+        dim: model width d_emb.
+        depth: number of Transformer blocks.
+        num_heads: attention heads (``dim`` must be divisible by it).
+        mlp_ratio: MLP hidden width / ``dim``.
+        qkv_bias: biases on the q/k/v projections.
+        qk_norm: LayerNorm on each head's queries and keys.
+        attn_kernel: a name from ``taylorshift.nn.list_kernels()``.
+        kernel_args: that kernel's options, e.g. ``{"mode": "efficient"}``; must be
+            JSON-serialisable (it is saved in the weights file).
+        projection: ``standard``, ``optimized``, ``efficient`` or ``super`` (see
+            ``taylorshift.nn.Attention``).
+        context_len: ℓ of ``projection="super"``: the most tokens it takes, CLS included.
+        pos_embedding: ``"cosine"`` (fixed sinusoidal, any length) or ``"learned"``.
+        pooling: ``"cls"`` (a learned CLS token, its output feeds the head) or ``"mean"``
+            (average of the real tokens' outputs).
+        dropout: dropout after the embedding and in every block (after the attention
+            output projection and in the MLP).
+        attn_drop: attention dropout; its meaning depends on the kernel (``taylorshift.nn``).
+        drop_path: stochastic depth of the last block; it rises linearly from 0 at the first.
+    """
+
+    num_classes: int = 10
+    dim: int = 256
+    depth: int = 4
+    num_heads: int = 4
+    mlp_ratio: float = 4.0
+    qkv_bias: bool = True
+    qk_norm: bool = False
+    attn_kernel: str = "taylorshift"
+    kernel_args: dict[str, Any] = field(default_factory=dict)
+    projection: str = "standard"
+    context_len: int | None = None
+    pos_embedding: str = "cosine"
+    pooling: str = "cls"
+    dropout: float = 0.0
+    attn_drop: float = 0.0
+    drop_path: float = 0.0
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        """Raise ValueError/TypeError naming the first bad field, its expected and its value."""
+        for name in ("num_classes", "dim", "depth", "num_heads"):
+            _positive_int(name, getattr(self, name))
+        _positive_int("context_len", self.context_len, allow_none=True)
+        if self.dim % self.num_heads:
+            raise ValueError(
+                f"dim must be divisible by num_heads; got dim={self.dim}, "
+                f"num_heads={self.num_heads}"
+            )
+        r = self.mlp_ratio
+        if isinstance(r, bool) or not isinstance(r, (int, float)) or r <= 0:
+            raise ValueError(f"mlp_ratio must be a number > 0; got {r!r}")
+        _flag("qkv_bias", self.qkv_bias)
+        _flag("qk_norm", self.qk_norm)
+        _choice("attn_kernel", self.attn_kernel, tuple(list_kernels()))
+        _choice("projection", self.projection, PROJECTIONS)
+        _choice("pos_embedding", self.pos_embedding, POS_EMBEDDINGS)
+        _choice("pooling", self.pooling, POOLINGS)
+        for name in ("dropout", "attn_drop", "drop_path"):
+            _probability(name, getattr(self, name))
+        if not isinstance(self.kernel_args, dict):
+            raise TypeError(f"kernel_args must be a dict; got {type(self.kernel_args).__name__}")
+        try:
+            json.dumps(self.kernel_args)
+        except (TypeError, ValueError) as err:
+            raise TypeError(
+                f"kernel_args must be JSON-serialisable (it is saved with the weights); got "
+                f"{self.kernel_args!r}: {err}"
+            ) from None
+
+    @classmethod
+    def field_names(cls) -> list[str]:
+        return [f.name for f in dataclasses.fields(cls)]
+
+    @classmethod
+    def _check_keys(cls, keys) -> None:
+        unknown = sorted(set(keys) - set(cls.field_names()))
+        if unknown:
+            raise TypeError(
+                f"{cls.__name__} has no setting {', '.join(map(repr, unknown))}; valid "
+                f"settings: {', '.join(sorted(cls.field_names()))}"
+            )
+
+    def replace(self, **overrides: Any):
+        """A copy with ``overrides`` applied and validated; unknown keys raise TypeError."""
+        self._check_keys(overrides)
+        return dataclasses.replace(self, **overrides)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, settings: dict[str, Any]):
+        """Build from a dict (e.g. parsed JSON); unknown keys raise TypeError."""
+        cls._check_keys(settings)
+        return cls(**settings)
+
+
+class EncoderClassifier(nn.Module):
+    """Base of the encoder models: the trunk after the token/patch embedding.
+
+    Subclasses set ``config_class``, build their embedding after ``super().__init__`` and
+    then call ``reset_parameters()``.
+    """
+
+    config_class: ClassVar[type[EncoderConfig]] = EncoderConfig
+
+    def __init__(self, config: EncoderConfig, max_len: int | None, *, device=None, dtype=None):
+        super().__init__()
+        fk = {"device": device, "dtype": dtype}
+        self.config = config = copy.deepcopy(config)  # kernel_args is a dict: own it
+        dim = config.dim
+        if config.pos_embedding == "learned":
+            if max_len is None:
+                raise ValueError("pos_embedding='learned' needs max_len, the longest sequence")
+            self.pos_embed: nn.Module = LearnedPositionEmbedding(max_len, dim, **fk)
+        else:
+            self.pos_embed = CosinePositionEmbedding(dim)
+        self.pos_drop = nn.Dropout(config.dropout)
+        self.cls_token = (
+            nn.Parameter(torch.zeros(1, 1, dim, **fk)) if config.pooling == "cls" else None
+        )
+        rates = [config.drop_path * i / max(config.depth - 1, 1) for i in range(config.depth)]
+        self.blocks = nn.ModuleList(
+            Block(
+                dim,
+                config.num_heads,
+                config.mlp_ratio,
+                qkv_bias=config.qkv_bias,
+                qk_norm=config.qk_norm,
+                attn_drop=config.attn_drop,
+                proj_drop=config.dropout,
+                drop_path=rate,
+                attn_kernel=config.attn_kernel,
+                kernel_args=dict(config.kernel_args),
+                projection=config.projection,
+                context_len=config.context_len,
+                **fk,
+            )
+            for rate in rates
+        )
+        self.norm = nn.LayerNorm(dim, **fk)
+        self.head = nn.Linear(dim, config.num_classes, **fk)
+
+    @classmethod
+    def from_config(cls, config: EncoderConfig | dict[str, Any], *, device=None, dtype=None):
+        """Build from a config object or a dict of its fields."""
+        if isinstance(config, dict):
+            config = cls.config_class.from_dict(config)
+        return cls(config, device=device, dtype=dtype)
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        """Linear and embedding weights ~ N(0, 0.02²) truncated, biases 0, CLS ~ N(0, 0.02²).
+
+        Convolutions, norms, TaylorShift temperatures and ``super``'s alignment matrix keep
+        their own initialisation.
+        """
+        for module in self.modules():
+            if isinstance(module, nn.Linear):
+                nn.init.trunc_normal_(module.weight, std=0.02)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
+            elif isinstance(module, nn.Embedding):
+                nn.init.trunc_normal_(module.weight, std=0.02)
+        if self.cls_token is not None:
+            nn.init.trunc_normal_(self.cls_token, std=0.02)
+
+    def _encode(self, x: Tensor, padding_mask: Tensor | None) -> Tensor:
+        """Embedded tokens (B, N, dim) -> normalised outputs (B, N (+1 CLS first), dim)."""
+        x = self.pos_drop(self.pos_embed(x))
+        if self.cls_token is not None:
+            b = x.shape[0]
+            x = torch.cat((self.cls_token.expand(b, -1, -1).to(x.dtype), x), dim=1)
+            if padding_mask is not None:
+                padding_mask = torch.cat((padding_mask.new_ones(b, 1), padding_mask), dim=1)
+        for block in self.blocks:
+            x = block(x, attn_mask=padding_mask)
+        return self.norm(x)
+
+    def _pool(self, features: Tensor, padding_mask: Tensor | None) -> Tensor:
+        """(B, N', dim) -> (B, dim): the CLS output, or the mean over real tokens."""
+        if self.cls_token is not None:
+            return features[:, 0]
+        if padding_mask is None:
+            return features.mean(dim=1)
+        weights = padding_mask.to(features.dtype)[..., None]  # (B, N, 1)
+        return (features * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1.0)
+
+    def extra_repr(self) -> str:
+        return f"attn_kernel={self.config.attn_kernel!r}"
+
+
+def check_padding_mask(padding_mask: Tensor | None, batch: int, length: int) -> None:
+    if padding_mask is None:
+        return
+    if not isinstance(padding_mask, Tensor) or padding_mask.dtype != torch.bool:
+        what = padding_mask.dtype if isinstance(padding_mask, Tensor) else type(padding_mask)
+        raise TypeError(f"padding_mask must be a bool tensor (True = real token); got {what}")
+    if tuple(padding_mask.shape) != (batch, length):
+        raise ValueError(
+            f"padding_mask must be (B, N) = ({batch}, {length}); got {tuple(padding_mask.shape)}"
+        )

@@ -1,0 +1,205 @@
+"""Weights on disk: safetensors files that carry the model's class and config.
+
+``save_model`` writes every tensor of ``model.state_dict()`` and the metadata
+
+    {"taylorshift_model": <class name>, "config": <JSON of model.config>, "format_version": "1"}
+
+so ``load_model(path)`` rebuilds the model from the file alone. The file is written to a
+temporary name in the same folder and moved into place with ``os.replace``: a crash
+mid-write never leaves a truncated file under the final name.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from .encoder import EncoderConfig
+from .registry import get_model_class
+
+FORMAT_VERSION = "1"
+
+# Settings that change how (not what) is computed, or only regularise training: weights
+# move freely between models that differ in them.
+_RUNTIME_SETTINGS = frozenset({"dropout", "attn_drop", "drop_path"})
+
+
+def save_model(model: nn.Module, path: str | os.PathLike) -> Path:
+    """Save ``model``'s tensors and config to the safetensors file ``path`` (atomically).
+
+    Args:
+        model: a registered model class with a ``config`` (``TransformerClassifier``,
+            ``VisionTransformer``, or a class decorated with ``register_model_class``).
+        path: the file to write; its folder must exist. An existing file is replaced.
+
+    Returns:
+        ``path`` as a ``Path``.
+    """
+    config = getattr(model, "config", None)
+    if not isinstance(config, EncoderConfig):
+        raise TypeError(
+            f"save_model needs a taylorshift model with a config; got {type(model).__name__}"
+        )
+    name = type(model).__name__
+    get_model_class(name)  # refuse what load_model could not rebuild
+    metadata = {
+        "taylorshift_model": name,
+        "config": json.dumps(config.to_dict(), sort_keys=True),
+        "format_version": FORMAT_VERSION,
+    }
+    tensors = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+    try:
+        save_file(tensors, tmp, metadata=metadata)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path
+
+
+def _read_metadata(path: str | os.PathLike) -> dict[str, str]:
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            metadata = f.metadata() or {}
+    except (SafetensorError, OSError) as err:
+        raise ValueError(f"{path} is not a readable safetensors file: {err}") from err
+    missing = [k for k in ("taylorshift_model", "config", "format_version") if k not in metadata]
+    if missing:
+        raise ValueError(
+            f"{path} lacks the metadata {missing}: it was not written by "
+            "taylorshift.models.save_model (load its tensors with safetensors directly)"
+        )
+    if metadata["format_version"] != FORMAT_VERSION:
+        raise ValueError(
+            f"{path} has format_version {metadata['format_version']!r}; this version of "
+            f"taylorshift reads {FORMAT_VERSION!r}"
+        )
+    return metadata
+
+
+def read_model_config(path: str | os.PathLike) -> tuple[str, EncoderConfig]:
+    """The model class name and the config stored in ``path``, without loading tensors."""
+    metadata = _read_metadata(path)
+    cls = get_model_class(metadata["taylorshift_model"])
+    try:
+        settings = json.loads(metadata["config"])
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path}: the stored config is not valid JSON: {err}") from err
+    return cls.__name__, cls.config_class.from_dict(settings)
+
+
+def _uniform_float_dtype(tensors: dict[str, torch.Tensor]) -> torch.dtype | None:
+    dtypes = {t.dtype for t in tensors.values() if t.is_floating_point()}
+    return dtypes.pop() if len(dtypes) == 1 else None
+
+
+def _listing(names: list[str], limit: int = 10) -> str:
+    more = f" ... and {len(names) - limit} more" if len(names) > limit else ""
+    return ", ".join(names[:limit]) + more
+
+
+def _check_tensors(model: nn.Module, tensors: dict[str, torch.Tensor], path) -> None:
+    expected = model.state_dict()
+    missing = sorted(set(expected) - set(tensors))
+    unexpected = sorted(set(tensors) - set(expected))
+    shapes = [
+        f"{k} (file {tuple(tensors[k].shape)}, model {tuple(expected[k].shape)})"
+        for k in sorted(set(expected) & set(tensors))
+        if tensors[k].shape != expected[k].shape
+    ]
+    problems = [
+        f"{what}: {_listing(names)}"
+        for what, names in (
+            ("missing tensors", missing),
+            ("unexpected tensors", unexpected),
+            ("shape mismatches", shapes),
+        )
+        if names
+    ]
+    if problems:
+        raise ValueError(f"{path} does not fit this {type(model).__name__}: " + "; ".join(problems))
+
+
+def load_model(
+    path: str | os.PathLike, map_location: str | torch.device | None = None, *, dtype=None
+) -> nn.Module:
+    """Rebuild the model saved by ``save_model`` from the file alone (in eval mode).
+
+    Args:
+        path: a file written by ``save_model``.
+        map_location: device of the model (default CPU).
+        dtype: dtype of its parameters; default: the stored one (when all stored floating
+            tensors share one dtype, else the default dtype).
+
+    Raises:
+        ValueError: not a taylorshift weights file, unknown model class, or tensors that do
+            not fit the stored config (names listed).
+    """
+    name, config = read_model_config(path)
+    device = torch.device(map_location) if map_location is not None else torch.device("cpu")
+    tensors = load_file(str(path), device=str(device))
+    cls = get_model_class(name)
+    model = cls(config, device=device, dtype=dtype or _uniform_float_dtype(tensors))
+    _check_tensors(model, tensors, path)
+    model.load_state_dict(tensors)
+    return model.eval()
+
+
+def _config_differences(file_config: dict[str, Any], model_config: dict[str, Any]) -> list[str]:
+    def comparable(cfg: dict[str, Any]) -> dict[str, Any]:
+        cfg = {k: v for k, v in cfg.items() if k not in _RUNTIME_SETTINGS}
+        kernel_args = dict(cfg.get("kernel_args") or {})
+        kernel_args.pop("mode", None)  # direct and efficient TaylorShift share weights
+        return {**cfg, "kernel_args": kernel_args}
+
+    a, b = comparable(file_config), comparable(model_config)
+    return [
+        f"{k} (file {a.get(k)!r}, model {b.get(k)!r})"
+        for k in sorted(set(a) | set(b))
+        if a.get(k) != b.get(k)
+    ]
+
+
+def load_weights(model: nn.Module, path: str | os.PathLike, *, check_config: bool = True):
+    """Load the tensors of ``path`` into ``model`` (a model of the same class and config).
+
+    Args:
+        model: the model to fill; its dtype and device stay.
+        path: a file written by ``save_model``.
+        check_config: refuse a file whose config differs from ``model.config`` in anything
+            but ``dropout``, ``attn_drop``, ``drop_path`` and ``kernel_args["mode"]``
+            (which change how, not what, the weights compute). Tensor names and shapes are
+            always checked.
+
+    Returns:
+        ``model``.
+
+    Raises:
+        ValueError: the file holds another model class, another config (the differing
+            settings listed) or other tensors (missing/unexpected/mis-shaped names listed).
+    """
+    name, config = read_model_config(path)
+    if name != type(model).__name__:
+        raise ValueError(
+            f"{path} holds a {name}, not a {type(model).__name__}; rebuild it with load_model"
+        )
+    if check_config:
+        diffs = _config_differences(config.to_dict(), model.config.to_dict())
+        if diffs:
+            raise ValueError(
+                f"{path} holds a {name} of another configuration: {'; '.join(diffs)} "
+                "(load_model rebuilds the stored one)"
+            )
+    tensors = load_file(str(path), device="cpu")
+    _check_tensors(model, tensors, path)
+    model.load_state_dict(tensors)
+    return model
