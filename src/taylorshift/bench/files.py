@@ -1,0 +1,79 @@
+"""Result files written atomically: a crash mid-write never leaves a truncated file.
+
+Each writer fills a temporary file in the destination folder, flushes and fsyncs it, then
+``os.replace``s it over the destination (atomic on POSIX and Windows).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import tempfile
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+__all__ = ["write_atomic", "write_csv", "write_figure", "write_json", "write_text"]
+
+
+def write_atomic(path: str | os.PathLike, data: bytes) -> Path:
+    """Write ``data`` to ``path`` through a temporary file and ``os.replace``."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates 0600; give the usual mode
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return path
+
+
+def write_text(path: str | os.PathLike, text: str) -> Path:
+    return write_atomic(path, text.encode())
+
+
+def write_json(path: str | os.PathLike, obj: object) -> Path:
+    """Indented JSON; NaN and infinities are written as null (JSON has neither)."""
+    return write_text(path, json.dumps(_finite(obj), indent=1) + "\n")
+
+
+def _finite(obj: object) -> object:
+    if isinstance(obj, float) and (obj != obj or obj in (float("inf"), float("-inf"))):
+        return None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite(v) for v in obj]
+    return obj
+
+
+def write_csv(
+    path: str | os.PathLike, rows: Iterable[dict], columns: Sequence[str] | None = None
+) -> Path:
+    """Rows of dicts as CSV; columns default to the keys in order of first appearance."""
+    rows = list(rows)
+    if columns is None:
+        columns = list(dict.fromkeys(k for row in rows for k in row))
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=list(columns), extrasaction="ignore")
+    writer.writeheader()
+    for row in rows:
+        writer.writerow({k: "" if row.get(k) is None else row.get(k) for k in columns})
+    return write_text(path, buf.getvalue())
+
+
+def write_figure(path: str | os.PathLike, fig, *, dpi: int = 110) -> Path:
+    """A matplotlib figure as PNG (rendered in memory, then written atomically)."""
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=dpi, bbox_inches="tight")
+    return write_atomic(path, buf.getvalue())

@@ -1,0 +1,114 @@
+"""What a result was measured on: hardware, versions, the SDPA backend, the command."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import platform
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+import taylorshift
+
+__all__ = ["command_line", "machine_info", "sdpa_backend"]
+
+GIB = 1 << 30
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def _git_revision() -> str | None:
+    """The checkout's commit (with a mark when the tracked tree differs), if in a git tree."""
+    root = Path(taylorshift.__file__).resolve().parents[2]
+    if not (root / ".git").exists():
+        return None
+    try:
+        run = lambda *a: subprocess.run(  # noqa: E731
+            ["git", "-C", str(root), *a], capture_output=True, text=True, timeout=10
+        ).stdout.strip()
+        rev = run("rev-parse", "HEAD")
+        dirty = run("status", "--porcelain", "--untracked-files=no")
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return rev + (" (with uncommitted changes)" if dirty else "") if rev else None
+
+
+def _sources_hash() -> str:
+    """sha256 over the package's Python sources: tells which code was measured."""
+    folder = Path(taylorshift.__file__).resolve().parent
+    h = hashlib.sha256()
+    for path in sorted(folder.rglob("*.py")):
+        h.update(str(path.relative_to(folder)).encode() + b"\0" + path.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def _optional_version(name: str) -> str | None:
+    try:
+        module = __import__(name)
+    except ImportError:
+        return None
+    return getattr(module, "__version__", "unknown")
+
+
+def machine_info(device: torch.device | str = "cpu") -> dict:
+    """Hardware and software of this run, as a flat JSON-able dict."""
+    device = torch.device(device)
+    info = {
+        "device": str(device),
+        "cpu_model": _cpu_model(),
+        "logical_cpus": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "memory_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / GIB, 1)
+        if hasattr(os, "sysconf")
+        else None,
+        "platform": platform.platform(),
+        "python": sys.version.split()[0],
+        "torch": torch.__version__,
+        "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "taylorshift": taylorshift.__version__,
+        "triton": _optional_version("triton"),
+        "git_revision": _git_revision(),
+        "sources_sha256": _sources_hash(),
+    }
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        info.update(
+            gpu=props.name,
+            gpu_memory_gib=round(props.total_memory / GIB, 1),
+            gpu_capability=f"{props.major}.{props.minor}",
+            cuda=torch.version.cuda,
+            cudnn=torch.backends.cudnn.version(),
+        )
+    return info
+
+
+def sdpa_backend(query, key, value, *, is_causal: bool = False) -> str:
+    """The fused SDPA backend torch picks for these inputs (FLASH_ATTENTION, MATH, ...)."""
+    from torch.nn.attention import SDPBackend
+
+    try:
+        choice = torch._fused_sdp_choice(query, key, value, is_causal=is_causal)
+    except (AttributeError, RuntimeError):  # a private API: say so rather than fail
+        return "unknown"
+    return SDPBackend(choice).name
+
+
+def command_line() -> str:
+    """The command as typed (as well as argv allows): for 'how to reproduce'."""
+    argv = list(sys.argv)
+    if argv and argv[0].endswith(("taylorshift", "taylorshift.exe")):
+        argv[0] = "taylorshift"
+    return " ".join(shlex.quote(a) for a in argv)
