@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import torch
 
 
@@ -46,3 +48,36 @@ def key_padding(b: int, nk: int, seed: int = 0, empty_row: bool = True) -> torch
     if empty_row and b > 1:
         mask[0] = False
     return mask[:, None, None, :]
+
+
+def write_calibration(
+    directory, crossovers, *, device="cpu", dtype="float64", causal=False, passes="forward"
+):
+    """Add crossovers N̂ by head dim (dv = d) for one (device, dtype, causal, pass) to the
+    calibration file in ``directory`` (created if missing); returns its path.
+    ``crossovers``: {d: N̂}."""
+    from taylorshift.bench.files import write_json
+    from taylorshift.ops.taylor_shift import dispatch
+
+    entries = {
+        dispatch.entry_key(dtype, causal, passes, d): {
+            "dtype": dtype,
+            "causal": causal,
+            "pass": passes,
+            "d": d,
+            "dv": d,
+            "crossover": {"status": "crossed", "n": float(n), "n_below": 1, "n_above": 2},
+        }
+        for d, n in crossovers.items()
+    }
+    path = dispatch.calibration_path(directory)
+    data = {
+        "format": dispatch.CALIBRATION_FORMAT,
+        "version": dispatch.CALIBRATION_VERSION,
+        "devices": {},
+    }
+    if path.exists():  # add to what an earlier call wrote
+        data = json.loads(path.read_text())
+    device_entries = data["devices"].setdefault(dispatch.device_key(device), {"entries": {}})
+    device_entries["entries"].update(entries)
+    return write_json(path, data)

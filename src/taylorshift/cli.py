@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib
 import json
 import sys
 from collections.abc import Callable, Sequence
@@ -181,12 +182,81 @@ def _run_theory(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
     return 0
 
 
+# `taylorshift bench [models|scaling|calibrate]`: the op sweep takes its options on `bench`
+# itself; each tool is a module of taylorshift.bench with HELP, add_arguments and run.
+
+BENCH_TOOLS = ("models", "scaling", "calibrate")
+
+
+def _bench_arguments(parser: argparse.ArgumentParser) -> None:
+    from .bench import op
+
+    op.add_arguments(parser)
+    parser.set_defaults(_bench=op, _bench_parser=parser)
+    sub = parser.add_subparsers(dest="bench_tool", metavar="TOOL", required=False)
+    for name in BENCH_TOOLS:
+        module = importlib.import_module(f".bench.{name}", __package__)
+        child = sub.add_parser(name, help=module.HELP, description=module.HELP)
+        module.add_arguments(child)
+        child.set_defaults(_bench=module, _bench_parser=child)
+
+
+def _run_bench(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    return args._bench.run(args, args._bench_parser)
+
+
+# `taylorshift train` and `taylorshift eval`: taylorshift.train.cli holds both.
+
+
+def _train_arguments(parser: argparse.ArgumentParser) -> None:
+    from .train import cli as train_cli
+
+    train_cli.add_train_arguments(parser)
+
+
+def _run_train(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from .train import cli as train_cli
+
+    return train_cli.run_train(args, parser)
+
+
+def _eval_arguments(parser: argparse.ArgumentParser) -> None:
+    from .train import cli as train_cli
+
+    train_cli.add_eval_arguments(parser)
+
+
+def _run_eval(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from .train import cli as train_cli
+
+    return train_cli.run_eval(args, parser)
+
+
 SUBCOMMANDS: tuple[Subcommand, ...] = (
     Subcommand(
         name="theory",
         help="crossover lengths and multi-head costs from the paper's cost model",
         add_arguments=_theory_arguments,
         run=_run_theory,
+    ),
+    Subcommand(
+        name="bench",
+        help="measure where each attention form pays off on this machine "
+        "(tools: models, scaling, calibrate)",
+        add_arguments=_bench_arguments,
+        run=_run_bench,
+    ),
+    Subcommand(
+        name="train",
+        help="train a classifier on a task of taylorshift.data (presets, resume, torchrun)",
+        add_arguments=_train_arguments,
+        run=_run_train,
+    ),
+    Subcommand(
+        name="eval",
+        help="accuracy and loss of a training checkpoint on a data split",
+        add_arguments=_eval_arguments,
+        run=_run_eval,
     ),
 )
 
@@ -207,5 +277,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the ``taylorshift`` command line on ``argv`` (default ``sys.argv[1:]``)."""
-    args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = build_parser().parse_args(argv)
+    if args.command == "bench":
+        from .bench import machine
+
+        machine.INVOKED_ARGV = argv  # results record the command as run
     return args._command.run(args, args._parser)

@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import json
 import logging
+import math
+import time
+import warnings
 
 import pytest
 import torch
 
 from taylorshift import taylor_shift_attention
+from taylorshift.ops.taylor_shift import dispatch
 from taylorshift.ops.taylor_shift.dispatch import choose_mode, direct_ops, efficient_ops
+from tests.helpers import write_calibration
 
 
 def test_auto_picks_direct_for_short_and_efficient_for_long_sequences():
@@ -52,3 +58,157 @@ def test_auto_with_query_varying_mask_runs_direct(caplog):
     with caplog.at_level(logging.DEBUG, logger="taylorshift.dispatch"):
         taylor_shift_attention(q, k, v, mask)
     assert "auto -> direct (the mask varies over queries)" in caplog.text
+
+
+# Calibration: a measured crossover N̂ per device, dtype, causal and pass (tests/conftest.py
+# points every test at an empty cache directory of its own).
+
+CPU64 = dict(device="cpu", dtype=torch.float64)
+FULL = dict(causal=False, order=2, mask_varies=False)
+
+
+def auto_log(caplog, q, k, v, **kw) -> tuple[torch.Tensor, str]:
+    with caplog.at_level(logging.DEBUG, logger="taylorshift.dispatch"):
+        y = taylor_shift_attention(q, k, v, **kw)
+    return y, caplog.text
+
+
+@pytest.mark.parametrize("n_hat, mode", [(1e6, "direct"), (8, "efficient")], ids=str)
+def test_calibration_decides_against_the_theory(isolated_cache_dir, caplog, n_hat, mode):
+    # theory: efficient from N ≈ 15 (d = 4), so N = 600 is efficient and N = 12 direct
+    n = 600 if mode == "direct" else 12
+    q, k, v = (torch.randn(1, 2, n, 4, dtype=torch.float64) for _ in range(3))
+    assert choose_mode(n, n, 4, 4, **FULL) != mode
+    write_calibration(isolated_cache_dir, {4: n_hat})
+    y, log = auto_log(caplog, q, k, v)
+    assert f"auto -> {mode} (calibration [cpu: " in log and "float64 | full | forward" in log
+    other = taylor_shift_attention(q, k, v, mode="efficient" if mode == "direct" else "direct")
+    torch.testing.assert_close(y, other, rtol=1e-10, atol=1e-12)  # only the form changed
+
+
+def test_no_calibration_means_theory(caplog):
+    q, k, v = (torch.randn(1, 1, 32, 4, dtype=torch.float64) for _ in range(3))
+    _, log = auto_log(caplog, q, k, v)
+    assert "(theory:" in log and "calibration [" not in log
+
+
+def test_calibration_of_another_dtype_or_device_is_not_used(isolated_cache_dir, caplog):
+    write_calibration(isolated_cache_dir, {4: 1e6}, dtype="float32")
+    assert choose_mode(600, 600, 4, 4, **FULL, **CPU64) == "efficient"
+    other = dict(device="cpu", dtype=torch.float32)
+    assert choose_mode(600, 600, 4, 4, **FULL, **other) == "direct"
+    dispatch.reload_calibration()
+    write_calibration(isolated_cache_dir, {4: 1e6}, device="meta")
+    dispatch.reload_calibration()
+    assert choose_mode(600, 600, 4, 4, **FULL, **CPU64) == "efficient"
+
+
+def test_calibration_without_device_or_when_switched_off_is_not_used(
+    isolated_cache_dir, monkeypatch
+):
+    write_calibration(isolated_cache_dir, {4: 1e6})
+    assert choose_mode(600, 600, 4, 4, **FULL, **CPU64) == "direct"
+    assert choose_mode(600, 600, 4, 4, **FULL) == "efficient"  # no device: theory
+    monkeypatch.setenv(dispatch.CALIBRATION_ENV, "off")
+    assert choose_mode(600, 600, 4, 4, **FULL, **CPU64) == "efficient"
+
+
+@pytest.mark.parametrize(
+    "content",
+    ['{"format": "taylorshift-calibration", "version": 1, "devices": {"x": 3}}', "{not json"],
+    ids=["malformed", "not-json"],
+)
+def test_corrupt_calibration_warns_once_and_falls_back(isolated_cache_dir, caplog, content):
+    isolated_cache_dir.mkdir(parents=True)
+    (isolated_cache_dir / "calibration.json").write_text(content)
+    q, k, v = (torch.randn(1, 1, 600, 4, dtype=torch.float64) for _ in range(3))
+    with pytest.warns(RuntimeWarning, match="ignoring the calibration file .*calibration.json"):
+        _, log = auto_log(caplog, q, k, v)
+    assert "auto -> efficient (theory:" in log
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # read once per process: no second warning
+        taylor_shift_attention(q, k, v)
+
+
+def test_calibration_of_another_format_version_is_ignored_quietly(isolated_cache_dir):
+    path = write_calibration(isolated_cache_dir, {4: 1e6})
+    data = json.loads(path.read_text())
+    data["version"] = 999
+    path.write_text(json.dumps(data))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert choose_mode(600, 600, 4, 4, **FULL, **CPU64) == "efficient"
+
+
+def test_reload_reads_a_new_calibration(isolated_cache_dir):
+    assert choose_mode(600, 600, 4, 4, **FULL, **CPU64) == "efficient"
+    write_calibration(isolated_cache_dir, {4: 1e6})
+    assert choose_mode(600, 600, 4, 4, **FULL, **CPU64) == "efficient"  # read once: cached
+    assert dispatch.reload_calibration() is not None
+    assert choose_mode(600, 600, 4, 4, **FULL, **CPU64) == "direct"
+
+
+def test_cross_attention_uses_the_harmonic_mean_of_the_lengths(isolated_cache_dir):
+    write_calibration(isolated_cache_dir, {4: 100})
+    # 2·Nq·Nk/(Nq + Nk) >= N̂: 2·75·150/225 = 100 -> efficient; 2·60·200/260 ≈ 92 -> direct
+    assert choose_mode(75, 150, 4, 4, **FULL, **CPU64) == "efficient"
+    assert choose_mode(150, 75, 4, 4, **FULL, **CPU64) == "efficient"
+    assert choose_mode(60, 200, 4, 4, **FULL, **CPU64) == "direct"
+    assert choose_mode(99, 101, 4, 4, **FULL, **CPU64) == "direct"  # harmonic mean 99.98
+    assert choose_mode(100, 100, 4, 4, **FULL, **CPU64) == "efficient"
+
+
+def test_head_dims_between_calibrated_ones_interpolate_the_correction(isolated_cache_dir):
+    rho4, rho16 = 2.0, 8.0
+    t = dispatch.theory_crossover
+    write_calibration(isolated_cache_dir, {4: rho4 * t(4, 4, False), 16: rho16 * t(16, 16, False)})
+    cal = dispatch.load_calibration()
+    key = (dispatch.device_key("cpu"), "float64", False, "forward")
+    assert cal.estimate(key, 4, 4) == pytest.approx(rho4 * t(4, 4, False))
+    assert cal.estimate(key, 16, 16) == pytest.approx(rho16 * t(16, 16, False))
+    # geometric midpoint in d -> geometric mean of the ratios; outside: the nearest ratio
+    assert cal.estimate(key, 8, 8) == pytest.approx(4.0 * t(8, 8, False))
+    assert cal.estimate(key, 2, 2) == pytest.approx(rho4 * t(2, 2, False))
+    assert cal.estimate(key, 64, 64) == pytest.approx(rho16 * t(64, 64, False))
+    # dv != d scales with the theory's crossover at (d, dv)
+    assert cal.estimate(key, 4, 32) == pytest.approx(rho4 * t(4, 32, False))
+    n_hat = cal.estimate(key, 8, 8)
+    assert choose_mode(math.ceil(n_hat), math.ceil(n_hat), 8, 8, **FULL, **CPU64) == "efficient"
+    assert choose_mode(math.floor(n_hat), math.floor(n_hat), 8, 8, **FULL, **CPU64) == "direct"
+
+
+def test_training_calls_use_the_forward_backward_calibration(isolated_cache_dir, caplog):
+    write_calibration(isolated_cache_dir, {4: 1e6}, passes="forward")
+    write_calibration(isolated_cache_dir, {4: 8}, passes="train")
+    q, k, v = (torch.randn(1, 1, 64, 4, dtype=torch.float64) for _ in range(3))
+    with torch.no_grad():
+        _, log = auto_log(caplog, q, k, v)
+    assert "auto -> direct (calibration" in log and "| forward]" in log
+    caplog.clear()
+    q.requires_grad_(True)
+    y, log = auto_log(caplog, q, k, v)
+    assert "auto -> efficient (calibration" in log and "| train]" in log
+    y.sum().backward()
+    assert q.grad is not None and torch.isfinite(q.grad).all()
+
+
+def test_a_missing_pass_borrows_the_other(isolated_cache_dir):
+    write_calibration(isolated_cache_dir, {4: 1e6}, passes="train")
+    assert choose_mode(600, 600, 4, 4, **FULL, **CPU64, backward=False) == "direct"
+
+
+def test_causal_calibration_is_separate(isolated_cache_dir):
+    write_calibration(isolated_cache_dir, {4: 1e6}, causal=True)
+    causal = dict(causal=True, order=2, mask_varies=False)
+    assert choose_mode(5000, 5000, 4, 4, **causal, **CPU64) == "direct"
+    assert choose_mode(5000, 5000, 4, 4, **FULL, **CPU64) == "efficient"
+
+
+def test_calibration_lookup_is_cheap(isolated_cache_dir):
+    write_calibration(isolated_cache_dir, {4: 100, 16: 400})
+    choose_mode(600, 600, 8, 8, **FULL, **CPU64)  # first call reads the file
+    start = time.perf_counter()
+    for _ in range(1000):
+        choose_mode(600, 600, 8, 8, **FULL, **CPU64)
+    per_call = (time.perf_counter() - start) / 1000
+    assert per_call < 1e-4, f"{per_call * 1e6:.1f} µs per decision"

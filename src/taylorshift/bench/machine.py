@@ -13,21 +13,11 @@ from pathlib import Path
 import torch
 
 import taylorshift
+from taylorshift.ops.taylor_shift.dispatch import cpu_model
 
 __all__ = ["command_line", "machine_info", "sdpa_backend"]
 
 GIB = 1 << 30
-
-
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def _git_revision() -> str | None:
@@ -68,7 +58,7 @@ def machine_info(device: torch.device | str = "cpu") -> dict:
     device = torch.device(device)
     info = {
         "device": str(device),
-        "cpu_model": _cpu_model(),
+        "cpu_model": cpu_model(),
         "logical_cpus": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
         "memory_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / GIB, 1)
@@ -106,9 +96,18 @@ def sdpa_backend(query, key, value, *, is_causal: bool = False) -> str:
     return SDPBackend(choice).name
 
 
+#: The argv of the running ``taylorshift`` command, set by ``taylorshift.cli.main`` (so a
+#: command run through ``main([...])``, e.g. in tests, records its own arguments).
+INVOKED_ARGV: list[str] | None = None
+
+
 def command_line() -> str:
-    """The command as typed (as well as argv allows): for 'how to reproduce'."""
-    argv = list(sys.argv)
-    if argv and argv[0].endswith(("taylorshift", "taylorshift.exe")):
-        argv[0] = "taylorshift"
+    """The command as typed, for "how to reproduce": ``taylorshift ARGS`` when run through
+    the ``taylorshift`` entry point (console script, ``python -m taylorshift`` or ``main``)."""
+    if INVOKED_ARGV is not None:
+        argv = ["taylorshift", *INVOKED_ARGV]
+    else:
+        argv = list(sys.argv)
+        if argv and argv[0].endswith(("taylorshift", "taylorshift.exe", "__main__.py")):
+            argv[0] = "taylorshift"
     return " ".join(shlex.quote(a) for a in argv)

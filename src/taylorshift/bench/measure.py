@@ -286,7 +286,9 @@ def measure_memory(
     spec = json.dumps({"recipe": recipe, "kwargs": kwargs, "threads": threads})
     cmd = [sys.executable, "-m", "taylorshift.bench.measure", spec]
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+        proc = subprocess.run(
+            cmd, capture_output=True, text=True, timeout=timeout_s, env=_worker_env()
+        )
     except subprocess.TimeoutExpired:
         return MemoryResult(
             status="over budget", method=method, error=f"worker timed out after {timeout_s:g} s"
@@ -299,6 +301,14 @@ def measure_memory(
         return MemoryResult(status=status, method=method, error=" | ".join(tail)[:300])
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     return MemoryResult(status=OK, method=method, **result)
+
+
+# glibc serves allocations below its mmap threshold (which grows up to 32 MiB as large blocks
+# are freed) from the heap and keeps freed blocks for reuse: the measured call would reuse
+# the warm-up call's memory and the high-water mark would not rise. A fixed threshold of
+# 128 KiB makes every large tensor its own mapping, returned to the system when freed.
+def _worker_env() -> dict[str, str]:
+    return {**os.environ, "MALLOC_MMAP_THRESHOLD_": str(128 << 10)}
 
 
 def _worker_main(argv: list[str]) -> int:

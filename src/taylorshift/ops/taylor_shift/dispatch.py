@@ -1,18 +1,75 @@
 """``mode="auto"``: pick the cheaper form for one call.
 
-Now from an operation count of our implementations (per head, the same accounting as the
-paper's, SPEC §3, generalised to Nq != Nk, dv != d, and the causal chunks). A measured
-per-device calibration replaces it once ``taylorshift bench calibrate`` exists.
+Two sources, in this order:
+
+1. **Calibration**: the direct/efficient crossover N̂ that ``taylorshift bench calibrate``
+   measured on this device (CPU model or GPU name, with the torch and CUDA versions), for this
+   dtype, causal or not, forward only or forward + backward, at a few head dims d. It lives
+   in ``calibration.json`` in the cache directory (``$TAYLORSHIFT_CACHE_DIR``, else
+   ``$XDG_CACHE_HOME/taylorshift``, else ``~/.cache/taylorshift``), is read once per process
+   (:func:`reload_calibration` reads it again) and is ignored when
+   ``TAYLORSHIFT_CALIBRATION=off``.
+2. **Theory**: an operation count of our implementations (per head, the same accounting as
+   the paper's, SPEC §3, generalised to Nq != Nk, dv != d, and the causal chunks).
+
+How a calibration answers a call (docs/calibration.md): the measured N̂ at each calibrated d
+is turned into a correction ratio ρ(d) = N̂_measured / N̂_theory; ρ is interpolated linearly
+in (log d, log ρ) between calibrated head dims (the nearest one's outside their range) and
+multiplies the theory's crossover for the call's (d, dv). With direct costing ∝ Nq·Nk and
+efficient ∝ Nq + Nk, self-attention at N̂ generalises to: efficient iff
+``2·Nq·Nk / (Nq + Nk) >= N̂`` (the harmonic mean of the two lengths reaches N̂).
+
+The decision never raises: a missing file means theory, a corrupt one theory plus one
+warning, a file of another format version theory (logged at debug level).
 """
 
 from __future__ import annotations
 
+import bisect
+import json
 import logging
+import math
+import os
+import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+import torch
 
 from .efficient_causal import DEFAULT_CAUSAL_CHUNK
 from .features import feature_dim
 
+__all__ = [
+    "CACHE_DIR_ENV",
+    "CALIBRATION_ENV",
+    "CALIBRATION_FILE",
+    "CALIBRATION_FORMAT",
+    "CALIBRATION_VERSION",
+    "Calibration",
+    "CalibrationError",
+    "cache_dir",
+    "calibration_path",
+    "choose_mode",
+    "device_key",
+    "direct_ops",
+    "efficient_ops",
+    "entry_key",
+    "load_calibration",
+    "parse_calibration",
+    "reload_calibration",
+    "theory_crossover",
+]
+
 logger = logging.getLogger("taylorshift.dispatch")
+
+CACHE_DIR_ENV = "TAYLORSHIFT_CACHE_DIR"
+CALIBRATION_ENV = "TAYLORSHIFT_CALIBRATION"
+CALIBRATION_FILE = "calibration.json"
+CALIBRATION_FORMAT = "taylorshift-calibration"
+CALIBRATION_VERSION = 1
+PASSES = ("forward", "train")  # train = forward + backward
 
 
 def direct_ops(nq: int, nk: int, d: int, dv: int, order: int = 2) -> int:
@@ -30,14 +87,260 @@ def efficient_ops(nq: int, nk: int, d: int, dv: int, causal: bool, chunk: int) -
     return ops
 
 
+@lru_cache(maxsize=256)
+def theory_crossover(d: int, dv: int, causal: bool, chunk: int = DEFAULT_CAUSAL_CHUNK) -> float:
+    """The self-attention N from which the op counts favour the efficient form (continuous).
+
+    Non-causal: 2N·P = N²·c, so N = 2P/c (P the per-token efficient cost, c the per-pair
+    direct cost). Causal adds N·min(C, N)·e with e > c: below C the efficient form never wins,
+    above it N = (2P + C·e)/c.
+    """
+    per_token = d * (d + 1) // 2 + 2 * feature_dim(d) * (dv + 1)
+    per_pair = direct_ops(1, 1, d, dv)
+    if not causal:
+        return 2 * per_token / per_pair
+    block = 2 * d + 2 * (dv + 1) + 6
+    return max(float(chunk), (2 * per_token + chunk * block) / per_pair)
+
+
+# Where the calibration lives and which device it belongs to.
+
+
+def cache_dir() -> Path:
+    """``$TAYLORSHIFT_CACHE_DIR``, else ``$XDG_CACHE_HOME/taylorshift``, else ``~/.cache/…``."""
+    own = os.environ.get(CACHE_DIR_ENV)
+    if own:
+        return Path(own).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
+    return base / "taylorshift"
+
+
+def calibration_path(directory: str | os.PathLike | None = None) -> Path:
+    return (Path(directory) if directory is not None else cache_dir()) / CALIBRATION_FILE
+
+
+@lru_cache(maxsize=1)
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor() or platform.machine() or "unknown CPU"
+
+
+@lru_cache(maxsize=16)
+def _device_key(kind: str, index: int | None) -> str:
+    if kind == "cpu":
+        return f"cpu: {cpu_model()} | torch {torch.__version__}"
+    if kind == "cuda":
+        name = torch.cuda.get_device_name(index)
+        return f"cuda: {name} | torch {torch.__version__} | cuda {torch.version.cuda}"
+    return f"{kind}: | torch {torch.__version__}"
+
+
+def device_key(device: torch.device | str) -> str:
+    """What a calibration is valid for: the CPU model or GPU name and the software versions.
+
+    Two GPUs of one model share a key (index 0 stands for an unindexed ``"cuda"``).
+    """
+    device = torch.device(device)
+    index = device.index
+    if device.type == "cuda" and index is None:
+        index = torch.cuda.current_device()
+    return _device_key(device.type, index)
+
+
+def entry_key(dtype: torch.dtype | str, causal: bool, passes: str, d: int) -> str:
+    """The key of one measured crossover inside a device's entries: 'float32/causal/train/d=64'."""
+    name = str(dtype).removeprefix("torch.")
+    return f"{name}/{'causal' if causal else 'full'}/{passes}/d={d}"
+
+
+# The calibration in memory: per (device key, dtype, causal, pass), log ρ at calibrated d.
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Correction ratios ρ(d) = N̂_measured / N̂_theory by (device key, dtype, causal, pass)."""
+
+    path: str
+    ratios: Mapping[tuple[str, str, bool, str], tuple[tuple[float, ...], tuple[float, ...]]]
+    measured: Mapping[tuple[str, str, bool, str], dict[int, float]]
+
+    def estimate(self, key: tuple[str, str, bool, str], d: int, dv: int) -> float | None:
+        """N̂ for (d, dv) under ``key``, or None when nothing was measured for it."""
+        found = self.ratios.get(key)
+        if found is None:
+            return None
+        log_ds, log_rhos = found
+        x = math.log(d)
+        i = bisect.bisect_left(log_ds, x)
+        if i == 0:
+            log_rho = log_rhos[0]
+        elif i == len(log_ds):
+            log_rho = log_rhos[-1]
+        else:
+            t = (x - log_ds[i - 1]) / (log_ds[i] - log_ds[i - 1])
+            log_rho = log_rhos[i - 1] + t * (log_rhos[i] - log_rhos[i - 1])
+        return math.exp(log_rho) * theory_crossover(d, dv, key[2])
+
+
+class CalibrationError(ValueError):
+    """The calibration file exists but cannot be used as one."""
+
+
+def _usable_crossover(entry: Mapping, theory: float) -> float | None:
+    """The N̂ an entry stands for: the interpolated crossover, or its bound beside theory."""
+    found = entry["crossover"]
+    status = found["status"]
+    if status == "crossed":
+        return float(found["n"])
+    if status == "below":  # efficient won from the smallest N measured: N̂ <= n_above
+        return min(float(found["n_above"]), theory)
+    if status == "above":  # direct won up to the largest N measured: N̂ > n_below
+        return max(float(found["n_below"]), theory)
+    return None
+
+
+def parse_calibration(data: object, path: str = "") -> Calibration | None:
+    """A :class:`Calibration` from the file's JSON, None for another format version.
+
+    Raises :class:`CalibrationError` when the content is not a calibration.
+    """
+    if not isinstance(data, dict) or data.get("format") != CALIBRATION_FORMAT:
+        raise CalibrationError(f"not a {CALIBRATION_FORMAT} file")
+    if data.get("version") != CALIBRATION_VERSION:
+        return None
+    points: dict[tuple[str, str, bool, str], dict[int, float]] = {}
+    try:
+        for dev_key, device in data["devices"].items():
+            for entry in device["entries"].values():
+                d, dv, causal = int(entry["d"]), int(entry["dv"]), bool(entry["causal"])
+                passes = str(entry["pass"])
+                if passes not in PASSES or d < 1 or dv < 1:
+                    raise CalibrationError(f"bad entry for d={d}, pass {passes!r}")
+                n_hat = _usable_crossover(entry, theory_crossover(d, dv, causal))
+                if n_hat is None:
+                    continue
+                if not (math.isfinite(n_hat) and n_hat > 0):
+                    raise CalibrationError(f"crossover {n_hat!r} is not a positive number")
+                key = (str(dev_key), str(entry["dtype"]), causal, passes)
+                # ρ relative to the theory at the measured (d, dv): the call's dv may differ
+                points.setdefault(key, {})[d] = n_hat / theory_crossover(d, dv, causal)
+    except (KeyError, TypeError, ValueError, AttributeError) as err:
+        if isinstance(err, CalibrationError):
+            raise
+        raise CalibrationError(f"malformed entry ({type(err).__name__}: {err})") from None
+    ratios = {}
+    for key, by_d in points.items():
+        ds = sorted(by_d)
+        ratios[key] = (
+            tuple(math.log(d) for d in ds),
+            tuple(math.log(by_d[d]) for d in ds),
+        )
+    measured = {
+        k: {d: r * theory_crossover(d, d, k[2]) for d, r in v.items()} for k, v in points.items()
+    }
+    return Calibration(path=path, ratios=ratios, measured=measured)
+
+
+_UNSET = object()
+_loaded: object = _UNSET
+
+
+def load_calibration() -> Calibration | None:
+    """The calibration of the cache directory, read once per process (None when absent)."""
+    global _loaded
+    if _loaded is _UNSET:
+        _loaded = _read_calibration(calibration_path())
+    return _loaded  # type: ignore[return-value]
+
+
+def reload_calibration() -> Calibration | None:
+    """Forget the calibration read so far (and the cache dir it came from); read it again."""
+    global _loaded
+    _loaded = _UNSET
+    return load_calibration()
+
+
+def _read_calibration(path: Path) -> Calibration | None:
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        logger.debug("no calibration at %s", path)
+        return None
+    except OSError as err:
+        _warn_unusable(path, f"cannot be read ({err})")
+        return None
+    try:
+        calibration = parse_calibration(json.loads(text), str(path))
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        _warn_unusable(path, f"is not valid JSON ({err})")
+        return None
+    except CalibrationError as err:
+        _warn_unusable(path, str(err))
+        return None
+    if calibration is None:
+        logger.debug("calibration at %s has another format version: ignored", path)
+    return calibration
+
+
+def _warn_unusable(path: Path, why: str) -> None:
+    warnings.warn(
+        f"taylorshift: ignoring the calibration file {path}: {why}; mode='auto' uses the "
+        "operation counts. Run `taylorshift bench calibrate` again (or with --clear).",
+        RuntimeWarning,
+        stacklevel=4,
+    )
+
+
+@lru_cache(maxsize=8)
+def _warn_once(why: str) -> None:
+    message = f"taylorshift: {why}; mode='auto' uses the operation counts"
+    warnings.warn(message, RuntimeWarning, stacklevel=5)
+
+
+def _calibration_enabled() -> bool:
+    return os.environ.get(CALIBRATION_ENV, "").strip().lower() not in ("off", "0", "false", "no")
+
+
 def choose_mode(
-    nq: int, nk: int, d: int, dv: int, *, causal: bool, order: int, mask_varies: bool
+    nq: int,
+    nk: int,
+    d: int,
+    dv: int,
+    *,
+    causal: bool,
+    order: int,
+    mask_varies: bool,
+    device: torch.device | str | None = None,
+    dtype: torch.dtype | None = None,
+    backward: bool = False,
 ) -> str:
-    """'direct' or 'efficient' for ``mode="auto"``, logged at debug level with the reason."""
+    """'direct' or 'efficient' for ``mode="auto"``, logged at debug level with the reason.
+
+    ``device`` and ``dtype`` select a stored calibration (none given: theory only);
+    ``backward`` says that a backward pass will follow (the forward + backward crossover
+    applies, else the forward one; either stands in for the other when it is missing).
+    """
     if order != 2 or mask_varies:
         reason = "order != 2" if order != 2 else "the mask varies over queries"
         logger.debug("auto -> direct (%s)", reason)
         return "direct"
+    if device is not None and dtype is not None and _calibration_enabled():
+        try:
+            mode = _calibrated_mode(nq, nk, d, dv, causal, torch.device(device), dtype, backward)
+        except Exception as err:  # the choice of form must never break the op
+            _warn_once(f"the calibration lookup failed ({type(err).__name__}: {err})")
+            mode = None
+        if mode is not None:
+            return mode
     direct = direct_ops(nq, nk, d, dv, order)
     efficient = efficient_ops(nq, nk, d, dv, causal, DEFAULT_CAUSAL_CHUNK)
     mode = "efficient" if efficient < direct else "direct"
@@ -51,4 +354,50 @@ def choose_mode(
         d,
         dv,
     )
+    return mode
+
+
+def _calibrated_mode(
+    nq: int,
+    nk: int,
+    d: int,
+    dv: int,
+    causal: bool,
+    device: torch.device,
+    dtype: torch.dtype,
+    backward: bool,
+) -> str | None:
+    calibration = load_calibration()
+    if calibration is None:
+        return None
+    dev = device_key(device)
+    name = str(dtype).removeprefix("torch.")
+    wanted = PASSES[1] if backward else PASSES[0]
+    for passes in (wanted, PASSES[0] if backward else PASSES[1]):
+        key = (dev, name, causal, passes)
+        n_hat = calibration.estimate(key, d, dv)
+        if n_hat is not None:
+            break
+    else:
+        return None
+    length = 2 * nq * nk / (nq + nk) if nq + nk else 0.0
+    mode = "efficient" if length >= n_hat else "direct"
+    if logger.isEnabledFor(logging.DEBUG):
+        logger.debug(
+            "auto -> %s (calibration [%s | %s | %s | %s], measured d %s: N̂=%.0f at d=%d dv=%d; "
+            "2·Nq·Nk/(Nq+Nk)=%.0f, Nq=%d Nk=%d; %s)",
+            mode,
+            dev,
+            name,
+            "causal" if causal else "full",
+            passes,
+            sorted(calibration.measured[key]),
+            n_hat,
+            d,
+            dv,
+            length,
+            nq,
+            nk,
+            calibration.path,
+        )
     return mode

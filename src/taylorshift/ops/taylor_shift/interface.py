@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor
 
 from .checks import check_inputs
@@ -78,6 +79,9 @@ def taylor_shift_attention(
             causal=is_causal,
             order=order,
             mask_varies=problem.mask_varies_over_queries,
+            device=query.device,
+            dtype=query.dtype,
+            backward=_backward_follows(query, key, value, temperature),
         )
     if mode == "direct":
         return direct_taylor_shift(
@@ -85,3 +89,10 @@ def taylor_shift_attention(
         )
     form = causal_efficient_taylor_shift if is_causal else efficient_taylor_shift
     return form(query, key, value, problem.key_mask, temperature, scale, normalize)
+
+
+def _backward_follows(*inputs: object) -> bool:
+    """Whether autograd records this call (then auto uses the forward + backward calibration)."""
+    return torch.is_grad_enabled() and any(
+        isinstance(t, Tensor) and t.requires_grad for t in inputs
+    )

@@ -1,0 +1,61 @@
+"""Training: config dataclasses and presets, the loop, checkpoints, multi-process runs.
+
+- ``resolve_config(preset, file, overrides)`` -> :class:`TrainConfig` (sections ``data``,
+  ``model``, ``optim``, ``run``); presets ``listops``, ``cifar-pixel``, ``imdb-byte`` (the
+  paper's Table 6) and CPU-sized ``listops-cpu``, ``listops-tiny``, ``cifar-pixel-cpu``,
+  ``imdb-byte-cpu``.
+- ``train(config, resume=False)``: LAMB or AdamW, warm-up + cosine per step, bf16 autocast
+  on CUDA, gradient clipping, evaluation every epoch, metrics as JSON Lines, atomic
+  checkpoints from which a resumed run continues bitwise (on a CPU); under ``torchrun``,
+  DistributedDataParallel.
+- ``evaluate_checkpoint(path, split)``: accuracy and loss of a saved run.
+- ``Lamb``, ``WarmupCosine``: the optimizer and schedule.
+
+The command line: ``taylorshift train`` and ``taylorshift eval``. See docs/train.md.
+"""
+
+from .checkpoint import find_checkpoint, latest_checkpoint, load_state
+from .config import (
+    PRESETS,
+    ConfigError,
+    DataConfig,
+    ModelConfig,
+    OptimConfig,
+    RunConfig,
+    TrainConfig,
+    get_preset,
+    list_presets,
+    load_config_file,
+    resolve_config,
+)
+from .loop import NonFiniteLossError, TrainResult, build_model, evaluate, evaluate_checkpoint, train
+from .metrics import read_metrics
+from .optim import Lamb, WarmupCosine, build_optimizer, build_scheduler
+
+__all__ = [
+    "PRESETS",
+    "ConfigError",
+    "DataConfig",
+    "Lamb",
+    "ModelConfig",
+    "NonFiniteLossError",
+    "OptimConfig",
+    "RunConfig",
+    "TrainConfig",
+    "TrainResult",
+    "WarmupCosine",
+    "build_model",
+    "build_optimizer",
+    "build_scheduler",
+    "evaluate",
+    "evaluate_checkpoint",
+    "find_checkpoint",
+    "get_preset",
+    "latest_checkpoint",
+    "list_presets",
+    "load_config_file",
+    "load_state",
+    "read_metrics",
+    "resolve_config",
+    "train",
+]

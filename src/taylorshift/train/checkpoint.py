@@ -1,0 +1,251 @@
+"""Checkpoints that lose nothing, written so that a crash at any moment leaves a good one.
+
+Layout under ``<out_dir>/checkpoints/``::
+
+    latest                  the name of the newest complete checkpoint, e.g. "step-00000384"
+    step-00000384/
+        model.safetensors   weights and model config (``taylorshift.models.save_model``)
+        state.pt            optimizer, scheduler, progress, every RNG state (torch.save)
+        config.json         the TrainConfig of the run
+
+Writing: all files go into a fresh hidden folder ``.tmp-step-...`` (each file flushed and
+fsynced, then the folder), the folder is renamed to ``step-...``, and only then is
+``latest`` replaced by a new file (written to a temporary name, fsynced, ``os.replace``).
+A crash before that replace leaves ``latest`` on the previous checkpoint, whose files are
+untouched; leftovers are removed by the next save. Readers follow ``latest`` only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import signal
+import uuid
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..models import save_model
+
+__all__ = [
+    "CHECKPOINT_DIR",
+    "KILL_ENV",
+    "capture_rng",
+    "find_checkpoint",
+    "kill_hook",
+    "latest_checkpoint",
+    "load_state",
+    "restore_rng",
+    "save_checkpoint",
+]
+
+CHECKPOINT_DIR = "checkpoints"
+LATEST = "latest"
+MODEL_FILE, STATE_FILE, CONFIG_FILE = "model.safetensors", "state.pt", "config.json"
+STATE_VERSION = 1
+
+#: Test hook: ``"<point>:<step>"`` makes the process SIGKILL itself at that point of that
+#: step. Points: ``step`` (after the step and its logging/checkpointing),
+#: ``checkpoint-files`` (checkpoint files written, folder not yet renamed) and
+#: ``checkpoint-pointer`` (folder renamed, ``latest`` not yet replaced).
+KILL_ENV = "TAYLORSHIFT_TRAIN_KILL_AT"
+
+
+def kill_hook(point: str, step: int) -> None:
+    """SIGKILL this process if ``KILL_ENV`` names ``point`` at ``step`` (tests only)."""
+    if os.environ.get(KILL_ENV) == f"{point}:{step}":
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _fsync_path(path: Path) -> None:
+    """Flush a file's (or a folder's entries') data to disk; a no-op where folders cannot be
+    opened (Windows)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _write_file_atomic(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    _fsync_path(path.parent)
+
+
+def capture_rng() -> dict[str, Any]:
+    """Every random state this process uses: Python ``random``, NumPy (if installed), torch
+    CPU and, if CUDA is initialised, every CUDA device."""
+    state: dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state()}
+    try:
+        import numpy as np
+    except ImportError:  # pragma: no cover - numpy is optional
+        pass
+    else:
+        name, keys, pos, has_gauss, cached = np.random.get_state()
+        state["numpy"] = (name, torch.from_numpy(keys.astype("int64")), pos, has_gauss, cached)
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def restore_rng(state: dict[str, Any]) -> None:
+    """Put back the random states of :func:`capture_rng`."""
+    random.setstate(_as_tuples(state["python"]))
+    torch.set_rng_state(state["torch"])
+    if "numpy" in state:
+        try:
+            import numpy as np
+        except ImportError:  # pragma: no cover
+            pass
+        else:
+            name, keys, pos, has_gauss, cached = state["numpy"]
+            np.random.set_state((name, keys.numpy().astype("uint32"), pos, has_gauss, cached))
+    if "cuda" in state and torch.cuda.is_available():
+        states = state["cuda"]
+        for index in range(min(len(states), torch.cuda.device_count())):
+            torch.cuda.set_rng_state(states[index], index)
+
+
+def _as_tuples(value: Any) -> Any:
+    if isinstance(value, (list, tuple)):
+        return tuple(_as_tuples(v) for v in value)
+    return value
+
+
+def _step_name(step: int) -> str:
+    return f"step-{step:08d}"
+
+
+def save_checkpoint(
+    out_dir: str | os.PathLike,
+    *,
+    step: int,
+    model: nn.Module,
+    state: dict[str, Any],
+    config: dict[str, Any],
+    keep: int = 2,
+) -> Path:
+    """Write checkpoint ``step`` under ``out_dir/checkpoints`` and point ``latest`` at it.
+
+    Args:
+        out_dir: the run folder.
+        step: optimizer steps done; names the checkpoint folder.
+        model: the bare model (not a DDP wrapper).
+        state: everything else to restore (optimizer, scheduler, progress, RNG states).
+        config: the run's config as a dict (written as ``config.json``).
+        keep: how many checkpoints to keep (the newest ones).
+
+    Returns:
+        the checkpoint folder.
+    """
+    root = Path(out_dir) / CHECKPOINT_DIR
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / _step_name(step)
+    tmp = root / f".tmp-{final.name}-{uuid.uuid4().hex}"
+    tmp.mkdir()
+    try:
+        save_model(model, tmp / MODEL_FILE)
+        with open(tmp / STATE_FILE, "wb") as f:
+            torch.save({"version": STATE_VERSION, **state}, f)
+            f.flush()
+            os.fsync(f.fileno())
+        with open(tmp / CONFIG_FILE, "w", encoding="utf-8") as f:
+            json.dump(config, f, indent=2, sort_keys=True)
+            f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+        _fsync_path(tmp / MODEL_FILE)
+        _fsync_path(tmp)
+        kill_hook("checkpoint-files", step)
+        if final.exists():  # left by a crash between rename and pointer: never `latest`
+            shutil.rmtree(final)
+        os.rename(tmp, final)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    _fsync_path(root)
+    kill_hook("checkpoint-pointer", step)
+    _write_file_atomic(root / LATEST, (final.name + "\n").encode())
+    _prune(root, keep)
+    return final
+
+
+def _prune(root: Path, keep: int) -> None:
+    """Remove temporary folders and all but the ``keep`` newest checkpoints up to ``latest``."""
+    current = latest_checkpoint(root.parent)
+    for path in root.glob(".tmp-*"):
+        shutil.rmtree(path, ignore_errors=True)
+    if current is None:
+        return
+    steps = sorted(p for p in root.glob("step-*") if p.is_dir())
+    newer = [p for p in steps if p.name > current.name]
+    kept = [p for p in steps if p.name <= current.name][-keep:]
+    for path in steps:
+        if path in newer or path not in kept:
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def latest_checkpoint(out_dir: str | os.PathLike) -> Path | None:
+    """The checkpoint folder that ``out_dir/checkpoints/latest`` names, or None."""
+    pointer = Path(out_dir) / CHECKPOINT_DIR / LATEST
+    if not pointer.is_file():
+        return None
+    name = pointer.read_text(encoding="utf-8").strip()
+    path = pointer.parent / name
+    if not name or not (path / STATE_FILE).is_file():
+        raise FileNotFoundError(f"{pointer} names {name!r}, which is not a complete checkpoint")
+    return path
+
+
+def find_checkpoint(path: str | os.PathLike) -> Path:
+    """The checkpoint folder meant by ``path``: a run folder (its latest checkpoint), a
+    ``checkpoints`` folder, a checkpoint folder, or a file inside one."""
+    path = Path(path)
+    if path.is_file():
+        path = path.parent
+    if (path / STATE_FILE).is_file() and (path / MODEL_FILE).is_file():
+        return path
+    if path.name == CHECKPOINT_DIR:
+        path = path.parent
+    found = latest_checkpoint(path)
+    if found is not None:
+        return found
+    raise FileNotFoundError(
+        f"no checkpoint at {path}: expected a run folder (with checkpoints/latest), a "
+        f"checkpoint folder (with {MODEL_FILE} and {STATE_FILE}) or a file in one"
+    )
+
+
+def load_state(checkpoint: str | os.PathLike) -> dict[str, Any]:
+    """The ``state.pt`` dict of a checkpoint folder (tensors on the CPU)."""
+    path = Path(checkpoint) / STATE_FILE
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    if state.get("version") != STATE_VERSION:
+        raise ValueError(
+            f"{path} has state version {state.get('version')!r}; this taylorshift reads "
+            f"{STATE_VERSION}"
+        )
+    return state
+
+
+def read_config(checkpoint: str | os.PathLike) -> dict[str, Any]:
+    """The ``config.json`` dict of a checkpoint folder."""
+    with open(Path(checkpoint) / CONFIG_FILE, encoding="utf-8") as f:
+        return json.load(f)

@@ -1,0 +1,170 @@
+"""``taylorshift train`` and ``taylorshift eval``: argument setup and runners for ``cli.py``.
+
+``train`` builds a :class:`~taylorshift.train.config.TrainConfig` from ``--preset``, then
+``--config FILE``, then the shortcut flags, then every ``--set key=value`` in order; a bad
+key or value exits with status 2 and a message naming it. Under ``torchrun`` every process
+runs the same command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from .config import SPLITS, TAYLORSHIFT_MODES, ConfigError, list_presets, resolve_config
+
+__all__ = ["add_eval_arguments", "add_train_arguments", "run_eval", "run_train"]
+
+# (flag, dotted key, argparse type, metavar, help)
+_SHORTCUTS = (
+    ("--task", "data.task", str, "NAME", "task of taylorshift.data (data.task)"),
+    ("--model", "model.name", str, "NAME", "model registry name (model.name)"),
+    (
+        "--kernel",
+        "model.kernel",
+        str,
+        "NAME",
+        "attention kernel: taylorshift, softmax, linear, holt, ... (model.kernel)",
+    ),
+    ("--epochs", "optim.epochs", int, "N", "epochs of the schedule (optim.epochs)"),
+    ("--lr", "optim.lr", float, "LR", "peak learning rate (optim.lr)"),
+    ("--batch-size", "data.batch_size", int, "B", "global batch size (data.batch_size)"),
+    ("--seed", "run.seed", int, "S", "seed of init, data order, drop path (run.seed)"),
+    ("--device", "run.device", str, "DEV", "auto, cpu, cuda, cuda:N (run.device)"),
+    ("--out", "run.out_dir", str, "DIR", "run folder (run.out_dir)"),
+    ("--max-steps", "run.max_steps", int, "N", "stop after N steps (run.max_steps)"),
+    ("--eval-every", "run.eval_every", int, "N", "also evaluate every N steps (run.eval_every)"),
+)
+
+
+def _key_value(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE (e.g. optim.lr=1e-3), got {text!r}")
+    return key.strip(), value
+
+
+def add_train_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--preset",
+        choices=list_presets(),
+        metavar="NAME",
+        help=f"starting config: {', '.join(list_presets())} (default: the config file's "
+        "preset, else listops-cpu)",
+    )
+    parser.add_argument("--config", metavar="FILE", help="JSON or TOML file of config sections")
+    for flag, key, kind, metavar, text in _SHORTCUTS:
+        parser.add_argument(flag, type=kind, metavar=metavar, dest=f"_set_{key}", help=text)
+    parser.add_argument(
+        "--mode",
+        choices=TAYLORSHIFT_MODES,
+        dest="_set_model.mode",
+        help="TaylorShift form (model.mode)",
+    )
+    parser.add_argument(
+        "--set",
+        type=_key_value,
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="any setting by dotted key, e.g. optim.lr=1e-3, data.options.path=/data/cifar, "
+        "model.overrides.depth=2 (repeatable; applied last, in order)",
+    )
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue from the latest checkpoint of the run folder (a fresh start if none)",
+    )
+    parser.add_argument(
+        "--no-progress", action="store_true", help="no progress bar (run.progress=false)"
+    )
+    parser.add_argument(
+        "--print-config", action="store_true", help="print the resolved config as JSON and exit"
+    )
+
+
+def _resolve(args: argparse.Namespace):
+    overrides = [
+        (name[len("_set_") :], value)
+        for name, value in vars(args).items()
+        if name.startswith("_set_") and value is not None
+    ]
+    if args.no_progress:
+        overrides.append(("run.progress", False))
+    return resolve_config(args.preset, args.config, [*overrides, *args.set])
+
+
+def _is_main() -> bool:
+    return os.environ.get("RANK", "0") == "0"
+
+
+def run_train(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    try:
+        config = _resolve(args)
+    except ConfigError as err:
+        parser.error(str(err))
+    if args.print_config:
+        print(json.dumps(config.to_dict(), indent=2))
+        return 0
+    from .loop import NonFiniteLossError, train
+
+    try:
+        result = train(config, resume=args.resume)
+    except (ConfigError, FileExistsError) as err:
+        parser.error(str(err))
+    except NonFiniteLossError as err:
+        print(f"taylorshift train: {err}", file=sys.stderr)
+        return 1
+    if _is_main():
+        parts = [f"trained {result.step} steps ({result.epoch} epochs) in {result.out_dir}"]
+        done = ((config.data.eval_split, result.eval), (config.data.test_split, result.test))
+        for name, res in done:
+            if res is not None:
+                parts.append(f"{name} accuracy {res['accuracy']:.4f} loss {res['loss']:.4f}")
+        parts.append(f"checkpoint {result.checkpoint}")
+        print("; ".join(parts))
+    return 0
+
+
+def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--checkpoint",
+        required=True,
+        metavar="PATH",
+        help="a run folder (its latest checkpoint), a checkpoint folder or a file in one",
+    )
+    parser.add_argument("--split", choices=SPLITS, default="test", help="(default: %(default)s)")
+    parser.add_argument("--batch-size", type=int, metavar="B", help="default: the run's")
+    parser.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
+    parser.add_argument("--limit", type=int, metavar="N", help="only the first N samples")
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead")
+
+
+def run_eval(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    for flag, value in (("--batch-size", args.batch_size), ("--limit", args.limit)):
+        if value is not None and value < 1:
+            parser.error(f"{flag} must be a positive integer, got {value}")
+    from .loop import evaluate_checkpoint
+
+    try:
+        result = evaluate_checkpoint(
+            args.checkpoint,
+            args.split,
+            batch_size=args.batch_size,
+            device=args.device,
+            limit=args.limit,
+        )
+    except (FileNotFoundError, ConfigError) as err:
+        parser.error(str(err))
+    if not _is_main():
+        return 0
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print(
+            f"{result['split']}: accuracy {result['accuracy']:.4f}  loss {result['loss']:.4f}  "
+            f"({result['samples']} samples, {result['checkpoint']}, step {result['step']})"
+        )
+    return 0

@@ -1,0 +1,620 @@
+"""The training loop: :func:`train` a config, :func:`evaluate` a model, :func:`evaluate_checkpoint`.
+
+One optimizer step per global batch: forward under autocast (bf16 where enabled), cross
+entropy in float32, backward (gradients averaged over processes by DDP), optional clipping
+of the global gradient norm, optimizer step, schedule step. The loss is averaged over
+processes before the backward pass so that every process sees the same value; a non-finite
+one stops the run before its step is taken (:class:`NonFiniteLossError`).
+
+Reproducibility: the data order, the model initialisation and every random number drawn in
+training follow from ``run.seed``; a checkpoint stores every random state, so on a CPU a run
+resumed from any checkpoint continues bitwise as if it had never stopped (same thread count
+assumed). DataLoaders get their own generators, so creating one never draws from torch's
+global generator.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import random
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import DataLoader, Dataset, Subset
+
+from ..data import TaskSpec, get_task
+from ..models import create_model, load_model, load_weights
+from .checkpoint import (
+    CONFIG_FILE,
+    MODEL_FILE,
+    capture_rng,
+    find_checkpoint,
+    kill_hook,
+    latest_checkpoint,
+    load_state,
+    read_config,
+    restore_rng,
+    save_checkpoint,
+)
+from .config import RUNTIME_KEYS, ConfigError, TrainConfig
+from .distributed import Dist, ShardedBatchSampler, derive_seed, eval_shard, setup
+from .metrics import MetricsLogger, Progress
+from .optim import build_optimizer, build_scheduler
+
+__all__ = [
+    "NonFiniteLossError",
+    "TrainResult",
+    "build_model",
+    "evaluate",
+    "evaluate_checkpoint",
+    "train",
+]
+
+
+class NonFiniteLossError(RuntimeError):
+    """The loss became NaN or infinite; the run stopped without taking that step.
+
+    Attributes:
+        step: the step (counted from 1) whose loss was not finite.
+        epoch: its epoch (from 0).
+        loss: the value.
+        checkpoint: the last good checkpoint folder, or None.
+    """
+
+    def __init__(self, message: str, step: int, epoch: int, loss: float, checkpoint):
+        super().__init__(message)
+        self.step, self.epoch, self.loss, self.checkpoint = step, epoch, loss, checkpoint
+
+
+@dataclass
+class TrainResult:
+    """What :func:`train` returns (on every process).
+
+    Attributes:
+        out_dir: the run folder.
+        step, epoch: optimizer steps done and completed epochs.
+        checkpoint: the last checkpoint written (or resumed from).
+        losses: the global loss of every step this call took, in order.
+        eval: the last evaluation of ``data.eval_split`` (``loss``, ``accuracy``, ``samples``).
+        test: the evaluation of ``data.test_split`` at the end, or None.
+        best_accuracy: the best eval accuracy of the run so far.
+    """
+
+    out_dir: Path
+    step: int
+    epoch: int
+    checkpoint: Path | None
+    losses: list[float]
+    eval: dict[str, Any] | None
+    test: dict[str, Any] | None
+    best_accuracy: float | None
+
+
+# Data
+
+
+def _build_split(config: TrainConfig, spec: TaskSpec, split: str) -> Dataset:
+    options = {**config.data.options, **config.data.split_options.get(split, {})}
+    if isinstance(options.get("operators"), list):
+        options["operators"] = tuple(options["operators"])
+    dataset = spec.build(split, **options)
+    limit = config.data.train_limit if split == "train" else config.data.eval_limit
+    if limit is not None and limit < len(dataset):
+        num_classes = getattr(dataset, "num_classes", None)
+        dataset = Subset(dataset, range(limit))
+        dataset.num_classes = num_classes  # type: ignore[attr-defined]
+    return dataset
+
+
+def _unpack(batch, kind: str, device: torch.device):
+    """(model inputs, labels, real tokens) of a collated batch."""
+    if kind == "image":
+        images, labels = batch
+        inputs = (images.to(device, non_blocking=True),)
+        return inputs, labels.to(device, non_blocking=True), None
+    tokens, mask, labels = batch
+    inputs = (tokens.to(device, non_blocking=True), mask.to(device, non_blocking=True))
+    return inputs, labels.to(device, non_blocking=True), mask.sum()
+
+
+# Model
+
+
+def model_overrides(config: TrainConfig, spec: TaskSpec, num_classes: int | None) -> dict:
+    """The ``create_model`` overrides of a run: ``model.overrides``, the kernel and mode
+    shortcuts, and the task's ``num_classes`` / ``vocab_size`` where the preset differs."""
+    m = config.model
+    overrides = dict(m.overrides)
+    if m.kernel is not None:
+        overrides["attn_kernel"] = m.kernel
+    try:
+        probe = create_model(m.name, device="meta", **overrides).config
+    except TypeError as err:
+        raise ConfigError(f"model.overrides: {err}") from None
+    except ValueError as err:
+        raise ConfigError(f"model: {err}") from None
+    if m.mode is not None:
+        if probe.attn_kernel != "taylorshift":
+            raise ConfigError(
+                f"model.mode applies to the taylorshift kernel; model {m.name!r} uses "
+                f"{probe.attn_kernel!r} (set model.kernel=taylorshift)"
+            )
+        overrides["kernel_args"] = {**probe.kernel_args, "mode": m.mode}
+    if num_classes not in (None, probe.num_classes) and "num_classes" not in overrides:
+        overrides["num_classes"] = num_classes
+    takes_tokens = hasattr(probe, "vocab_size")
+    if spec.kind == "tokens":
+        if not takes_tokens:
+            raise ConfigError(
+                f"model {m.name!r} takes images but task {spec.name!r} gives token sequences"
+            )
+        wanted = spec.vocab_size
+        if wanted not in (None, probe.vocab_size) and "vocab_size" not in overrides:
+            overrides["vocab_size"] = wanted
+    elif takes_tokens:
+        raise ConfigError(f"model {m.name!r} takes token ids but task {spec.name!r} gives images")
+    return overrides
+
+
+def build_model(
+    config: TrainConfig, spec: TaskSpec, num_classes: int | None, device=None
+) -> nn.Module:
+    """``create_model`` with :func:`model_overrides` applied."""
+    return create_model(
+        config.model.name, device=device, **model_overrides(config, spec, num_classes)
+    )
+
+
+def _amp_dtype(amp: str, device: torch.device) -> torch.dtype | None:
+    if amp == "bf16":
+        return torch.bfloat16
+    if amp == "auto" and device.type == "cuda" and torch.cuda.is_bf16_supported():
+        return torch.bfloat16
+    return None
+
+
+def _autocast(device: torch.device, dtype: torch.dtype | None):
+    if dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=dtype)
+
+
+# Evaluation
+
+
+@torch.no_grad()
+def evaluate(
+    model: nn.Module,
+    dataset: Dataset,
+    spec: TaskSpec,
+    *,
+    batch_size: int,
+    device: torch.device | str = "cpu",
+    amp_dtype: torch.dtype | None = None,
+    dist_info: Dist | None = None,
+    num_workers: int = 0,
+    pad_to_multiple: int | None = None,
+) -> dict[str, Any]:
+    """Accuracy and mean cross entropy of ``model`` on ``dataset``, over all processes.
+
+    Each process takes every ``world_size``-th sample (``batch_size`` is the global batch,
+    split between processes); sums are reduced, so the result counts every sample once.
+
+    Returns:
+        ``{"loss": float, "accuracy": float, "samples": int}``.
+    """
+    dist_info = dist_info or Dist()
+    device = torch.device(device)
+    was_training = model.training
+    model.eval()
+    per_rank = max(1, -(-batch_size // dist_info.world_size))
+    batches = eval_shard(len(dataset), per_rank, dist_info.rank, dist_info.world_size)
+    loader = DataLoader(
+        dataset,
+        batch_sampler=batches,
+        collate_fn=spec.collate(pad_to_multiple),
+        num_workers=num_workers,
+        pin_memory=device.type == "cuda",
+        generator=torch.Generator(),
+    )
+    totals = torch.zeros(3, dtype=torch.float64, device=device)  # loss sum, correct, count
+    try:
+        for batch in loader:
+            inputs, labels, _ = _unpack(batch, spec.kind, device)
+            with _autocast(device, amp_dtype):
+                logits = model(*inputs)
+            logits = logits.float()
+            totals[0] += F.cross_entropy(logits, labels, reduction="sum").double()
+            totals[1] += (logits.argmax(-1) == labels).sum()
+            totals[2] += labels.numel()
+    finally:
+        model.train(was_training)
+    loss_sum, correct, count = dist_info.all_reduce_sum(totals).tolist()
+    denominator = max(count, 1.0)
+    return {
+        "loss": loss_sum / denominator,
+        "accuracy": correct / denominator,
+        "samples": int(count),
+    }
+
+
+# Training
+
+
+def _check_resume(config: TrainConfig, checkpoint: Path) -> None:
+    try:
+        saved = TrainConfig.from_dict(read_config(checkpoint))
+    except ConfigError as err:
+        message = f"cannot resume from {checkpoint}: its config is unreadable: {err}"
+        raise ConfigError(message) from None
+    diffs = saved.differences(config, ignore=RUNTIME_KEYS)
+    if diffs:
+        raise ConfigError(
+            f"cannot resume from {checkpoint}: the config differs in "
+            f"{'; '.join(diffs)} (checkpoint's value first). Resume with the run's own "
+            f"settings (its config.json), or start a new run in another run.out_dir"
+        )
+
+
+def _write_json_atomic(path: Path, data: Any) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(data, f, indent=2, sort_keys=True)
+        f.write("\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _seed_all(seed: int) -> None:
+    random.seed(seed)
+    torch.manual_seed(seed)
+    try:
+        import numpy as np
+    except ImportError:  # pragma: no cover
+        return
+    np.random.seed(seed % 2**32)
+
+
+def train(config: TrainConfig, *, resume: bool = False) -> TrainResult:
+    """Train ``config`` (see docs/train.md); in a ``torchrun`` job, on every process.
+
+    Args:
+        config: the run.
+        resume: continue from the latest checkpoint in ``run.out_dir`` if there is one (a
+            fresh start otherwise). Without it, a folder that holds checkpoints is refused.
+
+    Returns:
+        a :class:`TrainResult`.
+
+    Raises:
+        NonFiniteLossError: the loss became NaN or infinite (the last good checkpoint is
+            kept; the message names the step).
+        ConfigError: a setting that does not fit the task or model, or a resume with a
+            different config.
+        FileExistsError: ``run.out_dir`` holds checkpoints and ``resume`` is False.
+    """
+    dist_info, device = setup(config.run.device)
+    try:
+        return _train(config, resume, dist_info, device)
+    finally:
+        dist_info.shutdown()
+
+
+def _train(config: TrainConfig, resume: bool, dist_info: Dist, device: torch.device):
+    run, data, optim = config.run, config.data, config.optim
+    if run.threads is not None:
+        torch.set_num_threads(run.threads)
+    out_dir = Path(run.out_dir)
+    existing = latest_checkpoint(out_dir)
+    if existing is not None and not resume:
+        raise FileExistsError(
+            f"{out_dir} holds checkpoints already (latest: {existing.name}); pass --resume to "
+            f"continue that run, or choose another run.out_dir"
+        )
+    state = None
+    if existing is not None:
+        _check_resume(config, existing)
+        state = load_state(existing)
+
+    spec = get_task(data.task)
+    train_set = _build_split(config, spec, "train")
+    eval_set = _build_split(config, spec, data.eval_split)
+    num_classes = spec.num_classes or getattr(train_set, "num_classes", None)
+
+    _seed_all(run.seed)
+    model = build_model(config, spec, num_classes).to(device)
+    if existing is not None:
+        load_weights(model, existing / MODEL_FILE)
+    optimizer = build_optimizer(model, optim)
+    sampler = ShardedBatchSampler(
+        len(train_set), data.batch_size, run.seed, dist_info.rank, dist_info.world_size
+    )
+    steps_per_epoch = sampler.batches_per_epoch()
+    scheduler = build_scheduler(optimizer, optim, steps_per_epoch)
+    total_steps = optim.epochs * steps_per_epoch
+    stop_at = min(total_steps, run.max_steps) if run.max_steps else total_steps
+
+    # Training randomness (drop path, dropout) differs between processes.
+    _seed_all(derive_seed(run.seed, "train", dist_info.rank))
+    step = epoch = batch_in_epoch = 0
+    best_accuracy: float | None = None
+    if state is not None:
+        if state["steps_per_epoch"] != steps_per_epoch:
+            raise ConfigError(
+                f"cannot resume from {existing}: it has {state['steps_per_epoch']} steps per "
+                f"epoch, this data gives {steps_per_epoch}"
+            )
+        optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
+        step, epoch, batch_in_epoch = state["step"], state["epoch"], state["batch_in_epoch"]
+        best_accuracy = state.get("best_accuracy")
+        rng = state["rng"]
+        if len(rng) == dist_info.world_size:
+            restore_rng(rng[dist_info.rank])
+        else:
+            warnings.warn(
+                f"the checkpoint holds random states of {len(rng)} processes, this run has "
+                f"{dist_info.world_size}: reseeding (the run continues, not bitwise)",
+                stacklevel=2,
+            )
+            _seed_all(derive_seed(run.seed, "train", dist_info.rank, step))
+
+    net: nn.Module = model
+    if dist_info.enabled:
+        net = nn.parallel.DistributedDataParallel(
+            model, device_ids=[device.index] if device.type == "cuda" else None
+        )
+    amp_dtype = _amp_dtype(run.amp, device)
+
+    metrics = MetricsLogger(out_dir, enabled=dist_info.is_main, tensorboard=run.tensorboard)
+    if dist_info.is_main:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        if existing is None:
+            metrics.path.unlink(missing_ok=True)
+        else:
+            metrics.truncate_after(step)
+        _write_json_atomic(out_dir / CONFIG_FILE, config.to_dict())
+    metrics.log(
+        "start",
+        step,
+        world_size=dist_info.world_size,
+        steps_per_epoch=steps_per_epoch,
+        total_steps=total_steps,
+        parameters=sum(p.numel() for p in model.parameters()),
+        device=str(device),
+        amp=str(amp_dtype).replace("torch.", "") if amp_dtype else "off",
+        resumed_from=step if existing is not None else None,
+        model=model.config.to_dict(),
+        config=config.to_dict(),
+    )
+    progress = Progress(stop_at, step, enabled=run.progress and dist_info.is_main)
+
+    def say(text: str) -> None:
+        if dist_info.is_main:
+            progress.write(text)
+
+    def run_eval(split_name: str, dataset: Dataset) -> dict[str, Any]:
+        result = evaluate(
+            model,
+            dataset,
+            spec,
+            batch_size=data.eval_batch_size or data.batch_size,
+            device=device,
+            amp_dtype=amp_dtype,
+            dist_info=dist_info,
+            num_workers=data.num_workers,
+            pad_to_multiple=data.pad_to_multiple,
+        )
+        metrics.log("eval", step, epoch=epoch, split=split_name, **result)
+        say(
+            f"step {step} epoch {epoch}: {split_name} accuracy {result['accuracy']:.4f} "
+            f"loss {result['loss']:.4f} ({result['samples']} samples)"
+        )
+        return result
+
+    def checkpoint() -> Path:
+        rng = dist_info.all_gather_object(capture_rng())
+        train_state = {
+            "optimizer": optimizer.state_dict(),
+            "scheduler": scheduler.state_dict(),
+            "step": step,
+            "epoch": epoch,
+            "batch_in_epoch": batch_in_epoch,
+            "steps_per_epoch": steps_per_epoch,
+            "world_size": dist_info.world_size,
+            "best_accuracy": best_accuracy,
+            "rng": rng,
+        }
+        path = out_dir / "checkpoints" / f"step-{step:08d}"
+        if dist_info.is_main:
+            metrics.sync()
+            path = save_checkpoint(
+                out_dir,
+                step=step,
+                model=model,
+                state=train_state,
+                config=config.to_dict(),
+                keep=run.keep_checkpoints,
+            )
+            metrics.log("checkpoint", step, path=str(path))
+        dist_info.barrier()
+        return path
+
+    window: dict[str, Any] = {}
+    grad_norm: torch.Tensor | None = None
+
+    def reset_window() -> None:
+        window.update(loss=0.0, steps=0, samples=0, tokens=0, start=time.perf_counter())
+
+    def log_train(lr: float) -> None:
+        """One train record: the mean loss of the steps since the previous one."""
+        elapsed = max(time.perf_counter() - window["start"], 1e-9)
+        record = {
+            "epoch": epoch,
+            "loss": window["loss"] / window["steps"],
+            "lr": lr,
+            "grad_norm": None if grad_norm is None else float(grad_norm),
+            "samples_per_s": round(window["samples"] / elapsed, 2),
+        }
+        if spec.kind == "tokens":
+            record["tokens_per_s"] = round(window["tokens"] / elapsed, 1)
+        metrics.log("train", step, **record)
+        progress.update(
+            0,
+            loss=f"{record['loss']:.4f}",
+            lr=f"{lr:.2e}",
+            samples_s=f"{record['samples_per_s']:.0f}",
+        )
+        reset_window()
+
+    losses: list[float] = []
+    last_checkpoint = existing
+    checkpoint_step = step if existing is not None else None
+    last_eval: dict[str, Any] | None = None
+    reset_window()
+    lr = optimizer.param_groups[0]["lr"]
+    collate = spec.collate(data.pad_to_multiple)
+    try:
+        while step < stop_at:
+            sampler.set_epoch(epoch, batch_in_epoch)
+            loader = DataLoader(
+                train_set,
+                batch_sampler=sampler,
+                collate_fn=collate,
+                num_workers=data.num_workers,
+                pin_memory=device.type == "cuda",
+                generator=torch.Generator().manual_seed(
+                    derive_seed(run.seed, "workers", epoch, batch_in_epoch)
+                ),
+            )
+            net.train()
+            for batch in loader:
+                inputs, labels, tokens = _unpack(batch, spec.kind, device)
+                previous_lr, lr = lr, optimizer.param_groups[0]["lr"]
+                with _autocast(device, amp_dtype):
+                    logits = net(*inputs)
+                loss = F.cross_entropy(logits.float(), labels)
+                global_loss = dist_info.all_reduce_sum(loss.detach().clone())
+                value = global_loss.item() / dist_info.world_size
+                if not math.isfinite(value):
+                    if window["steps"]:
+                        log_train(previous_lr)
+                    raise _nonfinite(metrics, step, epoch, value, last_checkpoint)
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                if optim.grad_clip is not None:
+                    grad_norm = nn.utils.clip_grad_norm_(model.parameters(), optim.grad_clip)
+                optimizer.step()
+                scheduler.step()
+                step += 1
+                batch_in_epoch += 1
+                losses.append(value)
+                window["loss"] += value
+                window["steps"] += 1
+                window["samples"] += labels.numel() * dist_info.world_size
+                if tokens is not None:
+                    window["tokens"] += int(tokens) * dist_info.world_size
+                epoch_end = batch_in_epoch == steps_per_epoch
+                if epoch_end:
+                    epoch, batch_in_epoch = epoch + 1, 0
+                if step % run.log_every == 0 or epoch_end or step == stop_at:
+                    log_train(lr)
+                progress.update(1)
+                if epoch_end or (run.eval_every and step % run.eval_every == 0):
+                    last_eval = run_eval(data.eval_split, eval_set)
+                    if best_accuracy is None or last_eval["accuracy"] > best_accuracy:
+                        best_accuracy = last_eval["accuracy"]
+                if (
+                    epoch_end
+                    or (run.checkpoint_every and step % run.checkpoint_every == 0)
+                    or step == stop_at
+                ):
+                    last_checkpoint, checkpoint_step = checkpoint(), step
+                kill_hook("step", step)
+                if step >= stop_at:
+                    break
+        if checkpoint_step != step:
+            last_checkpoint, checkpoint_step = checkpoint(), step
+        test_result = None
+        if data.test_split is not None and step == total_steps:
+            test_set = _build_split(config, spec, data.test_split)
+            test_result = run_eval(data.test_split, test_set)
+        metrics.log("end", step, epoch=epoch, best_accuracy=best_accuracy)
+    finally:
+        progress.close()
+        metrics.close()
+    return TrainResult(
+        out_dir=out_dir,
+        step=step,
+        epoch=epoch,
+        checkpoint=last_checkpoint,
+        losses=losses,
+        eval=last_eval,
+        test=test_result,
+        best_accuracy=best_accuracy,
+    )
+
+
+def _nonfinite(metrics, step: int, epoch: int, value: float, checkpoint) -> NonFiniteLossError:
+    where = (
+        f"the last good checkpoint is {checkpoint}"
+        if checkpoint is not None
+        else "no checkpoint was written yet"
+    )
+    message = (
+        f"the loss is {value} at step {step + 1} (epoch {epoch}): stopped without taking that "
+        f"step; {where}. Lower optim.lr, set optim.grad_clip or run.amp=off, then continue "
+        f"with --resume"
+    )
+    metrics.log("nonfinite", step + 1, epoch=epoch, loss=str(value), message=message)
+    return NonFiniteLossError(message, step + 1, epoch, value, checkpoint)
+
+
+def evaluate_checkpoint(
+    path: str | os.PathLike,
+    split: str = "test",
+    *,
+    batch_size: int | None = None,
+    device: str = "auto",
+    limit: int | None = None,
+) -> dict[str, Any]:
+    """Evaluate a checkpoint (a run folder, a checkpoint folder or a file in one) on
+    ``split`` of the data its run was trained on; under torchrun, shared between processes.
+
+    Returns:
+        ``{"checkpoint", "step", "split", "loss", "accuracy", "samples"}``.
+    """
+    folder = find_checkpoint(path)
+    config = TrainConfig.from_dict(read_config(folder))
+    if limit is not None:
+        config = config.replace(**{"data.eval_limit": limit})
+    dist_info, torch_device = setup(device)
+    try:
+        spec = get_task(config.data.task)
+        dataset = _build_split(config, spec, split)
+        model = load_model(folder / MODEL_FILE, map_location=torch_device)
+        result = evaluate(
+            model,
+            dataset,
+            spec,
+            batch_size=batch_size or config.data.eval_batch_size or config.data.batch_size,
+            device=torch_device,
+            amp_dtype=_amp_dtype(config.run.amp, torch_device),
+            dist_info=dist_info,
+            num_workers=config.data.num_workers,
+            pad_to_multiple=config.data.pad_to_multiple,
+        )
+    finally:
+        dist_info.shutdown()
+    step = load_state(folder)["step"]
+    return {"checkpoint": str(folder), "step": step, "split": split, **result}

@@ -1,0 +1,177 @@
+"""Training configs: presets, files, overrides and their errors, the command line."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from taylorshift.cli import main
+from taylorshift.models import create_model
+from taylorshift.train import (
+    PRESETS,
+    ConfigError,
+    OptimConfig,
+    TrainConfig,
+    get_preset,
+    resolve_config,
+)
+
+# The paper's Table 6: model preset (depth, d_emb, heads, MLP), lr, batch.
+TABLE_6 = {
+    "listops": ((4, 512, 8, 2), 1e-3, 256),
+    "cifar-pixel": ((1, 256, 4, 1), 5e-4, 256),
+    "imdb-byte": ((4, 256, 4, 4), 5e-5, 32),
+}
+
+
+@pytest.mark.parametrize("name", sorted(TABLE_6))
+def test_paper_presets_follow_table_6(name):
+    config = get_preset(name)
+    (depth, dim, heads, mlp), lr, batch = TABLE_6[name]
+    model = create_model(config.model.name, device="meta").config
+    assert (model.depth, model.dim, model.num_heads, model.mlp_ratio) == (depth, dim, heads, mlp)
+    assert (model.dropout, model.drop_path, model.pos_embedding) == (0.0, 0.05, "cosine")
+    assert (config.optim.lr, config.data.batch_size) == (lr, batch)
+    o = config.optim
+    assert (o.name, o.epochs, o.warmup_epochs, o.weight_decay) == ("lamb", 200, 5.0, 1e-3)
+    assert config.run.amp == "auto"  # bf16 on CUDA GPUs that support it
+    assert config.data.task == name
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_every_preset_round_trips_through_a_dict(name):
+    config = get_preset(name)
+    assert TrainConfig.from_dict(config.to_dict()) == config
+    assert json.loads(json.dumps(config.to_dict())) == config.to_dict()
+
+
+def test_overrides_are_typed_from_text():
+    config = resolve_config(
+        "listops-cpu",
+        overrides=[
+            ("optim.lr", "3e-4"),
+            ("optim.betas", "0.9,0.98"),
+            ("optim.grad_clip", "none"),
+            ("run.progress", "false"),
+            ("data.batch_size", "64"),
+            ("data.options.path", "/data/listops"),
+            ("data.options.exact_length", "true"),
+            ("data.split_options.train.num_samples", "100"),
+            ("model.overrides.depth", "3"),
+            ("model.kernel", "softmax"),
+        ],
+    )
+    assert config.optim.lr == 3e-4 and config.optim.betas == (0.9, 0.98)
+    assert config.optim.grad_clip is None and config.run.progress is False
+    assert config.data.batch_size == 64
+    assert config.data.options["path"] == "/data/listops"  # not JSON: kept as text
+    assert config.data.options["exact_length"] is True
+    assert config.data.options["max_depth"] == 4  # the preset's other options stay
+    assert config.data.split_options["train"] == {"num_samples": 100}
+    assert config.model.overrides == {"depth": 3} and config.model.kernel == "softmax"
+
+
+def test_typed_values_and_replace():
+    config = resolve_config("listops-tiny", overrides={"optim.lr": 5e-3, "run.seed": 7})
+    assert (config.optim.lr, config.run.seed) == (5e-3, 7)
+    assert config.replace(**{"optim.epochs": 3}).optim.epochs == 3
+    assert TrainConfig(optim=OptimConfig(lr=0.5)).optim.lr == 0.5
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "match"),
+    [
+        ("optim.lrr", "1", r"unknown setting 'optim\.lrr' \(did you mean 'optim\.lr'"),
+        ("optimizer.lr", "1", r"unknown setting 'optimizer\.lr': no section 'optimizer'"),
+        ("lr", "1", r"must be written section\.name .* got 'lr'"),
+        ("optim.lr", "fast", r"optim\.lr must be a number, got 'fast'"),
+        ("data.batch_size", "2.5", r"data\.batch_size must be an integer, got '2\.5'"),
+        ("run.progress", "maybe", r"run\.progress must be a bool, got 'maybe'"),
+        ("optim.lr", "-1", r"optim\.lr must be a number > 0, got -1"),
+        ("optim.name", "sgd", r"optim\.name must be one of lamb, adamw, got 'sgd'"),
+        ("run.amp", "fp8", r"run\.amp must be one of auto, bf16, off, got 'fp8'"),
+        ("data.batch_size", "0", r"data\.batch_size must be a positive integer, got 0"),
+        ("optim.warmup_epochs", "500", r"optim\.warmup_epochs must be in \[0, optim\.epochs"),
+        ("model.mode", "fast", r"model\.mode must be one of auto, direct, efficient"),
+        ("optim.lr.x", "1", r"optim\.lr is a number, not a table"),
+        ("data.split_options.dev.num_samples", "1", r"split_options keys must be among"),
+    ],
+)
+def test_bad_overrides_name_the_key(key, value, match):
+    with pytest.raises(ConfigError, match=match):
+        resolve_config("listops-cpu", overrides=[(key, value)])
+
+
+def test_mode_needs_the_taylorshift_kernel():
+    with pytest.raises(ConfigError, match=r"model\.mode applies to the taylorshift kernel"):
+        resolve_config("listops-cpu", overrides={"model.kernel": "softmax", "model.mode": "direct"})
+
+
+def test_unknown_preset_is_refused_with_a_suggestion():
+    with pytest.raises(
+        ConfigError, match=r"unknown preset 'listops-cp' \(did you mean 'listops-cpu'"
+    ):
+        resolve_config("listops-cp")
+
+
+def test_toml_and_json_files(tmp_path):
+    toml = tmp_path / "run.toml"
+    toml.write_text(
+        'preset = "listops-tiny"\n[optim]\nname = "adamw"\nlr = 5e-4\nbetas = [0.9, 0.95]\n'
+        "[data.options]\nmax_depth = 3\n"
+    )
+    config = resolve_config(file=toml)
+    assert config.optim.name == "adamw" and config.optim.betas == (0.9, 0.95)
+    assert config.data.options == {"min_len": 8, "max_len": 32, "max_depth": 3}  # merged
+    assert config.data.batch_size == get_preset("listops-tiny").data.batch_size
+    # overrides win over the file, an explicit preset over the file's
+    config = resolve_config("listops-cpu", toml, {"optim.lr": "1e-2"})
+    assert (config.optim.lr, config.data.batch_size) == (1e-2, 32)
+
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps({"run": {"seed": 3}, "model": {"kernel": "linear"}}))
+    config = resolve_config(file=path)
+    assert (config.run.seed, config.model.kernel) == (3, "linear")
+
+
+@pytest.mark.parametrize(
+    ("text", "match"),
+    [
+        ("[optim]\nlrr = 1.0\n", r"unknown setting 'optim\.lrr'"),
+        ("[optimizer]\nlr = 1.0\n", r"no section 'optimizer'"),
+        ("[optim]\nlr = 'high'\n", r"optim\.lr must be a number, got 'high'"),
+        ("[optim]\nepochs = 2.5\n", r"optim\.epochs must be an integer, got 2\.5"),
+        ("[optim\n", r"is not valid TOML"),
+    ],
+)
+def test_bad_files_name_the_problem(tmp_path, text, match):
+    path = tmp_path / "bad.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=match):
+        resolve_config(file=path)
+
+
+def test_cli_prints_the_resolved_config(capsys):
+    argv = ["train", "--preset", "listops-cpu", "--kernel", "softmax", "--lr", "2e-4"]
+    argv += ["--set", "run.seed=5", "--set", "optim.lr=3e-4", "--print-config"]
+    assert main(argv) == 0
+    config = TrainConfig.from_dict(json.loads(capsys.readouterr().out))
+    assert (config.model.kernel, config.run.seed) == ("softmax", 5)
+    assert config.optim.lr == 3e-4  # --set comes last
+
+
+@pytest.mark.parametrize(
+    ("argv", "match"),
+    [
+        (["--set", "optim.lrr=1"], "unknown setting 'optim.lrr' (did you mean 'optim.lr'"),
+        (["--set", "optim.lr"], "expected KEY=VALUE"),
+        (["--preset", "nope"], "invalid choice: 'nope'"),
+        (["--mode", "fast"], "invalid choice: 'fast'"),
+    ],
+)
+def test_cli_config_errors_exit_2(capsys, argv, match):
+    with pytest.raises(SystemExit) as excinfo:
+        main(["train", *argv, "--print-config"])
+    assert excinfo.value.code == 2
+    assert match in capsys.readouterr().err

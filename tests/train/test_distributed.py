@@ -1,0 +1,50 @@
+"""Two processes (torchrun, gloo on CPU) train like one process with the same global batch,
+write one set of metrics and checkpoints, resume together, and evaluate every sample once."""
+
+from __future__ import annotations
+
+import torch
+from safetensors.torch import load_file
+
+from taylorshift.train import latest_checkpoint, read_metrics, train
+from taylorshift.train.checkpoint import KILL_ENV
+
+from .conftest import run_cli, tiny_argv, tiny_config
+
+TORCHRUN = ["torch.distributed.run", "--standalone", "--nproc-per-node=2"]
+# No drop path: it draws per process, so two processes would not match one.
+SETTINGS = {"optim.epochs": 2, "model.overrides.drop_path": 0.0}
+
+
+def test_two_processes_match_one_and_resume_together(tmp_path):
+    overrides = {k.replace(".", "__"): v for k, v in SETTINGS.items()}
+    reference = train(tiny_config(tmp_path / "one", **overrides))
+
+    out = tmp_path / "two"
+    argv = tiny_argv(out, *(a for k, v in SETTINGS.items() for a in ("--set", f"{k}={v}")))
+    killed = run_cli(argv, env={KILL_ENV: "step:6"}, module=TORCHRUN)
+    assert killed.returncode != 0
+    assert latest_checkpoint(out).name == "step-00000004"
+    run = run_cli([*argv, "--resume"], module=TORCHRUN)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.count("trained 8 steps") == 1  # rank 0 reports
+
+    records = read_metrics(out)
+    starts = [r for r in records if r["event"] == "start"]
+    assert [(r["world_size"], r["resumed_from"]) for r in starts] == [(2, None), (2, 4)]
+    losses = [r["loss"] for r in records if r["event"] == "train"]
+    assert len(losses) == 8  # one record per step: only rank 0 writes
+    torch.testing.assert_close(losses, reference.losses, rtol=1e-5, atol=1e-6)
+
+    evals = [r for r in records if r["event"] == "eval"]
+    ref_evals = [r for r in read_metrics(tmp_path / "one") if r["event"] == "eval"]
+    assert [r["samples"] for r in evals] == [32, 32]  # every val sample once, not twice
+    assert [r["accuracy"] for r in evals] == [r["accuracy"] for r in ref_evals]
+    torch.testing.assert_close(
+        [r["loss"] for r in evals], [r["loss"] for r in ref_evals], rtol=1e-5, atol=1e-6
+    )
+
+    mine = load_file(latest_checkpoint(out) / "model.safetensors")
+    theirs = load_file(reference.checkpoint / "model.safetensors")
+    for name, tensor in mine.items():
+        torch.testing.assert_close(tensor, theirs[name], rtol=1e-4, atol=1e-5, msg=name)

@@ -1,0 +1,82 @@
+"""A run killed with SIGKILL (between steps, or while writing a checkpoint) and resumed
+computes bitwise what an uninterrupted run computes."""
+
+from __future__ import annotations
+
+import signal
+
+import pytest
+from safetensors.torch import load_file
+
+from taylorshift.train import latest_checkpoint, read_metrics, train
+from taylorshift.train.checkpoint import KILL_ENV
+
+from .conftest import run_cli, tiny_argv, tiny_config
+
+# Depth 2 so that the last block has drop path, and dropout: training draws random numbers.
+# 4 steps per epoch, 3 epochs; checkpoints every 3 steps and at each epoch end.
+SETTINGS = {
+    "optim.epochs": 3,
+    "run.checkpoint_every": 3,
+    "model.overrides.depth": 2,
+    "model.overrides.dropout": 0.1,
+}
+
+
+def summary(out_dir):
+    """What must not change: every train and eval record (minus timings)."""
+    keep = {"train": ("step", "epoch", "loss", "lr", "grad_norm"), "eval": ("step", "loss",
+            "accuracy", "samples")}  # fmt: skip
+    return [
+        (r["event"], *(r[k] for k in keep[r["event"]]))
+        for r in read_metrics(out_dir)
+        if r["event"] in keep
+    ]
+
+
+def test_killed_and_resumed_runs_match_an_uninterrupted_one_bitwise(tmp_path):
+    reference = tmp_path / "reference"
+    overrides = {k.replace(".", "__"): v for k, v in SETTINGS.items()}
+    result = train(tiny_config(reference, **overrides))
+    assert result.step == 12
+
+    out = tmp_path / "killed"
+    argv = tiny_argv(out, *(a for k, v in SETTINGS.items() for a in ("--set", f"{k}={v}")))
+    stages = [
+        # (kill point, latest checkpoint afterwards)
+        ("step:7", "step-00000006"),  # mid-epoch 1, one step after a checkpoint
+        ("checkpoint-files:8", "step-00000006"),  # files written, folder not renamed
+        ("checkpoint-pointer:9", "step-00000008"),  # folder renamed, `latest` not replaced
+    ]
+    for i, (point, latest) in enumerate(stages):
+        run = run_cli([*argv, *(["--resume"] if i else [])], env={KILL_ENV: point})
+        assert run.returncode == -signal.SIGKILL, (point, run.stderr[-2000:])
+        assert latest_checkpoint(out).name == latest, point
+    assert (out / "checkpoints" / "step-00000009").is_dir()  # the orphan of the last kill
+    run = run_cli([*argv, "--resume"])
+    assert run.returncode == 0, run.stderr[-2000:]
+
+    assert summary(out) == summary(reference)
+    assert [r["resumed_from"] for r in read_metrics(out) if r["event"] == "start"] == [
+        None,
+        6,
+        6,
+        8,
+    ]
+    final, expected = latest_checkpoint(out), latest_checkpoint(reference)
+    assert final.name == expected.name == "step-00000012"
+    a, b = load_file(final / "model.safetensors"), load_file(expected / "model.safetensors")
+    assert a.keys() == b.keys()
+    for name in a:
+        assert a[name].equal(b[name]), name
+    leftovers = sorted(p.name for p in (out / "checkpoints").iterdir())
+    assert leftovers == ["latest", "step-00000009", "step-00000012"]  # keep_checkpoints=2
+
+
+@pytest.mark.parametrize("point", ["checkpoint-pointer:3"])
+def test_a_kill_during_the_first_checkpoint_leaves_no_checkpoint(tmp_path, point):
+    out = tmp_path / "run"
+    argv = tiny_argv(out, "--set", "run.checkpoint_every=3", "--set", "run.max_steps=3")
+    run = run_cli(argv, env={KILL_ENV: point})
+    assert run.returncode == -signal.SIGKILL
+    assert latest_checkpoint(out) is None  # nothing to resume from: a fresh start is right
