@@ -1,0 +1,577 @@
+"""Direct TaylorShift (order 2) as fused Triton kernels, flash-style: forward and backward.
+
+Layout (B, H, N, d) everywhere: query (B, H, Nq, d), key (B, H, Nk, d), value (B, H, Nk, dv).
+The (Nq, Nk) weights never exist in memory: each program owns a block of queries (forward,
+dq) or of keys (dk, dv) and walks the other side block by block, recomputing the scores.
+
+Layers (STYLE principle 2)::
+
+    _direct_fwd_kernel, _direct_bwd_dkv_kernel, _direct_bwd_dq_kernel     Triton
+    taylorshift::triton_direct_forward / _backward                       torch.library ops
+    triton_direct_taylor_shift                                           plain function
+
+The q/k normalisation, the temperature or scale and the casts stay in torch around the core
+op (O(N d) work), so autograd differentiates them and the temperature gets its gradient
+through q' = τ q̂. The kernels see only q', k' with s_ij = q'_i · k'_j. Design notes:
+docs/triton-direct.md.
+"""
+
+from typing import Optional  # custom_op reads Optional[Tensor] from annotations
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from ..taylor_shift.features import compute_dtype, scaled_key, scaled_query, score_factor
+
+
+@triton.jit
+def _direct_fwd_kernel(
+    Q, K, V, F, KM, KMAX, Out, RInv,
+    sqb, sqh, sqn, sqd,
+    skb, skh, skn, skd,
+    svb, svh, svn, svd,
+    smb, smh, smn,
+    sob, soh, son, sod,
+    H, NQ, NK, D, DV,
+    HAS_MASK: tl.constexpr, IS_CAUSAL: tl.constexpr, ACC: tl.constexpr,
+    PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+):  # fmt: skip
+    """One block of BLOCK_M queries of one (b, h): out = f · Σ_j w v_j / Σ_j w, RInv = 1/Σ_j w."""
+    pid_m = tl.program_id(0)
+    h = tl.program_id(1).to(tl.int64)
+    b = tl.program_id(2).to(tl.int64)
+    pid_bh = b * H + h  # row of the (B·H, Nq) statistics
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    row_ok = offs_m < NQ
+    d_ok = offs_d < D
+    dv_ok = offs_dv < DV
+
+    q = tl.load(
+        Q + b * sqb + h * sqh + offs_m[:, None] * sqn + offs_d[None, :] * sqd,
+        mask=row_ok[:, None] & d_ok[None, :],
+        other=0.0,
+    )  # (BLOCK_M, BLOCK_D)
+    # A static bound, not a running max: |s_ij| <= ‖q'_i‖ max_j ‖k'_j‖ = r_i, and
+    # 1/2 <= w(s) <= w(r_i), so c_i w lies in (0, 1] and can be rounded to float16/bfloat16
+    # for the second matmul without overflow. c_i cancels between numerator and denominator.
+    qf = q.to(ACC)
+    r = tl.sqrt(tl.sum(qf * qf, 1)) * tl.load(KMAX + pid_bh).to(ACC)
+    c = 1.0 / (1.0 + r * (1.0 + 0.5 * r))  # (BLOCK_M,)
+
+    k_base = K + b * skb + h * skh
+    v_base = V + b * svb + h * svh
+    m_base = KM + b * smb + h * smh
+    acc = tl.zeros((BLOCK_M, BLOCK_DV), dtype=ACC)
+    den = tl.zeros((BLOCK_M,), dtype=ACC)
+    hi = NK
+    if IS_CAUSAL:
+        # Key j is attended only if j <= i: key blocks past this query block are all zero.
+        hi = tl.minimum(NK, (pid_m + 1) * BLOCK_M)
+    for start_n in range(0, hi, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        col_ok = offs_n < NK
+        k = tl.load(
+            k_base + offs_n[:, None] * skn + offs_d[None, :] * skd,
+            mask=col_ok[:, None] & d_ok[None, :],
+            other=0.0,
+        )  # (BLOCK_N, BLOCK_D)
+        v = tl.load(
+            v_base + offs_n[:, None] * svn + offs_dv[None, :] * svd,
+            mask=col_ok[:, None] & dv_ok[None, :],
+            other=0.0,
+        )  # (BLOCK_N, BLOCK_DV)
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION, out_dtype=ACC)  # (BLOCK_M, BLOCK_N)
+        ok = col_ok[None, :]
+        if HAS_MASK:
+            km = tl.load(m_base + offs_n * smn, mask=col_ok, other=0)
+            ok = ok & (km != 0)[None, :]
+        if IS_CAUSAL:
+            ok = ok & (offs_n[None, :] <= offs_m[:, None])
+        # Masked keys leave every sum, the constant term of w included.
+        w = tl.where(ok, (1.0 + s * (1.0 + 0.5 * s)) * c[:, None], 0.0)
+        den += tl.sum(w, 1)
+        acc += tl.dot(w.to(v.dtype), v, input_precision=PRECISION, out_dtype=ACC)
+
+    f = tl.load(F + pid_bh * NQ + offs_m, mask=row_ok, other=0.0).to(ACC)
+    # den >= c_i n_i / 2 > 0 when query i attends any key; an empty row has acc = den = 0 and
+    # divides by 1 to stay at exactly zero.
+    has = den > 0
+    safe = tl.where(has, den, 1.0)
+    out = acc / safe[:, None] * f[:, None]
+    tl.store(
+        Out + b * sob + h * soh + offs_m[:, None] * son + offs_dv[None, :] * sod,
+        out.to(Out.dtype.element_ty),
+        mask=row_ok[:, None] & dv_ok[None, :],
+    )
+    # 1 / Σ_j w(s_ij) without the c_i factor, 0 for an empty row: backward's only statistic.
+    tl.store(RInv + pid_bh * NQ + offs_m, tl.where(has, c / safe, 0.0), mask=row_ok)
+
+
+@triton.jit
+def _direct_bwd_dkv_kernel(
+    Q, K, V, F, KM, DO, RInv, Delta, DK, DVal,
+    sqb, sqh, sqn, sqd,
+    skb, skh, skn, skd,
+    svb, svh, svn, svd,
+    smb, smh, smn,
+    sdb, sdh, sdn, sdd,
+    sxb, sxh, sxn, sxd,
+    syb, syh, syn, syd,
+    H, NQ, NK, D, DV,
+    HAS_MASK: tl.constexpr, IS_CAUSAL: tl.constexpr, ACC: tl.constexpr,
+    PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+):  # fmt: skip
+    """One block of BLOCK_N keys: dk' = Σ_i ds_ij q'_i and dv_j = Σ_i p_ij g_i over query blocks.
+
+    DK has the strides sx*, DVal the strides sy*.
+    """
+    pid_n = tl.program_id(0)
+    h = tl.program_id(1).to(tl.int64)
+    b = tl.program_id(2).to(tl.int64)
+    pid_bh = b * H + h  # row of the (B·H, Nq) statistics
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    col_ok = offs_n < NK
+    d_ok = offs_d < D
+    dv_ok = offs_dv < DV
+
+    k = tl.load(
+        K + b * skb + h * skh + offs_n[:, None] * skn + offs_d[None, :] * skd,
+        mask=col_ok[:, None] & d_ok[None, :],
+        other=0.0,
+    )  # (BLOCK_N, BLOCK_D)
+    v = tl.load(
+        V + b * svb + h * svh + offs_n[:, None] * svn + offs_dv[None, :] * svd,
+        mask=col_ok[:, None] & dv_ok[None, :],
+        other=0.0,
+    )  # (BLOCK_N, BLOCK_DV)
+    key_ok = col_ok
+    if HAS_MASK:
+        km = tl.load(KM + b * smb + h * smh + offs_n * smn, mask=col_ok, other=0)
+        key_ok = key_ok & (km != 0)
+
+    q_base = Q + b * sqb + h * sqh
+    do_base = DO + b * sdb + h * sdh
+    dk = tl.zeros((BLOCK_N, BLOCK_D), dtype=ACC)
+    dv = tl.zeros((BLOCK_N, BLOCK_DV), dtype=ACC)
+    lo = 0
+    if IS_CAUSAL:
+        # Queries i < j do not attend key j: skip the query blocks wholly above this key block.
+        lo = ((pid_n * BLOCK_N) // BLOCK_M) * BLOCK_M
+    for start_m in range(lo, NQ, BLOCK_M):
+        offs_m = start_m + tl.arange(0, BLOCK_M)
+        row_ok = offs_m < NQ
+        q = tl.load(
+            q_base + offs_m[:, None] * sqn + offs_d[None, :] * sqd,
+            mask=row_ok[:, None] & d_ok[None, :],
+            other=0.0,
+        )  # (BLOCK_M, BLOCK_D)
+        do = tl.load(
+            do_base + offs_m[:, None] * sdn + offs_dv[None, :] * sdd,
+            mask=row_ok[:, None] & dv_ok[None, :],
+            other=0.0,
+        )  # (BLOCK_M, BLOCK_DV)
+        f = tl.load(F + pid_bh * NQ + offs_m, mask=row_ok, other=0.0).to(ACC)
+        ri = tl.load(RInv + pid_bh * NQ + offs_m, mask=row_ok, other=0.0).to(ACC)
+        delta = tl.load(Delta + pid_bh * NQ + offs_m, mask=row_ok, other=0.0).to(ACC)
+        g = (do.to(ACC) * f[:, None]).to(v.dtype)  # ∂L/∂y_i before the output factor
+
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION, out_dtype=ACC)  # (BLOCK_M, BLOCK_N)
+        ok = key_ok[None, :]
+        if IS_CAUSAL:
+            ok = ok & (offs_n[None, :] <= offs_m[:, None])
+        p = tl.where(ok, (1.0 + s * (1.0 + 0.5 * s)) * ri[:, None], 0.0)  # w_ij / D_i <= 1
+        dv += tl.dot(tl.trans(p.to(v.dtype)), g, input_precision=PRECISION, out_dtype=ACC)
+        dp = tl.dot(g, tl.trans(v), input_precision=PRECISION, out_dtype=ACC)  # g_i · v_j
+        # ∂y_i/∂w_ij = (v_j − y_i)/D_i and w'(s) = 1 + s.
+        ds = tl.where(ok, (dp - delta[:, None]) * (1.0 + s) * ri[:, None], 0.0)
+        dk += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision=PRECISION, out_dtype=ACC)
+
+    tl.store(
+        DK + b * sxb + h * sxh + offs_n[:, None] * sxn + offs_d[None, :] * sxd,
+        dk.to(DK.dtype.element_ty),
+        mask=col_ok[:, None] & d_ok[None, :],
+    )
+    tl.store(
+        DVal + b * syb + h * syh + offs_n[:, None] * syn + offs_dv[None, :] * syd,
+        dv.to(DVal.dtype.element_ty),
+        mask=col_ok[:, None] & dv_ok[None, :],
+    )
+
+
+@triton.jit
+def _direct_bwd_dq_kernel(
+    Q, K, V, F, KM, DO, RInv, Delta, DQ,
+    sqb, sqh, sqn, sqd,
+    skb, skh, skn, skd,
+    svb, svh, svn, svd,
+    smb, smh, smn,
+    sdb, sdh, sdn, sdd,
+    sxb, sxh, sxn, sxd,
+    H, NQ, NK, D, DV,
+    HAS_MASK: tl.constexpr, IS_CAUSAL: tl.constexpr, ACC: tl.constexpr,
+    PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+):  # fmt: skip
+    """One block of BLOCK_M queries: dq'_i = Σ_j ds_ij k'_j over key blocks (strides sx*)."""
+    pid_m = tl.program_id(0)
+    h = tl.program_id(1).to(tl.int64)
+    b = tl.program_id(2).to(tl.int64)
+    pid_bh = b * H + h  # row of the (B·H, Nq) statistics
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    row_ok = offs_m < NQ
+    d_ok = offs_d < D
+    dv_ok = offs_dv < DV
+
+    q = tl.load(
+        Q + b * sqb + h * sqh + offs_m[:, None] * sqn + offs_d[None, :] * sqd,
+        mask=row_ok[:, None] & d_ok[None, :],
+        other=0.0,
+    )  # (BLOCK_M, BLOCK_D)
+    do = tl.load(
+        DO + b * sdb + h * sdh + offs_m[:, None] * sdn + offs_dv[None, :] * sdd,
+        mask=row_ok[:, None] & dv_ok[None, :],
+        other=0.0,
+    )  # (BLOCK_M, BLOCK_DV)
+    f = tl.load(F + pid_bh * NQ + offs_m, mask=row_ok, other=0.0).to(ACC)
+    ri = tl.load(RInv + pid_bh * NQ + offs_m, mask=row_ok, other=0.0).to(ACC)
+    delta = tl.load(Delta + pid_bh * NQ + offs_m, mask=row_ok, other=0.0).to(ACC)
+    g = (do.to(ACC) * f[:, None]).to(V.dtype.element_ty)  # ∂L/∂y_i before the output factor
+
+    k_base = K + b * skb + h * skh
+    v_base = V + b * svb + h * svh
+    m_base = KM + b * smb + h * smh
+    dq = tl.zeros((BLOCK_M, BLOCK_D), dtype=ACC)
+    hi = NK
+    if IS_CAUSAL:
+        hi = tl.minimum(NK, (pid_m + 1) * BLOCK_M)
+    for start_n in range(0, hi, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        col_ok = offs_n < NK
+        k = tl.load(
+            k_base + offs_n[:, None] * skn + offs_d[None, :] * skd,
+            mask=col_ok[:, None] & d_ok[None, :],
+            other=0.0,
+        )  # (BLOCK_N, BLOCK_D)
+        v = tl.load(
+            v_base + offs_n[:, None] * svn + offs_dv[None, :] * svd,
+            mask=col_ok[:, None] & dv_ok[None, :],
+            other=0.0,
+        )  # (BLOCK_N, BLOCK_DV)
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION, out_dtype=ACC)
+        ok = col_ok[None, :]
+        if HAS_MASK:
+            km = tl.load(m_base + offs_n * smn, mask=col_ok, other=0)
+            ok = ok & (km != 0)[None, :]
+        if IS_CAUSAL:
+            ok = ok & (offs_n[None, :] <= offs_m[:, None])
+        dp = tl.dot(g, tl.trans(v), input_precision=PRECISION, out_dtype=ACC)
+        ds = tl.where(ok, (dp - delta[:, None]) * (1.0 + s) * ri[:, None], 0.0)
+        dq += tl.dot(ds.to(k.dtype), k, input_precision=PRECISION, out_dtype=ACC)
+
+    tl.store(
+        DQ + b * sxb + h * sxh + offs_m[:, None] * sxn + offs_d[None, :] * sxd,
+        dq.to(DQ.dtype.element_ty),
+        mask=row_ok[:, None] & d_ok[None, :],
+    )
+
+
+# Block sizes (BLOCK_M queries, BLOCK_N keys, warps). Untuned on a GPU so far; the interpreter
+# uses small unequal blocks so that even short test sequences cross several block borders.
+_INTERPRET_BLOCKS = (32, 16, 1)
+_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def interpreting() -> bool:
+    """Whether the kernels run in Triton's CPU interpreter (``TRITON_INTERPRET=1`` at import)."""
+    return not isinstance(_direct_fwd_kernel, triton.runtime.JITFunction)
+
+
+def _blocks(d_pad: int, dv_pad: int) -> tuple[int, int, int]:
+    if interpreting():
+        return _INTERPRET_BLOCKS
+    width = max(d_pad, dv_pad)
+    if width <= 64:
+        return 64, 64, 4
+    if width <= 128:
+        return 64, 32, 8
+    return 32, 32, 8
+
+
+def _launch_constants(query: Tensor, key_mask: Tensor | None, is_causal: bool) -> dict:
+    """Compile-time switches: mask, causal, accumulator dtype, matmul precision."""
+    if query.dtype == torch.float64:
+        acc, precision = tl.float64, "ieee"
+    elif query.dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32:
+        # The same trade as torch's own float32 matmuls (q @ kᵀ in the direct form).
+        acc, precision = tl.float32, "tf32"
+    else:
+        acc, precision = tl.float32, "ieee"
+    return dict(HAS_MASK=key_mask is not None, IS_CAUSAL=is_causal, ACC=acc, PRECISION=precision)
+
+
+def _mask_args(key_mask: Tensor | None, dummy: Tensor) -> tuple:
+    """The key mask as a uint8 view (any strides, broadcast views included) and its strides."""
+    if key_mask is None:
+        return dummy, 0, 0, 0
+    return (key_mask.view(torch.uint8), *key_mask.stride())
+
+
+def _forward(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    row_factor: Tensor,
+    key_mask: Tensor | None,
+    key_norm_max: Tensor,
+    is_causal: bool,
+) -> tuple[Tensor, Tensor]:
+    b, h, nq, d = q.shape
+    nk, dv = v.shape[-2], v.shape[-1]
+    out = torch.empty((b, h, nq, dv), dtype=q.dtype, device=q.device)
+    rinv = torch.empty((b, h, nq), dtype=compute_dtype(q.dtype), device=q.device)
+    if rinv.numel() == 0:
+        return out, rinv
+    bd, bdv = _pad(d), _pad(dv)
+    bm, bn, warps = _blocks(bd, bdv)
+    mask, *mask_strides = _mask_args(key_mask, q)
+    # Grid (query blocks, H, B): B and H each stay below CUDA's 65,535 limit on axes 1 and 2.
+    grid = (triton.cdiv(nq, bm), h, b)
+    _direct_fwd_kernel[grid](
+        q, k, v, row_factor, mask, key_norm_max, out, rinv,
+        *q.stride(), *k.stride(), *v.stride(), *mask_strides, *out.stride(),
+        h, nq, nk, d, dv,
+        **_launch_constants(q, key_mask, is_causal),
+        BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=bd, BLOCK_DV=bdv, num_warps=warps,
+    )  # fmt: skip
+    return out, rinv
+
+
+def _backward(
+    grad_out: Tensor,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    row_factor: Tensor,
+    key_mask: Tensor | None,
+    out: Tensor,
+    rinv: Tensor,
+    is_causal: bool,
+) -> tuple[Tensor, Tensor, Tensor]:
+    b, h, nq, d = q.shape
+    nk, dv = v.shape[-2], v.shape[-1]
+    cd = compute_dtype(q.dtype)
+    dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
+    dval = torch.empty(v.shape, dtype=v.dtype, device=v.device)
+    # δ_i = g_i · y_i with g = f · ∂L/∂out and y = out / f: the same as ∂L/∂out_i · out_i.
+    delta = (grad_out.to(cd) * out.to(cd)).sum(-1).contiguous()  # (B, H, Nq)
+    bd, bdv = _pad(d), _pad(dv)
+    bm, bn, warps = _blocks(bd, bdv)
+    mask, *mask_strides = _mask_args(key_mask, q)
+    common = (
+        *q.stride(), *k.stride(), *v.stride(), *mask_strides, *grad_out.stride(),
+    )  # fmt: skip
+    constants = dict(
+        **_launch_constants(q, key_mask, is_causal),
+        BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=bd, BLOCK_DV=bdv, num_warps=warps,
+    )  # fmt: skip
+    if nk > 0 and b * h > 0:
+        _direct_bwd_dkv_kernel[(triton.cdiv(nk, bn), h, b)](
+            q, k, v, row_factor, mask, grad_out, rinv, delta, dk, dval,
+            *common, *dk.stride(), *dval.stride(),
+            h, nq, nk, d, dv, **constants,
+        )  # fmt: skip
+    if nq > 0 and b * h > 0:
+        _direct_bwd_dq_kernel[(triton.cdiv(nq, bm), h, b)](
+            q, k, v, row_factor, mask, grad_out, rinv, delta, dq,
+            *common, *dq.stride(),
+            h, nq, nk, d, dv, **constants,
+        )  # fmt: skip
+    return dq, dk, dval
+
+
+def _pad(n: int) -> int:
+    """Head dims are padded (masked loads) to a power of two >= 16, as tl.dot needs."""
+    return max(16, triton.next_power_of_2(n))
+
+
+@torch.library.custom_op("taylorshift::triton_direct_forward", mutates_args=())
+def _forward_op(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    row_factor: Tensor,
+    key_mask: Optional[Tensor],  # noqa: UP045
+    key_norm_max: Tensor,
+    is_causal: bool,
+) -> tuple[Tensor, Tensor]:
+    """Core forward on q', k' (s = q'·k'): (out (B, H, Nq, dv), 1/Σ_j w (B, H, Nq)).
+
+    row_factor (B, H, Nq) multiplies each output row; key_mask (B, H, Nk) bool or None;
+    key_norm_max (B, H) bounds ‖k'_j‖ (any upper bound; it only keeps rounded weights <= 1).
+    """
+    return _forward(query, key, value, row_factor, key_mask, key_norm_max, is_causal)
+
+
+@_forward_op.register_fake
+def _(query, key, value, row_factor, key_mask, key_norm_max, is_causal):
+    b, h, nq, _ = query.shape
+    out = query.new_empty((b, h, nq, value.shape[-1]))
+    return out, query.new_empty((b, h, nq), dtype=compute_dtype(query.dtype))
+
+
+@torch.library.custom_op("taylorshift::triton_direct_backward", mutates_args=())
+def _backward_op(
+    grad_out: Tensor,
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    row_factor: Tensor,
+    key_mask: Optional[Tensor],  # noqa: UP045
+    out: Tensor,
+    rinv: Tensor,
+    is_causal: bool,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Core backward: (dq', dk', dv), recomputing the weights tile by tile."""
+    return _backward(grad_out, query, key, value, row_factor, key_mask, out, rinv, is_causal)
+
+
+@_backward_op.register_fake
+def _(grad_out, query, key, value, row_factor, key_mask, out, rinv, is_causal):
+    # Contiguous, as the real kernels allocate them.
+    return query.new_empty(query.shape), key.new_empty(key.shape), value.new_empty(value.shape)
+
+
+def _setup_context(ctx, inputs, output):
+    query, key, value, row_factor, key_mask, _, is_causal = inputs
+    out, rinv = output
+    # Inputs, output and one statistic per query row: nothing of size Nq × Nk.
+    ctx.save_for_backward(query, key, value, row_factor, key_mask, out, rinv)
+    ctx.is_causal = is_causal
+
+
+def _backward_autograd(ctx, grad_out, grad_rinv):
+    # rinv is an internal statistic (never returned to users): its gradient is ignored.
+    query, key, value, row_factor, key_mask, out, rinv = ctx.saved_tensors
+    dq, dk, dv = _backward_op(
+        grad_out, query, key, value, row_factor, key_mask, out, rinv, ctx.is_causal
+    )
+    return dq, dk, dv, None, None, None, None
+
+
+_forward_op.register_autograd(_backward_autograd, setup_context=_setup_context)
+
+
+def _row_factor(
+    key_mask: Tensor | None,
+    is_causal: bool,
+    normalize: bool,
+    b: int,
+    h: int,
+    nq: int,
+    nk: int,
+    d: int,
+    dtype: torch.dtype,
+    device: torch.device,
+) -> Tensor:
+    """sqrt(n_i/d) per query (ones without normalize): (B, H, Nq), contiguous.
+
+    n_i, the attended-key count, comes from the key mask (B, H, Nk) and the causal rule
+    j <= i without any (Nq, Nk) tensor: a cumulative count of attended keys read at i.
+    """
+    if not normalize:
+        return torch.ones((b, h, nq), dtype=dtype, device=device)
+    i = torch.arange(nq, device=device)
+    if key_mask is None:
+        count = (i + 1).clamp(max=nk) if is_causal else torch.full_like(i, nk)
+        count = count.expand(b, h, nq)
+    elif nk == 0:
+        count = torch.zeros((b, h, nq), dtype=torch.long, device=device)
+    elif is_causal:
+        count = key_mask.cumsum(-1)[..., i.clamp(max=nk - 1)]  # keys j <= min(i, Nk - 1)
+    else:
+        count = key_mask.sum(-1, keepdim=True).expand(b, h, nq)
+    return torch.sqrt(count.to(dtype) / d).contiguous()
+
+
+def triton_direct_taylor_shift(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    key_mask: Tensor | None,
+    is_causal: bool,
+    temperature,
+    scale: float | None,
+    normalize: bool,
+) -> Tensor:
+    r"""Direct TaylorShift of order 2 in fused Triton kernels; (B, H, Nq, dv).
+
+    The semantics of ``taylorshift.ops.taylor_shift.direct.direct_taylor_shift`` (SPEC §2)
+    with the mask restricted to key padding::
+
+        q, k = query / max(‖query‖, eps), key / max(‖key‖, eps)   # normalize=True
+        s    = temperature * q @ k.mT                             # else scale * query @ key.mT
+        w    = (1 + s + s²/2) * allowed      # allowed_ij = key_mask[j] and (j <= i if causal)
+        n    = allowed.sum(-1, keepdim=True)
+        out  = (w @ value) / w.sum(-1, keepdim=True) * sqrt(n / d)  # no sqrt(n/d) unless normalize
+
+    without ever forming the (Nq, Nk) matrices; a query that attends no key gives zeros and
+    finite gradients. Inputs are assumed validated (``checks.check_inputs``).
+
+    Args:
+        query: (B, H, Nq, d), float16, bfloat16, float32 or float64, on a CUDA device (or
+            on the CPU under ``TRITON_INTERPRET=1``).
+        key: (B, H, Nk, d), dtype and device of query.
+        value: (B, H, Nk, dv), dtype and device of query.
+        key_mask: bool, broadcastable to (B, H, Nk) (broadcast views are fine), True =
+            attend; or None.
+        is_causal: query i attends key j only if j <= i (upper-left aligned).
+        temperature: τ, a float or a tensor broadcastable to (B, H, 1, 1), may require grad.
+        scale: score scale for normalize=False (default 1/sqrt(d)).
+        normalize: the paper's normalisation of q, k and output factor sqrt(n_i/d).
+
+    Returns:
+        (B, H, Nq, dv) in query's dtype; sums accumulate in float32 (float64 for float64).
+    """
+    if query.dtype not in _DTYPES:
+        raise TypeError(
+            f"query must be float16, bfloat16, float32 or float64 for the Triton kernels; "
+            f"got {query.dtype}"
+        )
+    if not interpreting() and query.device.type != "cuda":
+        raise ValueError(
+            f"query must be on a CUDA device for the Triton kernels (or set TRITON_INTERPRET=1 "
+            f"before importing triton to run them on the CPU); got {query.device}"
+        )
+    b, h, nq, d = query.shape
+    nk = key.shape[-2]
+    cd = compute_dtype(query.dtype)
+    factor = score_factor(temperature, scale, normalize, d)
+    if isinstance(factor, Tensor):
+        factor = factor.to(cd)
+    # q' and k' in the input dtype: the kernels' matmuls take them as they would take q, k.
+    qp = scaled_query(query.to(cd), factor, normalize).to(query.dtype)
+    kp = scaled_key(key.to(cd), normalize).to(query.dtype)
+    if key_mask is not None:
+        key_mask = key_mask.expand(b, h, nk)
+    with torch.no_grad():
+        if nk > 0:
+            kmax = torch.linalg.vector_norm(kp, dim=-1, dtype=cd).amax(-1).contiguous()
+        else:
+            kmax = torch.zeros((b, h), dtype=cd, device=query.device)
+        f = _row_factor(key_mask, is_causal, normalize, b, h, nq, nk, d, cd, query.device)
+    out, _ = _forward_op(qp, kp, value, f, key_mask, kmax, is_causal)
+    return out

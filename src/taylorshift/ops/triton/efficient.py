@@ -1,0 +1,535 @@
+"""Efficient TaylorShift, non-causal, as fused Triton kernels: forward and backward.
+
+Layout (B, H, N, d). The same three kernels serve both passes (docs/triton-efficient.md):
+
+    _state_kernel   S   = Σ_n φ(x_n)ᵀ [u_n, r_n]          a sum over tokens, (D, dv + 1)
+    _apply_kernel   Y'  = φ(x_n) (c ⊙ S)                   per token, optionally finished
+    _grad_kernel    g_x = ∂/∂x_n  [u_n, r_n] · φ(x_n)(c ⊙ S)   per token
+
+with φ(x) = [x_a x_b (a <= b), x, 1] and c = ½ on the diagonal pairs, 1 elsewhere (see
+docs/efficient-form.md). The quadratic features are never stored: the head dim is cut into
+tiles of ``TILE`` and every tile pair A <= B is formed on chip, T² features per token.
+
+Forward: S from (k', [v·m, m]), then y from φ(q') (c ⊙ S). Backward: the state gradient
+R = Σ_i φ(q'_i)ᵀ gY'_i (state kernel on the query side), g_q' from S (grad kernel),
+g_v = m · φ(k') (c ⊙ R) (apply kernel) and g_k' from R (grad kernel). The maps q -> q'
+(normalisation, temperature) and k -> k' run in torch around the op and are differentiated
+by autograd.
+"""
+
+import functools
+import os
+from typing import NamedTuple, Optional  # custom_op reads Optional[Tensor] from annotations
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from ..taylor_shift.efficient import grad_outputs, key_count
+from ..taylor_shift.features import scaled_key, scaled_query, score_factor
+
+# Width of a feature tile: tile pairs give T² = 256 quadratic features per token, and every
+# tl.dot has all sides >= 16.
+TILE = 16
+# Tokens per step of the state kernel and per program of the apply and grad kernels.
+BLOCK_N = 64
+BLOCK_M = 32
+# Columns of the state per program of the state kernel (dv padded to a power of two >= 16).
+MAX_BLOCK_DV = 64
+# fp32 dot products in full precision: "tf32" would round features to 10 mantissa bits.
+PRECISION = "ieee"
+# Software-pipelining stages. The apply and grad kernels hold a (T², DVP) state block and a
+# (BLOCK_M, T²) feature block as dot operands in shared memory: 166 KB at dv = 128 with one
+# stage (sm_80 allows 163 KiB per block, sm_90 227 KiB); more stages would not fit.
+STATE_STAGES = 2
+TOKEN_STAGES = 1
+# triton.jit reads TRITON_INTERPRET when it wraps the kernels below, at import: CPU tensors
+# work only if it was "1" then.
+INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+class Layout(NamedTuple):
+    """How one (b, h) state is laid out in a flat float32 row (offsets in elements).
+
+    [quad: P·T²·DVP][quad_den: P·T²][lin: D_PAD·DVP][lin_den: D_PAD][const: DVP][const_den: 1]
+    P = NT(NT+1)/2 tile pairs A <= B in row-major order; the feature (a, b) of pair (A, B)
+    sits at row (a - A·T)·T + (b - B·T) of the pair's T² rows.
+    """
+
+    d: int
+    dv: int
+    nt: int  # tiles covering d
+    nt_pad: int  # nt rounded up to a power of two (register shapes)
+    dvp: int  # dv rounded up to a power of two >= 16
+    pairs: int
+    off_quad_den: int
+    off_lin: int
+    off_lin_den: int
+    off_const: int
+    off_const_den: int
+    size: int
+
+
+def layout(d: int, dv: int) -> Layout:
+    t = TILE
+    nt = triton.cdiv(d, t)
+    nt_pad = triton.next_power_of_2(nt)
+    dvp = max(16, triton.next_power_of_2(dv))
+    pairs = nt * (nt + 1) // 2
+    off_quad_den = pairs * t * t * dvp
+    off_lin = off_quad_den + pairs * t * t
+    off_lin_den = off_lin + nt_pad * t * dvp
+    off_const = off_lin_den + nt_pad * t
+    off_const_den = off_const + dvp
+    return Layout(
+        d, dv, nt, nt_pad, dvp, pairs, off_quad_den, off_lin, off_lin_den, off_const,
+        off_const_den, off_const_den + 1,
+    )  # fmt: skip
+
+
+@triton.jit
+def _pair_index(ta, tb, NT: tl.constexpr):
+    # Row-major index of the tile pair (ta, tb), ta <= tb: row ta starts after
+    # NT + (NT - 1) + ... + (NT - ta + 1) pairs.
+    return ta * NT - (ta * (ta - 1)) // 2 + (tb - ta)
+
+
+@triton.jit
+def _load_tile(base, rows, live, stride_n, tile, T: tl.constexpr, D: tl.constexpr):
+    # (len(rows), T) columns tile·T .. tile·T + T - 1 of x, zeros past d and past N.
+    cols = tile * T + tl.arange(0, T)
+    ptrs = base + rows[:, None] * stride_n + cols[None, :]
+    return tl.load(ptrs, mask=live[:, None] & (cols[None, :] < D), other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _load_rows(
+    u_base, r_base, rows, live, su_n, sr_n, cols, DV: tl.constexpr, R_MODE: tl.constexpr
+):
+    # The per-token right-hand side [u, r]: u (len(rows), len(cols)) and r (len(rows),).
+    # R_MODE 0: r = 1; 1: r is a row mask that also multiplies u; 2: r is its own column.
+    u = tl.load(
+        u_base + rows[:, None] * su_n + cols[None, :],
+        mask=live[:, None] & (cols[None, :] < DV),
+        other=0.0,
+    ).to(tl.float32)
+    if R_MODE == 0:
+        r = live.to(tl.float32)
+    else:
+        r = tl.load(r_base + rows * sr_n, mask=live, other=0.0).to(tl.float32)
+    if R_MODE == 1:
+        u = u * r[:, None]
+    return u, r
+
+
+@triton.jit
+def _state_kernel(
+    x_ptr, u_ptr, r_ptr, pairs_ptr, s_ptr, N,
+    sx_b, sx_n, su_b, su_n, sr_b, sr_n, ss_b,
+    D: tl.constexpr, DV: tl.constexpr, DVP: tl.constexpr, T: tl.constexpr,
+    OFF_QD: tl.constexpr, OFF_L: tl.constexpr, OFF_LD: tl.constexpr,
+    OFF_C: tl.constexpr, OFF_CD: tl.constexpr,
+    R_MODE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_DV: tl.constexpr,
+    PRECISION: tl.constexpr,
+):  # fmt: skip
+    """S = Σ_n φ(x_n)ᵀ [u_n, r_n] for one (b·h, tile pair, column block), over all tokens.
+
+    Every program also sums the linear rows of its first tile and the constant row; only
+    the diagonal pairs (linear) and pair 0 (constant) store them: a 1/T overhead that
+    keeps the loop free of branches.
+    """
+    bh = tl.program_id(0).to(tl.int64)
+    p = tl.program_id(1)
+    dvb = tl.program_id(2)
+    ta = tl.load(pairs_ptr + 2 * p)
+    tb = tl.load(pairs_ptr + 2 * p + 1)
+    x_base = x_ptr + bh * sx_b
+    u_base = u_ptr + bh * su_b
+    r_base = r_ptr + bh * sr_b
+    cols = dvb * BLOCK_DV + tl.arange(0, BLOCK_DV)
+    offs = tl.arange(0, BLOCK_N)
+
+    quad = tl.zeros((T * T, BLOCK_DV), tl.float32)
+    quad_den = tl.zeros((T * T,), tl.float32)
+    lin = tl.zeros((T, BLOCK_DV), tl.float32)
+    lin_den = tl.zeros((T,), tl.float32)
+    const = tl.zeros((BLOCK_DV,), tl.float32)
+    const_den = tl.zeros((BLOCK_N,), tl.float32)
+    for n0 in range(0, N, BLOCK_N):
+        rows = n0 + offs
+        live = rows < N
+        xa = _load_tile(x_base, rows, live, sx_n, ta, T, D)
+        xb = _load_tile(x_base, rows, live, sx_n, tb, T, D)
+        u, r = _load_rows(u_base, r_base, rows, live, su_n, sr_n, cols, DV, R_MODE)
+        f = tl.reshape(xa[:, :, None] * xb[:, None, :], (BLOCK_N, T * T))
+        quad += tl.dot(tl.trans(f), u, input_precision=PRECISION)
+        quad_den += tl.sum(f * r[:, None], axis=0)
+        lin += tl.dot(tl.trans(xa), u, input_precision=PRECISION)
+        lin_den += tl.sum(xa * r[:, None], axis=0)
+        const += tl.sum(u, axis=0)
+        const_den += r
+
+    s_base = s_ptr + bh * ss_b
+    tt = tl.arange(0, T * T)
+    ca = ta * T + tl.arange(0, T)
+    # Store masks as vectors: program ids may be plain ints (interpreter).
+    first = (tt * 0 + dvb) == 0  # (T²,)
+    diag = (ca * 0 + ta) == tb  # (T,)
+    pair0 = (cols * 0 + p) == 0  # (BLOCK_DV,)
+    tl.store(s_base + p * (T * T * DVP) + tt[:, None] * DVP + cols[None, :], quad)
+    tl.store(s_base + OFF_QD + p * (T * T) + tt, quad_den, mask=first)
+    tl.store(s_base + OFF_L + ca[:, None] * DVP + cols[None, :], lin, mask=diag[:, None])
+    tl.store(s_base + OFF_LD + ca, lin_den, mask=diag & ((ca * 0 + dvb) == 0))
+    tl.store(s_base + OFF_C + cols, const, mask=pair0)
+    total = tl.zeros((BLOCK_DV,), tl.float32) + tl.sum(const_den, axis=0)
+    tl.store(s_base + OFF_CD + cols, total, mask=pair0 & (cols == 0))
+
+
+@triton.jit
+def _apply_kernel(
+    x_ptr, s_ptr, r_ptr, count_ptr, out_ptr, den_ptr, N,
+    sx_b, sx_n, ss_b, sr_b, sr_n, so_b, so_n, sd_b,
+    D: tl.constexpr, DV: tl.constexpr, DVP: tl.constexpr, T: tl.constexpr, NT: tl.constexpr,
+    OFF_QD: tl.constexpr, OFF_L: tl.constexpr, OFF_LD: tl.constexpr,
+    OFF_C: tl.constexpr, OFF_CD: tl.constexpr,
+    FINISH: tl.constexpr, NORMALIZE: tl.constexpr, HAS_R: tl.constexpr,
+    BLOCK_M: tl.constexpr, PRECISION: tl.constexpr,
+):  # fmt: skip
+    """Y' = φ(x) (c ⊙ S) for BLOCK_M tokens; FINISH: y = nom/den · sqrt(n/d), den stored.
+
+    Without FINISH the numerator is stored, times the row mask r when HAS_R (g_v).
+    """
+    bh = tl.program_id(0).to(tl.int64)
+    rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
+    live = rows < N
+    x_base = x_ptr + bh * sx_b
+    s_base = s_ptr + bh * ss_b
+    cols = tl.arange(0, DVP)
+    tt = tl.arange(0, T * T)
+
+    nom = tl.zeros((BLOCK_M, DVP), tl.float32)
+    den = tl.zeros((BLOCK_M,), tl.float32)
+    for ta in range(0, NT):
+        xa = _load_tile(x_base, rows, live, sx_n, ta, T, D)
+        for tb in range(ta, NT):
+            xb = _load_tile(x_base, rows, live, sx_n, tb, T, D)
+            p = _pair_index(ta, tb, NT)
+            w = tl.where(ta == tb, 0.5, 1.0)  # c: a diagonal tile holds (a, b) and (b, a)
+            f = tl.reshape(xa[:, :, None] * xb[:, None, :], (BLOCK_M, T * T))
+            sq = tl.load(s_base + p * (T * T * DVP) + tt[:, None] * DVP + cols[None, :])
+            sqd = tl.load(s_base + OFF_QD + p * (T * T) + tt)
+            nom += w * tl.dot(f, sq, input_precision=PRECISION)
+            den += w * tl.sum(f * sqd[None, :], axis=1)
+        ca = ta * T + tl.arange(0, T)
+        sl = tl.load(s_base + OFF_L + ca[:, None] * DVP + cols[None, :])
+        sld = tl.load(s_base + OFF_LD + ca)
+        nom += tl.dot(xa, sl, input_precision=PRECISION)
+        den += tl.sum(xa * sld[None, :], axis=1)
+    nom += tl.load(s_base + OFF_C + cols)[None, :]
+    den += tl.load(s_base + OFF_CD)
+
+    if FINISH:
+        count = tl.load(count_ptr + bh)
+        valid = count > 0
+        # A query with no attended key has nom = den = 0 exactly: output 0, never 0/0.
+        scale = tl.where(valid, 1.0 / tl.where(valid, den, 1.0), 0.0)
+        if NORMALIZE:
+            scale = scale * tl.sqrt(count / D)
+        y = nom * scale[:, None]
+        tl.store(den_ptr + bh * sd_b + rows, den, mask=live)
+    else:
+        y = nom
+        if HAS_R:
+            r = tl.load(r_ptr + bh * sr_b + rows * sr_n, mask=live, other=0.0).to(tl.float32)
+            y = y * r[:, None]
+    out_ptrs = out_ptr + bh * so_b + rows[:, None] * so_n + cols[None, :]
+    tl.store(out_ptrs, y.to(out_ptr.dtype.element_ty), mask=live[:, None] & (cols[None, :] < DV))
+
+
+@triton.jit
+def _grad_kernel(
+    x_ptr, u_ptr, r_ptr, s_ptr, gx_ptr, N,
+    sx_b, sx_n, su_b, su_n, sr_b, sr_n, ss_b, sg_b, sg_n,
+    D: tl.constexpr, DV: tl.constexpr, DVP: tl.constexpr, T: tl.constexpr,
+    NT: tl.constexpr, NT_PAD: tl.constexpr,
+    OFF_QD: tl.constexpr, OFF_L: tl.constexpr, OFF_LD: tl.constexpr,
+    R_MODE: tl.constexpr, BLOCK_M: tl.constexpr, PRECISION: tl.constexpr,
+):  # fmt: skip
+    """g_x = ∂/∂x Σ_c [u, r]_c (φ(x) (c ⊙ S))_c for BLOCK_M tokens.
+
+    Per tile pair (A, B): z = [u, r] S_ABᵀ (BLOCK_M, T²), then Σ_ab x_a x_b z_ab gives
+    z x_B to tile A and zᵀ x_A to tile B. The gradient lives in registers as
+    (BLOCK_M, NT_PAD, T); a tile is added where the tile index matches.
+    """
+    bh = tl.program_id(0).to(tl.int64)
+    rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
+    live = rows < N
+    x_base = x_ptr + bh * sx_b
+    s_base = s_ptr + bh * ss_b
+    cols = tl.arange(0, DVP)
+    tt = tl.arange(0, T * T)
+    g, r = _load_rows(
+        u_ptr + bh * su_b, r_ptr + bh * sr_b, rows, live, su_n, sr_n, cols, DV, R_MODE
+    )
+    tile_of = tl.arange(0, NT_PAD)[None, :, None]
+
+    gx = tl.zeros((BLOCK_M, NT_PAD, T), tl.float32)
+    for ta in range(0, NT):
+        xa = _load_tile(x_base, rows, live, sx_n, ta, T, D)
+        ga = tl.zeros((BLOCK_M, T), tl.float32)
+        for tb in range(ta, NT):
+            xb = _load_tile(x_base, rows, live, sx_n, tb, T, D)
+            p = _pair_index(ta, tb, NT)
+            w = tl.where(ta == tb, 0.5, 1.0)
+            sq = tl.load(s_base + p * (T * T * DVP) + tt[:, None] * DVP + cols[None, :])
+            sqd = tl.load(s_base + OFF_QD + p * (T * T) + tt)
+            z = tl.dot(g, tl.trans(sq), input_precision=PRECISION) + r[:, None] * sqd[None, :]
+            z = tl.reshape(w * z, (BLOCK_M, T, T))
+            ga += tl.sum(z * xb[:, None, :], axis=2)
+            gb = tl.sum(z * xa[:, :, None], axis=1)
+            gx += tl.where(tile_of == tb, gb[:, None, :], 0.0)
+        ca = ta * T + tl.arange(0, T)
+        sl = tl.load(s_base + OFF_L + ca[:, None] * DVP + cols[None, :])
+        sld = tl.load(s_base + OFF_LD + ca)
+        ga += tl.dot(g, tl.trans(sl), input_precision=PRECISION) + r[:, None] * sld[None, :]
+        gx += tl.where(tile_of == ta, ga[:, None, :], 0.0)
+
+    out = tl.reshape(gx, (BLOCK_M, NT_PAD * T))
+    dcols = tl.arange(0, NT_PAD * T)
+    ptrs = gx_ptr + bh * sg_b + rows[:, None] * sg_n + dcols[None, :]
+    tl.store(ptrs, out, mask=live[:, None] & (dcols[None, :] < D))
+
+
+# ----------------------------------------------------------------------------------------
+# Launchers. x: (BH, N, d) float32 contiguous; u: (BH, N, >= dv) rows of stride su_n; r: a
+# (BH, N) view (any strides) or None; states: (BH, layout.size) float32.
+
+
+@functools.lru_cache(maxsize=64)
+def _pair_table(nt: int, device: torch.device) -> Tensor:
+    """(P, 2) int32: the tile pairs (A, B), A <= B, in the row-major order of the state."""
+    pairs = [(a, b) for a in range(nt) for b in range(a, nt)]
+    return torch.tensor(pairs, dtype=torch.int32, device=device)
+
+
+def _r_args(r: Tensor | None, like: Tensor):
+    if r is None:
+        return like, 0, 0
+    return r, r.stride(0), r.stride(1)
+
+
+def _offsets(lay: Layout) -> dict:
+    """The state offsets every kernel reads (the constant row is passed where used)."""
+    return dict(
+        OFF_QD=lay.off_quad_den,
+        OFF_L=lay.off_lin,
+        OFF_LD=lay.off_lin_den,
+    )
+
+
+def _state(x: Tensor, u: Tensor, r: Tensor | None, r_mode: int, lay: Layout) -> Tensor:
+    bh, n, _ = x.shape
+    state = torch.zeros((bh, lay.size), dtype=torch.float32, device=x.device)
+    block_dv = min(lay.dvp, MAX_BLOCK_DV)
+    r_t, sr_b, sr_n = _r_args(r, x)
+    grid = (bh, lay.pairs, lay.dvp // block_dv)
+    _state_kernel[grid](
+        x, u, r_t, _pair_table(lay.nt, x.device), state, n,
+        x.stride(0), x.stride(1), u.stride(0), u.stride(1), sr_b, sr_n, state.stride(0),
+        D=lay.d, DV=lay.dv, DVP=lay.dvp, T=TILE, **_offsets(lay),
+        OFF_C=lay.off_const, OFF_CD=lay.off_const_den,
+        R_MODE=r_mode, BLOCK_N=BLOCK_N, BLOCK_DV=block_dv, PRECISION=PRECISION,
+        num_stages=STATE_STAGES,
+    )  # fmt: skip
+    return state
+
+
+def _apply(
+    x: Tensor,
+    state: Tensor,
+    lay: Layout,
+    out: Tensor,
+    *,
+    den: Tensor | None = None,
+    count: Tensor | None = None,
+    normalize: bool = False,
+    r: Tensor | None = None,
+) -> None:
+    """Writes φ(x)(c ⊙ S) into out (BH, N, dv); finished (and den written) when den is given."""
+    bh, n, _ = x.shape
+    finish = den is not None
+    r_t, sr_b, sr_n = _r_args(r, x)
+    grid = (bh, triton.cdiv(n, BLOCK_M))
+    _apply_kernel[grid](
+        x, state, r_t, count if finish else x, out, den if finish else x, n,
+        x.stride(0), x.stride(1), state.stride(0), sr_b, sr_n, out.stride(0), out.stride(1),
+        den.stride(0) if finish else 0,
+        D=lay.d, DV=lay.dv, DVP=lay.dvp, T=TILE, NT=lay.nt, **_offsets(lay),
+        OFF_C=lay.off_const, OFF_CD=lay.off_const_den,
+        FINISH=finish, NORMALIZE=normalize, HAS_R=r is not None,
+        BLOCK_M=BLOCK_M, PRECISION=PRECISION, num_stages=TOKEN_STAGES,
+    )  # fmt: skip
+
+
+def _grad(x: Tensor, u: Tensor, r: Tensor | None, r_mode: int, state: Tensor, lay: Layout):
+    bh, n, _ = x.shape
+    gx = torch.empty_like(x)
+    r_t, sr_b, sr_n = _r_args(r, x)
+    grid = (bh, triton.cdiv(n, BLOCK_M))
+    _grad_kernel[grid](
+        x, u, r_t, state, gx, n,
+        x.stride(0), x.stride(1), u.stride(0), u.stride(1), sr_b, sr_n, state.stride(0),
+        gx.stride(0), gx.stride(1),
+        D=lay.d, DV=lay.dv, DVP=lay.dvp, T=TILE, NT=lay.nt, NT_PAD=lay.nt_pad, **_offsets(lay),
+        R_MODE=r_mode, BLOCK_M=BLOCK_M, PRECISION=PRECISION, num_stages=TOKEN_STAGES,
+    )  # fmt: skip
+    return gx
+
+
+def _flat(t: Tensor) -> Tensor:
+    """(B, H, N, ...) -> (B·H, N, ...) contiguous."""
+    return t.reshape(t.shape[0] * t.shape[1], *t.shape[2:]).contiguous()
+
+
+# ----------------------------------------------------------------------------------------
+# Custom ops: the kernels as opaque operators with fake (meta) implementations, so that
+# torch.compile traces through them, and an autograd formula registered on the forward.
+
+
+@torch.library.custom_op("taylorshift::triton_efficient_forward", mutates_args=())
+def triton_efficient_forward(
+    qp: Tensor,
+    kp: Tensor,
+    value: Tensor,
+    key_mask: Optional[Tensor],  # noqa: UP045
+    normalize: bool,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Core of the forward on q' (B, H, Nq, d) and k' (B, H, Nk, d) float32.
+
+    Returns y (B, H, Nq, dv) in value's dtype, the denominators (B, H, Nq) float32 and the
+    key-side state (B, H, ``layout(d, dv).size``) float32, both kept for backward.
+    """
+    b, h, nq, d = qp.shape
+    nk, dv = kp.shape[2], value.shape[3]
+    lay = layout(d, dv)
+    q, k, v = _flat(qp), _flat(kp), _flat(value)
+    mask = None if key_mask is None else _flat(key_mask.expand(b, h, nk)).to(torch.float32)
+    state = _state(k, v, mask, 0 if mask is None else 1, lay)
+    if mask is None:
+        count = torch.full((b * h,), float(nk), dtype=torch.float32, device=qp.device)
+    else:
+        count = mask.sum(-1)
+    out = torch.empty((b * h, nq, dv), dtype=value.dtype, device=qp.device)
+    den = torch.empty((b * h, nq), dtype=torch.float32, device=qp.device)
+    _apply(q, state, lay, out, den=den, count=count, normalize=normalize)
+    return out.view(b, h, nq, dv), den.view(b, h, nq), state.view(b, h, lay.size)
+
+
+@triton_efficient_forward.register_fake
+def _(qp, kp, value, key_mask, normalize):
+    b, h, nq, d = qp.shape
+    dv = value.shape[3]
+    return (
+        qp.new_empty((b, h, nq, dv), dtype=value.dtype),
+        qp.new_empty((b, h, nq), dtype=torch.float32),
+        qp.new_empty((b, h, layout(d, dv).size), dtype=torch.float32),
+    )
+
+
+@torch.library.custom_op("taylorshift::triton_efficient_backward", mutates_args=())
+def triton_efficient_backward(
+    grad_out: Tensor,
+    qp: Tensor,
+    kp: Tensor,
+    value: Tensor,
+    key_mask: Optional[Tensor],  # noqa: UP045
+    out: Tensor,
+    den: Tensor,
+    state: Tensor,
+    normalize: bool,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Gradients of q', k' (float32) and value (its dtype) from the gradient of y."""
+    b, h, _, d = qp.shape
+    nk, dv = kp.shape[2], value.shape[3]
+    lay = layout(d, dv)
+    count = key_count(key_mask, nk, torch.float32, qp.device)  # (B, H, 1) or 0-d
+    # gY' = [g_nom, g_den] (B·H, Nq, dv + 1): columns :dv are u, column dv is r.
+    g = _flat(grad_outputs(grad_out.float(), out.float(), den, count, normalize, d))
+    g_den = g[:, :, dv]
+    q, k, v = _flat(qp), _flat(kp), _flat(value)
+    mask = None if key_mask is None else _flat(key_mask.expand(b, h, nk)).to(torch.float32)
+    flat_state = state.view(b * h, lay.size)
+
+    grad_state = _state(q, g, g_den, 2, lay)  # R = Σ_i φ(q'_i)ᵀ gY'_i
+    gq = _grad(q, g, g_den, 2, flat_state, lay)
+    gv = torch.empty_like(v)
+    _apply(k, grad_state, lay, gv, r=mask)  # g_v = m · φ(k')(c ⊙ R)
+    gk = _grad(k, v, mask, 0 if mask is None else 1, grad_state, lay)
+    return gq.view(qp.shape), gk.view(kp.shape), gv.view(value.shape)
+
+
+@triton_efficient_backward.register_fake
+def _(grad_out, qp, kp, value, key_mask, out, den, state, normalize):
+    return torch.empty_like(qp), torch.empty_like(kp), torch.empty_like(value)
+
+
+def _setup_context(ctx, inputs, output):
+    qp, kp, value, key_mask, normalize = inputs
+    out, den, state = output
+    ctx.save_for_backward(qp, kp, value, key_mask, out, den, state)
+    ctx.normalize = normalize
+    ctx.mark_non_differentiable(den, state)
+
+
+def _backward(ctx, grad_out, _grad_den, _grad_state):
+    qp, kp, value, key_mask, out, den, state = ctx.saved_tensors
+    gq, gk, gv = triton_efficient_backward(
+        grad_out.contiguous(), qp, kp, value, key_mask, out, den, state, ctx.normalize
+    )
+    return gq, gk, gv, None, None
+
+
+triton_efficient_forward.register_autograd(_backward, setup_context=_setup_context)
+
+
+def triton_efficient_taylor_shift(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    key_mask: Tensor | None,
+    temperature: Tensor | float,
+    scale: float | None,
+    normalize: bool,
+) -> Tensor:
+    """Non-causal efficient TaylorShift in fused Triton kernels, on validated inputs.
+
+    Same contract as ``taylorshift.ops.taylor_shift.efficient.efficient_taylor_shift``:
+    query (B, H, Nq, d), key (B, H, Nk, d), value (B, H, Nk, dv), key_mask (B, H, Nk) bool
+    (broadcast views are fine) or None; returns (B, H, Nq, dv) in query's dtype. Sums run
+    in float32 for float16/bfloat16/float32 inputs; float64 is refused (use the torch form).
+    Differentiable in query, key, value and a tensor temperature.
+    """
+    if query.dtype == torch.float64:
+        raise TypeError(
+            "query must be float16, bfloat16 or float32 for the Triton kernels (they accumulate "
+            "in float32); got torch.float64 (use the torch efficient form)"
+        )
+    if not (query.is_cuda or INTERPRETED):
+        raise ValueError(
+            f"query must be on a CUDA device for the Triton kernels; got device {query.device} "
+            "(to run them on the CPU, set TRITON_INTERPRET=1 before taylorshift.ops.triton "
+            "kernels are imported)"
+        )
+    d = query.shape[-1]
+    factor = score_factor(temperature, scale, normalize, d)
+    if isinstance(factor, Tensor):
+        factor = factor.to(torch.float32)
+    # q' and k' in float32 (O(N d)); autograd differentiates these cheap maps.
+    qp = scaled_query(query.to(torch.float32), factor, normalize).contiguous()
+    kp = scaled_key(key.to(torch.float32), normalize).contiguous()
+    out, _, _ = triton_efficient_forward(qp, kp, value.contiguous(), key_mask, normalize)
+    return out
+
+
+__all__ = ["layout", "triton_efficient_taylor_shift"]

@@ -1,0 +1,262 @@
+"""Fused Triton efficient form (non-causal) against the plain reference and the torch form.
+
+Outputs and gradients (query, key, value, tensor temperature) in float32 (tight relative
+tolerance) and float16 (SPEC §8: at most 2× / 3× the error of the reference run in float16,
+plus a relative-RMS bound), awkward shapes, key padding with a fully masked row, and the
+custom-op registration (fake tensors, autograd, torch.compile). On the CPU the kernels run
+under Triton's interpreter (see conftest.py), so shapes are small.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+from taylorshift import naive_taylor_shift_attention
+from taylorshift.ops.taylor_shift.efficient import efficient_taylor_shift
+from tests.helpers import assert_rel_close, key_padding, rel_error
+from tests.ops.triton.conftest import TRITON_MISSING
+
+pytest.importorskip("triton", reason=TRITON_MISSING)
+
+from taylorshift.ops.triton import efficient as triton_efficient
+from taylorshift.ops.triton import triton_efficient_taylor_shift
+
+
+@dataclass(frozen=True)
+class Case:
+    b: int
+    h: int
+    nq: int
+    nk: int
+    d: int
+    dv: int
+    mask: str | None = None  # None, "padding" (random lengths) or "empty" (batch 0 all padded)
+    normalize: bool = True
+    temperature: str = "tensor"  # "tensor" (per head, requires grad) or "float"
+
+    @property
+    def id(self) -> str:
+        parts = [f"B{self.b}-H{self.h}-Nq{self.nq}-Nk{self.nk}-d{self.d}-dv{self.dv}"]
+        parts.append(self.mask or "nomask")
+        parts.append(f"norm-{self.temperature}-temp" if self.normalize else "plain-scores")
+        return "-".join(parts)
+
+
+CASES = [
+    Case(2, 2, 7, 65, 16, 16, mask="empty"),
+    Case(2, 2, 65, 7, 33, 20, normalize=False),
+    Case(2, 2, 1, 1, 16, 8, temperature="float"),
+    Case(2, 2, 33, 40, 33, 33, mask="padding"),
+    Case(1, 2, 9, 17, 64, 16, mask="padding", temperature="float"),
+]
+# d = 128, dv = 80: 36 tile pairs and two column blocks of the state (about 10 s interpreted).
+SLOW_CASES = [Case(1, 2, 9, 17, 128, 80, mask="padding")]
+FP16_CASES = [
+    Case(2, 2, 40, 65, 16, 16, mask="padding", temperature="float"),
+    Case(2, 2, 33, 40, 33, 20, normalize=False),
+]
+
+
+def _problem(case: Case, dtype: torch.dtype, seed: int = 0):
+    """Low-precision leaves, float64 leaves with the same values, and the call options."""
+    g = torch.Generator().manual_seed(seed)
+    shapes = [
+        (case.b, case.h, case.nq, case.d),
+        (case.b, case.h, case.nk, case.d),
+        (case.b, case.h, case.nk, case.dv),
+    ]
+    low = [torch.randn(s, generator=g).to(dtype) for s in shapes]
+    if case.normalize and case.temperature == "tensor":
+        low.append(1.0 + torch.rand(1, case.h, 1, 1, generator=g))  # float32, per head
+    high = [x.double().requires_grad_() for x in low]
+    low = [x.requires_grad_() for x in low]
+
+    mask = None
+    if case.mask is not None:
+        mask = key_padding(case.b, case.nk, seed=seed, empty_row=case.mask == "empty")
+    if case.normalize:
+        opts = dict(normalize=True, temperature=1.5 if case.temperature == "float" else None)
+    else:
+        opts = dict(normalize=False, temperature=1.0)
+    return low, high, mask, opts
+
+
+def _call_reference(inputs, mask, opts):
+    temperature = inputs[3] if opts["temperature"] is None else opts["temperature"]
+    return naive_taylor_shift_attention(
+        *inputs[:3], mask, temperature=temperature, normalize=opts["normalize"]
+    )
+
+
+def _key_mask(mask, case: Case):
+    # The validated form: (B, H, Nk) bool, here a broadcast view as check_inputs makes it.
+    return None if mask is None else mask[:, :, 0, :].expand(case.b, case.h, case.nk)
+
+
+def _call_fast(form, inputs, mask, opts, case: Case):
+    temperature = inputs[3] if opts["temperature"] is None else opts["temperature"]
+    return form(*inputs[:3], _key_mask(mask, case), temperature, None, opts["normalize"])
+
+
+def _grads(y, inputs, g):
+    return torch.autograd.grad(y, inputs, g.to(y.dtype))
+
+
+@pytest.mark.parametrize(
+    "case",
+    [pytest.param(c, id=c.id) for c in CASES]
+    + [pytest.param(c, id=c.id, marks=pytest.mark.slow) for c in SLOW_CASES],
+)
+def test_float32_matches_reference_and_torch_form(case):
+    low, high, mask, opts = _problem(case, torch.float32)
+    exact = _call_reference(high, mask, opts)
+    fast = _call_fast(triton_efficient_taylor_shift, low, mask, opts, case)
+    torch_form = _call_fast(efficient_taylor_shift, low, mask, opts, case)
+    assert fast.dtype == torch.float32 and fast.shape == exact.shape
+    assert_rel_close(fast, exact, 1e-5, "output vs reference", atol=1e-7)
+    assert_rel_close(fast, torch_form, 1e-5, "output vs torch form", atol=1e-7)
+    if case.mask == "empty":
+        assert (fast[0] == 0).all(), "a query with no attended key must return zeros"
+
+    g = torch.randn(exact.shape, generator=torch.Generator().manual_seed(7), dtype=torch.float64)
+    g_exact = _grads(exact, high, g)
+    g_fast = _grads(fast, low, g)
+    g_torch = _grads(torch_form, low, g)
+    names = ["query", "key", "value", "temperature"]
+    for name, a, e, t in zip(names, g_fast, g_exact, g_torch, strict=False):
+        assert a.dtype == torch.float32, name
+        assert_rel_close(a, e, 2e-5, f"grad {name} vs reference", atol=1e-6)
+        assert_rel_close(a, t, 2e-5, f"grad {name} vs torch form", atol=1e-6)
+
+
+# Below this the comparison is at the level of the float64 check itself (tests/ops).
+FP16_FLOOR = 1e-4
+RMS_BOUND = 5e-3
+
+
+@pytest.mark.parametrize("case", FP16_CASES, ids=lambda c: c.id)
+def test_float16_error_within_reference_error(case):
+    low, high, mask, opts = _problem(case, torch.float16, seed=1)
+    exact = _call_reference(high, mask, opts)
+    ref_low = _call_reference(low, mask, opts)
+    fast = _call_fast(triton_efficient_taylor_shift, low, mask, opts, case)
+    assert fast.dtype == torch.float16
+
+    err_fast, err_ref = rel_error(fast, exact), rel_error(ref_low, exact)
+    assert err_fast <= 2 * err_ref + FP16_FLOOR, (err_fast, err_ref)
+    assert err_fast < RMS_BOUND
+
+    g = torch.randn(exact.shape, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    g_exact = _grads(exact, high, g)
+    g_ref = _grads(ref_low, low, g)
+    g_fast = _grads(fast, low, g)
+    for name, a, r, e in zip("qkv", g_fast, g_ref, g_exact, strict=True):
+        assert a.dtype == torch.float16 and torch.isfinite(a).all()
+        err_fast, err_ref = rel_error(a, e), rel_error(r, e)
+        assert err_fast <= 3 * err_ref + FP16_FLOOR, (name, err_fast, err_ref)
+        assert err_fast < RMS_BOUND, (name, err_fast)
+
+
+def test_fully_masked_rows_give_zeros_and_finite_grads():
+    case = Case(2, 2, 5, 9, 16, 16)
+    low, _, _, _ = _problem(case, torch.float32)
+    q, k, v, t = low
+    key_mask = torch.zeros(2, 2, 9, dtype=torch.bool)
+    key_mask[1, 0, :4] = True  # one head of one batch attends 4 keys, the rest none
+    y = triton_efficient_taylor_shift(q, k, v, key_mask, t, None, True)
+    assert (y[0] == 0).all() and (y[1, 1] == 0).all()
+    grads = torch.autograd.grad(y.sum(), (q, k, v, t))
+    assert all(torch.isfinite(x).all() for x in grads)
+    assert (grads[0][0] == 0).all() and (grads[1][1, 0, 4:] == 0).all()
+
+
+def test_non_contiguous_inputs_match_contiguous():
+    # (B, N, H, d) storage seen as (B, H, N, d), the layout of a fused projection.
+    g = torch.Generator().manual_seed(5)
+    leaves = [torch.randn(2, n, 2, d, generator=g).requires_grad_() for n, d in
+              ((6, 16), (11, 16), (11, 12))]  # fmt: skip
+    key_mask = torch.arange(11) < 8  # one shared padding, broadcast to (B, H, Nk)
+    views = [x.transpose(1, 2) for x in leaves]
+    copies = [x.detach().transpose(1, 2).contiguous().requires_grad_() for x in leaves]
+    y = triton_efficient_taylor_shift(*views, key_mask.expand(2, 2, 11), 1.3, None, True)
+    y_ref = triton_efficient_taylor_shift(*copies, key_mask.expand(2, 2, 11), 1.3, None, True)
+    assert_rel_close(y, y_ref, 1e-6, "output", atol=1e-7)
+    g_out = torch.randn(y.shape, generator=g)
+    grads = torch.autograd.grad(y, leaves, g_out)
+    grads_ref = torch.autograd.grad(y_ref, copies, g_out)
+    for name, a, e in zip("qkv", grads, grads_ref, strict=True):
+        assert_rel_close(a.transpose(1, 2), e, 1e-6, f"grad {name}", atol=1e-7)
+
+
+def test_availability_reports_why_not(monkeypatch):
+    from taylorshift.ops import triton as triton_ops
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert triton_ops.is_available() and triton_ops.unavailable_reason() is None
+    monkeypatch.delenv("TRITON_INTERPRET")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert not triton_ops.is_available()
+    assert "TRITON_INTERPRET=1" in triton_ops.unavailable_reason()
+
+
+def test_refuses_float64_naming_the_dtype():
+    q = torch.randn(1, 1, 3, 16, dtype=torch.float64)
+    with pytest.raises(TypeError, match=r"query must be float16, bfloat16 or float32.*float64"):
+        triton_efficient_taylor_shift(q, q, q, None, 1.0, None, True)
+
+
+def test_refuses_cpu_tensors_without_the_interpreter(monkeypatch):
+    monkeypatch.setattr(triton_efficient, "INTERPRETED", False)
+    q = torch.randn(1, 1, 3, 16)
+    with pytest.raises(ValueError, match=r"query must be on a CUDA device.*got device cpu"):
+        triton_efficient_taylor_shift(q, q, q, None, 1.0, None, True)
+
+
+def _core_args(case: Case):
+    low, _, mask, _ = _problem(case, torch.float32)
+    qp = low[0].detach().requires_grad_()
+    kp = low[1].detach().requires_grad_()
+    return qp, kp, low[2].detach().requires_grad_(), _key_mask(mask, case)
+
+
+def test_custom_op_registration_passes_opcheck():
+    qp, kp, v, key_mask = _core_args(Case(1, 2, 5, 7, 16, 16, mask="padding"))
+    op = torch.ops.taylorshift.triton_efficient_forward.default
+    torch.library.opcheck(op, (qp, kp, v, key_mask.contiguous(), True))
+
+
+def test_fake_tensor_shapes():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    lay = triton_efficient.layout(33, 20)
+    with FakeTensorMode():
+        qp, kp = torch.empty(2, 3, 5, 33), torch.empty(2, 3, 7, 33)
+        v = torch.empty(2, 3, 7, 20, dtype=torch.float16)
+        out, den, state = torch.ops.taylorshift.triton_efficient_forward(qp, kp, v, None, True)
+    assert out.shape == (2, 3, 5, 20) and out.dtype == torch.float16
+    assert den.shape == (2, 3, 5) and den.dtype == torch.float32
+    assert state.shape == (2, 3, lay.size) and state.dtype == torch.float32
+
+
+def test_torch_compile_traces_forward_and_backward():
+    case = Case(2, 2, 9, 11, 16, 8, mask="padding")
+    low, _, mask, _ = _problem(case, torch.float32)
+    key_mask = _key_mask(mask, case)
+
+    def f(q, k, v, t):
+        return triton_efficient_taylor_shift(q, k, v, key_mask, t, None, True)
+
+    eager = f(*low)
+    compiled = torch.compile(f, backend="aot_eager", fullgraph=True)(*low)
+    assert_rel_close(compiled, eager, 1e-6, "compiled output", atol=1e-7)
+    g = torch.randn_like(eager)
+    for name, a, e in zip(
+        "qkvt",
+        torch.autograd.grad(compiled, low, g),
+        torch.autograd.grad(eager, low, g),
+        strict=True,
+    ):
+        assert_rel_close(a, e, 1e-6, f"compiled grad {name}", atol=1e-7)
