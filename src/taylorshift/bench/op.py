@@ -42,6 +42,7 @@ from torch import Tensor
 
 from .. import theory
 from ..ops import taylor_shift_attention
+from ..ops.taylor_shift import direct_taylor_shift, efficient_taylor_shift
 from . import files, machine, measure
 from .crossover import Crossover, find_crossover
 
@@ -163,6 +164,28 @@ def taylorshift_efficient(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
     return taylor_shift_attention(q, k, v, mode="efficient")
 
 
+def pytorch_direct(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    """The PyTorch direct form, never routed to a fused kernel (to compare with one)."""
+    return direct_taylor_shift(q, k, v, None, False, 1.0, None, True, 2)
+
+
+def pytorch_efficient(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    """The PyTorch efficient form, never routed to a fused kernel (to compare with one)."""
+    return efficient_taylor_shift(q, k, v, None, 1.0, None, True)
+
+
+def triton_direct(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    from ..ops.triton.direct import triton_direct_taylor_shift
+
+    return triton_direct_taylor_shift(q, k, v, None, False, 1.0, None, True)
+
+
+def triton_efficient(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    from ..ops.triton.efficient import triton_efficient_taylor_shift
+
+    return triton_efficient_taylor_shift(q, k, v, None, 1.0, None, True)
+
+
 # n2_matrices of the direct form: measured with the memory worker on a CPU at d = 64,
 # N = 4096..16384 (4.0 forward, 6.1 forward+backward), rounded up.
 for _impl in (
@@ -174,6 +197,41 @@ for _impl in (
     Implementation(
         "efficient", "TaylorShift efficient", taylorshift_efficient, "taylorshift-efficient", 1
     ),
+    # On CUDA the public op ("direct", "efficient") runs the fused Triton kernels where they
+    # apply; these name each path explicitly, so both can be measured in one sweep.
+    Implementation(
+        "direct-pytorch",
+        "TaylorShift direct (PyTorch)",
+        pytorch_direct,
+        "taylorshift-direct",
+        2,
+        (4.5, 7.0),
+        devices=("cuda",),
+    ),
+    Implementation(
+        "efficient-pytorch",
+        "TaylorShift efficient (PyTorch)",
+        pytorch_efficient,
+        "taylorshift-efficient",
+        1,
+        devices=("cuda",),
+    ),
+    Implementation(
+        "direct-triton",
+        "TaylorShift direct (Triton)",
+        triton_direct,
+        "taylorshift-direct",
+        2,
+        devices=("cuda",),
+    ),
+    Implementation(
+        "efficient-triton",
+        "TaylorShift efficient (Triton)",
+        triton_efficient,
+        "taylorshift-efficient",
+        1,
+        devices=("cuda",),
+    ),
 ):
     register_implementation(_impl)
 del _impl
@@ -183,6 +241,10 @@ COLOURS = {
     "softmax-naive": "tab:purple",
     "direct": "tab:orange",
     "efficient": "tab:green",
+    "direct-pytorch": "tab:brown",
+    "efficient-pytorch": "tab:olive",
+    "direct-triton": "tab:red",
+    "efficient-triton": "tab:cyan",
 }
 
 

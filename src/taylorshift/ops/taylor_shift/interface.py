@@ -10,6 +10,7 @@ from .direct import direct_taylor_shift
 from .dispatch import choose_mode
 from .efficient import efficient_taylor_shift
 from .efficient_causal import causal_efficient_taylor_shift
+from .fused import fused_form
 
 
 def taylor_shift_attention(
@@ -83,6 +84,11 @@ def taylor_shift_attention(
             dtype=query.dtype,
             backward=_backward_follows(query, key, value, temperature),
         )
+    fused = fused_form(query, problem, mode, is_causal, order)
+    if fused is not None and mode == "direct":
+        return fused(query, key, value, problem.key_mask, is_causal, temperature, scale, normalize)
+    if fused is not None:
+        return fused(query, key, value, problem.key_mask, temperature, scale, normalize)
     if mode == "direct":
         return direct_taylor_shift(
             query, key, value, problem.mask, is_causal, temperature, scale, normalize, order

@@ -1,0 +1,58 @@
+"""When the public op leaves the PyTorch forms for a fused kernel, and when it must not.
+
+The positive routing (kernels actually called) is tested in tests/ops/triton/, where
+Triton runs under its interpreter.
+"""
+
+import pytest
+import torch
+
+from taylorshift.ops.taylor_shift import fused
+from taylorshift.ops.taylor_shift.checks import check_inputs
+
+
+def problem_for(q, k, v, mask=None, causal=False, mode="efficient", order=2):
+    return check_inputs(q, k, v, mask, causal, 1.0, None, True, order, mode)
+
+
+def qkv(n=8, d=4, dtype=torch.float32):
+    return (torch.randn(1, 2, n, d, dtype=dtype) for _ in range(3))
+
+
+@pytest.fixture
+def triton_installed(monkeypatch):
+    monkeypatch.setattr(fused, "triton_importable", lambda: True)
+
+
+def test_cpu_tensors_stay_on_pytorch_by_default(triton_installed, monkeypatch):
+    monkeypatch.delenv(fused.TRITON_ENV, raising=False)
+    q, k, v = qkv()
+    assert fused.fused_form(q, problem_for(q, k, v), "efficient", False, 2) is None
+
+
+@pytest.mark.parametrize(
+    "case",
+    ["off", "float64", "order4", "causal-efficient", "varying-mask", "wide-head", "empty"],
+)
+def test_calls_without_a_kernel_stay_on_pytorch(case, triton_installed, monkeypatch):
+    monkeypatch.setenv(fused.TRITON_ENV, "off" if case == "off" else "interpret")
+    dtype = torch.float64 if case == "float64" else torch.float32
+    d = fused.MAX_HEAD_DIM + 1 if case == "wide-head" else 4
+    n = 0 if case == "empty" else 8
+    q, k, v = qkv(n, d, dtype)
+    mode, causal, order, mask = "efficient", False, 2, None
+    if case == "order4":
+        mode, order = "direct", 4
+    if case == "causal-efficient":
+        causal = True
+    if case == "varying-mask":
+        mode, mask = "direct", torch.rand(1, 1, n, n) > 0.5
+    problem = problem_for(q, k, v, mask, causal, mode, order)
+    assert fused.fused_form(q, problem, mode, causal, order) is None
+
+
+def test_without_triton_nothing_is_routed(monkeypatch):
+    monkeypatch.setattr(fused, "triton_importable", lambda: False)
+    monkeypatch.setenv(fused.TRITON_ENV, "interpret")
+    q, k, v = qkv()
+    assert fused.fused_form(q, problem_for(q, k, v), "efficient", False, 2) is None
