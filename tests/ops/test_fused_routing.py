@@ -32,7 +32,7 @@ def test_cpu_tensors_stay_on_pytorch_by_default(triton_installed, monkeypatch):
 
 @pytest.mark.parametrize(
     "case",
-    ["off", "float64", "order4", "causal-efficient", "varying-mask", "wide-head", "empty"],
+    ["off", "float64", "order4", "varying-mask", "wide-head", "empty"],
 )
 def test_calls_without_a_kernel_stay_on_pytorch(case, triton_installed, monkeypatch):
     monkeypatch.setenv(fused.TRITON_ENV, "off" if case == "off" else "interpret")
@@ -43,8 +43,6 @@ def test_calls_without_a_kernel_stay_on_pytorch(case, triton_installed, monkeypa
     mode, causal, order, mask = "efficient", False, 2, None
     if case == "order4":
         mode, order = "direct", 4
-    if case == "causal-efficient":
-        causal = True
     if case == "varying-mask":
         mode, mask = "direct", torch.rand(1, 1, n, n) > 0.5
     problem = problem_for(q, k, v, mask, causal, mode, order)
@@ -56,3 +54,12 @@ def test_without_triton_nothing_is_routed(monkeypatch):
     monkeypatch.setenv(fused.TRITON_ENV, "interpret")
     q, k, v = qkv()
     assert fused.fused_form(q, problem_for(q, k, v), "efficient", False, 2) is None
+
+
+def test_long_causal_efficient_calls_stay_on_the_lean_pytorch_form(triton_installed, monkeypatch):
+    monkeypatch.setenv(fused.TRITON_ENV, "interpret")
+    q, k, v = qkv(8, 4)
+    problem = problem_for(q, k, v, causal=True)
+    assert fused.causal_state_bytes(problem) <= fused.CAUSAL_STATE_BUDGET
+    monkeypatch.setattr(fused, "CAUSAL_STATE_BUDGET", fused.causal_state_bytes(problem) - 1)
+    assert fused.fused_form(q, problem, "efficient", True, 2) is None

@@ -32,7 +32,8 @@ def inputs(requires_grad=True):
 @pytest.mark.parametrize(
     "mode, causal, expected",
     [
-        ("efficient", False, "triton efficient"),
+        ("efficient", False, "triton efficient (non-causal)"),
+        ("efficient", True, "triton efficient (causal)"),
         ("direct", False, "triton direct (non-causal)"),
         ("direct", True, "triton direct (causal)"),
     ],
@@ -53,9 +54,14 @@ def test_public_op_runs_the_kernel_and_matches_pytorch(routed, monkeypatch, mode
         torch.testing.assert_close(g, r, rtol=1e-4, atol=1e-4)
 
 
-def test_causal_efficient_and_general_masks_stay_on_pytorch(routed):
+def test_general_masks_stay_on_pytorch(routed):
     (q, k, v), _ = inputs(requires_grad=False)
-    taylor_shift_attention(q, k, v, is_causal=True, mode="efficient")
     general = torch.rand(2, 1, 37, 37) > 0.3
     taylor_shift_attention(q, k, v, general, mode="direct")
     assert "fused" not in routed.text
+
+
+def test_router_knows_the_causal_kernels_chunk():
+    from taylorshift.ops.triton.efficient_causal import DEFAULT_CHUNK
+
+    assert fused.CAUSAL_CHUNK == DEFAULT_CHUNK

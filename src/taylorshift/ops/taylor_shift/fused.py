@@ -9,9 +9,11 @@ A call goes to a fused kernel when all of these hold, else it stays on the PyTor
   ``TAYLORSHIFT_TRITON`` is not ``off``;
 - dtype float32, float16 or bfloat16 (float64 stays in PyTorch), order 2,
   1 <= d, dv <= ``MAX_HEAD_DIM``, Nq, Nk >= 1;
-- the form has a kernel: efficient non-causal; direct with no mask or a key-padding mask
-  (causal or not). Masks that vary over queries and the causal efficient form stay on the
-  PyTorch path.
+- the form has a kernel: efficient or direct (causal or not) with no mask or a key-padding
+  mask. Masks that vary over queries stay on the PyTorch path;
+- causal efficient only: its first version keeps every chunk's prefix state at once (about
+  3 · B·H · Nk/C · D · (dv + 2) float32 at the peak), so calls whose states would exceed
+  ``CAUSAL_STATE_BUDGET`` bytes stay on the memory-lean PyTorch form.
 """
 
 from __future__ import annotations
@@ -26,12 +28,22 @@ import torch
 from torch import Tensor
 
 from .checks import Problem
+from .features import feature_dim
 
 logger = logging.getLogger("taylorshift.dispatch")
 
 TRITON_ENV = "TAYLORSHIFT_TRITON"
 MAX_HEAD_DIM = 128
 KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+CAUSAL_STATE_BUDGET = 256 << 20
+CAUSAL_CHUNK = 256  # ops.triton.efficient_causal.DEFAULT_CHUNK, without importing Triton
+
+
+def causal_state_bytes(problem: Problem) -> int:
+    """Peak bytes of the causal kernel's chunk states (the states, their prefix, a copy)."""
+    chunks = -(-problem.n_key // CAUSAL_CHUNK)
+    per_state = feature_dim(problem.head_dim) * (problem.value_dim + 2) * 4
+    return 3 * problem.batch * problem.heads * chunks * per_state
 
 
 @functools.lru_cache(maxsize=1)
@@ -64,6 +76,14 @@ def fused_form(
 
         logger.debug("fused: triton efficient (non-causal)")
         return triton_efficient_taylor_shift
+    if mode == "efficient" and causal_state_bytes(problem) > CAUSAL_STATE_BUDGET:
+        logger.debug("fused: none (causal chunk states over budget; PyTorch causal form)")
+        return None
+    if mode == "efficient":
+        from ..triton.efficient_causal import triton_causal_efficient_taylor_shift
+
+        logger.debug("fused: triton efficient (causal)")
+        return triton_causal_efficient_taylor_shift
     if mode == "direct":
         from ..triton.direct import triton_direct_taylor_shift
 

@@ -16,6 +16,7 @@ import os
 _LAZY = {
     "triton_direct_taylor_shift": "direct",
     "triton_efficient_taylor_shift": "efficient",
+    "triton_causal_efficient_taylor_shift": "efficient_causal",
 }
 
 

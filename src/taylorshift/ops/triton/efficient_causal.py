@@ -1,0 +1,206 @@
+"""Efficient TaylorShift, causal (SPEC §2.3), on the fused kernels of ``efficient.py``.
+
+The sequence is cut into chunks of C tokens (docs/triton-efficient.md, "Causal"). With
+u = [v·m, m] (values times the key mask, and the mask as the denominator column) and
+Y' = [numerator, denominator]:
+
+    S_c   = Σ_{j in key chunk c} φ(k'_j)ᵀ u_j        state kernel, one grid over all chunks
+    P_c   = Σ_{c' < c} S_c'                           exclusive prefix sum in torch (fp32)
+    Y'_i  = φ(q'_i)(c ⊙ P_c)                          apply kernel, one grid over all chunks
+          + Σ_{j in chunk c, j <= i} w(q'_i·k'_j) u_j  intra-chunk block in torch, (C × C) tiles
+
+then y = nom/den · sqrt(n_i/d) in torch, n_i the attended keys j <= i. Backward: the query
+side from P_c (grad kernel), the state gradient R_c = Σ_{c' > c} φ(q'_c')ᵀ gY'_c' (state
+kernel per query chunk, reverse prefix sum), g_u = φ(k')(c ⊙ R) (apply kernel) and g_k'
+from R (grad kernel); the intra-chunk block is differentiated by autograd on its tiles.
+The maps q -> q', k -> k', v -> u and the finishing run in torch around the core and are
+differentiated by autograd.
+
+Query i attends key j iff j <= i (upper-left aligned, as SDPA), also when Nq != Nk: query
+chunk c uses the prefix of key chunks < c and the intra block with key chunk c.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+from torch import Tensor
+
+from ..taylor_shift.efficient import finish_outputs
+from ..taylor_shift.efficient_causal import causal_count
+from ..taylor_shift.features import scaled_key, scaled_query, score_factor, taylor_weight
+from .efficient import INTERPRETED, _apply, _grad, _state, layout
+
+# Tokens per chunk. The intra-chunk block costs O(N C d) and the per-chunk states
+# (N / C) · layout(d, dv + 1).size float32 per (batch, head): a larger C trades direct work
+# for state memory (docs/triton-efficient.md, "Causal").
+DEFAULT_CHUNK = 256
+
+
+def _chunks(x: Tensor, n_chunks: int, chunk: int) -> Tensor:
+    """(BH, N, e) -> (BH·n_chunks, C, e) contiguous, zero-padded past N."""
+    bh, n, e = x.shape
+    pad = n_chunks * chunk - n
+    if pad:
+        x = torch.nn.functional.pad(x, (0, 0, 0, pad))
+    return x.reshape(bh * n_chunks, chunk, e).contiguous()
+
+
+def _no_r(rows: int, chunk: int, like: Tensor) -> Tensor:
+    # R_MODE 2 with a zero row column: the denominator rows of a state stay zero (u carries
+    # its own denominator column).
+    return like.new_zeros((1, 1)).expand(rows, chunk)
+
+
+def _intra(q: Tensor, k: Tensor, u: Tensor) -> Tensor:
+    """Causal (C × C) blocks: q (BH, m, C, d), k (BH, m, C, d), u (BH, m, C, e)."""
+    w = taylor_weight(q @ k.transpose(-2, -1), 2)
+    c = q.shape[-2]
+    causal = torch.ones((c, c), dtype=torch.bool, device=q.device).tril()
+    return w.masked_fill(~causal, 0.0) @ u
+
+
+class _CausalCore(torch.autograd.Function):
+    """Y' (BH, Nq, e) from q' (BH, Nq, d), k' (BH, Nk, d), u (BH, Nk, e), all float32."""
+
+    @staticmethod
+    def forward(ctx, q, k, u, chunk):
+        bh, nq, d = q.shape
+        nk, e = u.shape[1], u.shape[2]
+        lay = layout(d, e)
+        ncq, nck = triton.cdiv(nq, chunk), triton.cdiv(nk, chunk)
+        qc, kc, uc = _chunks(q, ncq, chunk), _chunks(k, nck, chunk), _chunks(u, nck, chunk)
+
+        states = _state(kc, uc, _no_r(bh * nck, chunk, q), 2, lay).view(bh, nck, lay.size)
+        prefix = _prefix(states, ncq)  # (BH·ncq, size)
+        y = torch.empty((bh * ncq, chunk, e), dtype=torch.float32, device=q.device)
+        _apply(qc, prefix, lay, y)
+        y = y.view(bh, ncq, chunk, e)
+        m = min(ncq, nck)
+        shape = (bh, -1, chunk)
+        y[:, :m] += _intra(
+            qc.view(*shape, d)[:, :m], kc.view(*shape, d)[:, :m], uc.view(*shape, e)[:, :m]
+        )
+        ctx.save_for_backward(q, k, u)
+        ctx.chunk = chunk
+        return y.reshape(bh, ncq * chunk, e)[:, :nq]
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad):
+        q, k, u = ctx.saved_tensors
+        chunk = ctx.chunk
+        bh, nq, d = q.shape
+        nk, e = u.shape[1], u.shape[2]
+        lay = layout(d, e)
+        ncq, nck = triton.cdiv(nq, chunk), triton.cdiv(nk, chunk)
+        qc, kc, uc = _chunks(q, ncq, chunk), _chunks(k, nck, chunk), _chunks(u, nck, chunk)
+        gc = _chunks(grad.float(), ncq, chunk)
+
+        # Inter-chunk part, query side: ∂/∂q' of gY'·φ(q')(c ⊙ P_c).
+        states = _state(kc, uc, _no_r(bh * nck, chunk, q), 2, lay).view(bh, nck, lay.size)
+        prefix = _prefix(states, ncq)
+        del states
+        gq = _grad(qc, gc, _no_r(bh * ncq, chunk, q), 2, prefix, lay)
+        del prefix
+        # Key side: R_c = Σ_{c' > c} φ(q'_c')ᵀ gY'_c'.
+        q_states = _state(qc, gc, _no_r(bh * ncq, chunk, q), 2, lay).view(bh, ncq, lay.size)
+        suffix = _suffix(q_states, nck)
+        del q_states
+        gu = torch.empty_like(uc)
+        _apply(kc, suffix, lay, gu)
+        gk = _grad(kc, uc, _no_r(bh * nck, chunk, q), 2, suffix, lay)
+        del suffix
+
+        # Intra-chunk part: autograd on the (C × C) blocks.
+        m = min(ncq, nck)
+        shape = (bh, -1, chunk)
+        gq, gk, gu = gq.view(*shape, d), gk.view(*shape, d), gu.view(*shape, e)
+        with torch.enable_grad():
+            leaves = [
+                x.view(*shape, x.shape[-1])[:, :m].detach().requires_grad_() for x in (qc, kc, uc)
+            ]
+            intra = _intra(*leaves)
+        g_intra = torch.autograd.grad(intra, leaves, gc.view(*shape, e)[:, :m])
+        gq[:, :m] += g_intra[0]
+        gk[:, :m] += g_intra[1]
+        gu[:, :m] += g_intra[2]
+        return (
+            gq.reshape(bh, -1, d)[:, :nq],
+            gk.reshape(bh, -1, d)[:, :nk],
+            gu.reshape(bh, -1, e)[:, :nk],
+            None,
+        )
+
+
+def _prefix(states: Tensor, ncq: int) -> Tensor:
+    """P_c = Σ_{c' < c} S_c' for the query chunks c < ncq: (BH·ncq, size) float32."""
+    bh, nck, size = states.shape
+    cum = torch.cat([states.new_zeros((bh, 1, size)), states.cumsum(1)], dim=1)
+    index = torch.arange(ncq, device=states.device).clamp(max=nck)
+    return cum[:, index].reshape(bh * ncq, size).contiguous()
+
+
+def _suffix(q_states: Tensor, nck: int) -> Tensor:
+    """R_c = Σ_{c' > c} Q_c' for the key chunks c < nck: (BH·nck, size) float32."""
+    bh, ncq, size = q_states.shape
+    rev = q_states.flip(1).cumsum(1).flip(1)  # Σ_{c' >= c}
+    rev = torch.cat([rev, rev.new_zeros((bh, 1, size))], dim=1)
+    index = (torch.arange(nck, device=q_states.device) + 1).clamp(max=ncq)
+    return rev[:, index].reshape(bh * nck, size).contiguous()
+
+
+def triton_causal_efficient_taylor_shift(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    key_mask: Tensor | None,
+    temperature: Tensor | float,
+    scale: float | None,
+    normalize: bool,
+    chunk_size: int | None = None,
+) -> Tensor:
+    """Causal efficient TaylorShift on the fused Triton kernels, on validated inputs.
+
+    Same contract as
+    ``taylorshift.ops.taylor_shift.efficient_causal.causal_efficient_taylor_shift``:
+    query (B, H, Nq, d), key (B, H, Nk, d), value (B, H, Nk, dv), key_mask (B, H, Nk) bool
+    (broadcast views are fine) or None; query i attends key j iff j <= i. Returns
+    (B, H, Nq, dv) in query's dtype; sums in float32, float64 refused. Differentiable in
+    query, key, value and a tensor temperature. ``chunk_size`` defaults to DEFAULT_CHUNK.
+    """
+    if query.dtype == torch.float64:
+        raise TypeError(
+            "query must be float16, bfloat16 or float32 for the Triton kernels (they accumulate "
+            "in float32); got torch.float64 (use the torch causal efficient form)"
+        )
+    if not (query.is_cuda or INTERPRETED):
+        raise ValueError(
+            f"query must be on a CUDA device for the Triton kernels; got device {query.device} "
+            "(to run them on the CPU, set TRITON_INTERPRET=1 before taylorshift.ops.triton "
+            "kernels are imported)"
+        )
+    b, h, nq, d = query.shape
+    nk = key.shape[2]
+    chunk = chunk_size or DEFAULT_CHUNK
+    factor = score_factor(temperature, scale, normalize, d)
+    if isinstance(factor, Tensor):
+        factor = factor.to(torch.float32)
+    qp = scaled_query(query.to(torch.float32), factor, normalize)
+    kp = scaled_key(key.to(torch.float32), normalize)
+    v = value.to(torch.float32)
+    if key_mask is None:
+        ones = v.new_ones((*v.shape[:-1], 1))
+        u = torch.cat([v, ones], dim=-1)
+    else:
+        m = key_mask.expand(b, h, nk).to(torch.float32).unsqueeze(-1)
+        u = torch.cat([v * m, m], dim=-1)
+    y_prime = _CausalCore.apply(
+        qp.reshape(b * h, nq, d), kp.reshape(b * h, nk, d), u.reshape(b * h, nk, -1), chunk
+    ).reshape(b, h, nq, -1)
+    count = causal_count(key_mask, nq, nk, torch.float32, query.device)
+    y, _ = finish_outputs(y_prime, count, normalize, d)
+    return y.to(query.dtype)
+
+
+__all__ = ["DEFAULT_CHUNK", "triton_causal_efficient_taylor_shift"]
