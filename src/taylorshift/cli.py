@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from . import theory
+from .cliargs import format_table, positive_int
 
 __all__ = ["SUBCOMMANDS", "Subcommand", "build_parser", "main"]
 
@@ -31,26 +32,6 @@ class Subcommand:
     run: Callable[[argparse.Namespace, argparse.ArgumentParser], int]
 
 
-def _positive_int(text: str) -> int:
-    """argparse type: a positive integer, with a message naming expected and actual."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
-
-
-def _format_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
-    """Right-aligned plain-text table, column widths fitted to the contents."""
-    cells = [list(headers)] + [[str(v) for v in row] for row in rows]
-    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
-    lines = ["  ".join(c.rjust(w) for c, w in zip(row, widths, strict=True)) for row in cells]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
-
-
 # `taylorshift theory`
 
 DEFAULT_THEORY_LENGTH = 1024
@@ -59,7 +40,7 @@ DEFAULT_THEORY_LENGTH = 1024
 def _theory_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--d",
-        type=_positive_int,
+        type=positive_int,
         nargs="+",
         default=list(theory.DEFAULT_TABLE_DIMS),
         metavar="D",
@@ -67,20 +48,20 @@ def _theory_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--d-emb",
-        type=_positive_int,
+        type=positive_int,
         metavar="E",
         help="embedding width: also analyse every head count h dividing E",
     )
     parser.add_argument(
         "--heads",
-        type=_positive_int,
+        type=positive_int,
         nargs="+",
         metavar="H",
         help="restrict the heads analysis to these head counts (each must divide E)",
     )
     parser.add_argument(
         "--n",
-        type=_positive_int,
+        type=positive_int,
         metavar="N",
         help=f"sequence length for the heads analysis (default: {DEFAULT_THEORY_LENGTH})",
     )
@@ -142,9 +123,7 @@ HEADS_COLUMNS = (
 
 
 def _table_of(columns: Sequence[tuple[str, str]], rows: Sequence[dict]) -> str:
-    return _format_table(
-        [title for title, _ in columns], [[r[k] for _, k in columns] for r in rows]
-    )
+    return format_table([title for title, _ in columns], [[r[k] for _, k in columns] for r in rows])
 
 
 def _print_theory(report: dict) -> None:

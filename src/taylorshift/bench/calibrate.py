@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import math
 import os
 import sys
 import time
@@ -23,6 +22,7 @@ from pathlib import Path
 
 import torch
 
+from ..cliargs import positive_float, positive_int
 from ..ops.taylor_shift import dispatch
 from ..ops.taylor_shift.interface import taylor_shift_attention
 from . import files, machine
@@ -52,26 +52,6 @@ EXTEND = 4  # doublings of N past the default grid while the crossover is not co
 MEMORY_SHARE = 0.25
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
-    if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text}")
-    return value
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--device", default="cpu", help="device to calibrate: cpu, cuda, cuda:1 (default: cpu)"
@@ -87,14 +67,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--d",
         nargs="+",
-        type=_positive_int,
+        type=positive_int,
         metavar="D",
         help="head dims (default: 16 32 64 on the CPU, 16 32 64 128 on CUDA; --quick: 8 16)",
     )
     parser.add_argument(
         "--n",
         nargs="+",
-        type=_positive_int,
+        type=positive_int,
         metavar="N",
         help="sequence lengths to time, for every d (default: the op-count crossover of each d "
         "times 1/8 .. 8 in factors of 2; --quick: 1/4 .. 4)",
@@ -114,7 +94,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--heads",
-        type=_positive_int,
+        type=positive_int,
         help="heads per call, batch 1 (default: 8; --quick: 2)",
     )
     parser.add_argument(
@@ -124,7 +104,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--budget-s",
-        type=_positive_float,
+        type=positive_float,
         help="seconds for the whole measurement, shared out over the (dtype, causal, pass, d) "
         "cases; a case out of time keeps what it measured (default: 1200; --quick: 60)",
     )

@@ -41,6 +41,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..cliargs import positive_float, positive_int
 from . import files, machine, measure
 
 __all__ = [
@@ -1086,26 +1087,6 @@ HEADS_GPU = [4, 8, 16, 32, 64]
 HEADS_CPU = [4, 8, 16]
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
-    if not value > 0 or not math.isfinite(value):
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {value:g}")
-    return value
-
-
 def _setting(text: str) -> tuple[str, Any]:
     key, sep, raw = text.partition("=")
     if not sep or not key:
@@ -1155,7 +1136,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add(
         "--seq-len",
-        type=_positive_int,
+        type=positive_int,
         metavar="N",
         help="input length: tokens of sequence models (default: the preset's max_len); "
         "patches of ViTs (a square k², the image becomes k·patch pixels)",
@@ -1170,7 +1151,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add(
         "--heads-sweep",
-        type=_positive_int,
+        type=positive_int,
         nargs="*",
         metavar="H",
         help="head counts at fixed width for --heads-model (the paper's Table 5), each dividing "
@@ -1191,25 +1172,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add(
         "--max-batch",
-        type=_positive_int,
+        type=positive_int,
         metavar="B",
         help="largest batch of the throughput sweep (default: 1024; --quick: 8)",
     )
     add(
         "--train-batch",
-        type=_positive_int,
+        type=positive_int,
         metavar="B",
         help="batch of the training step time and memory (default: 16; --quick: 2)",
     )
     add(
         "--target-s",
-        type=_positive_float,
+        type=positive_float,
         metavar="S",
         help="time per measured point: repetitions x call time (default: 0.5; --quick: 0.01)",
     )
     add(
         "--budget-s",
-        type=_positive_float,
+        type=positive_float,
         metavar="S",
         help="wall-clock budget of the run; what is left unmeasured gets the status "
         "'over budget' (default: 3600; --quick: 50)",
@@ -1221,14 +1202,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add(
         "--threads",
-        type=_positive_int,
+        type=positive_int,
         metavar="T",
         help="CPU threads of torch for the timed calls and memory workers (default: torch's, "
         f"{torch.get_num_threads()} here)",
     )
     add(
         "--memory-jobs",
-        type=_positive_int,
+        type=positive_int,
         metavar="J",
         help="CPU memory points measured side by side, each in its own process, after all "
         "timing (default: 1; --quick: 2)",

@@ -41,6 +41,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .. import theory
+from ..cliargs import format_table, non_negative_float, positive_float, positive_int
 from ..ops import taylor_shift_attention
 from ..ops.taylor_shift import direct_taylor_shift, efficient_taylor_shift
 from . import files, machine, measure
@@ -1425,7 +1426,6 @@ def write_outputs(
 
 def summary(results: dict) -> str:
     """The crossover table printed at the end of a run."""
-    from ..cli import _format_table
 
     rows = []
     theory_d = _theory_by_d(results)
@@ -1469,41 +1469,11 @@ def summary(results: dict) -> str:
         "Crossovers: the N from which the efficient form is faster (time) or leaner "
         "(memory) than\nthe direct form and than the best softmax; beside them the cost "
         "model's N0 (time) or N1 (memory),\nfor the paper's form and our symmetric one, and "
-        "the paper's measured A100 estimate N0 + 18 d\n\n" + _format_table(headers, rows)
+        "the paper's measured A100 estimate N0 + 18 d\n\n" + format_table(headers, rows)
     )
 
 
 # Command line.
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
-    if not (value > 0 and math.isfinite(value)):
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {value:g}")
-    return value
-
-
-def _non_negative_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}") from None
-    if not (value >= 0 and math.isfinite(value)):
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {value:g}")
-    return value
 
 
 def _grid(values: Sequence[int]) -> str:
@@ -1546,7 +1516,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add(
         "--n",
         nargs="+",
-        type=_positive_int,
+        type=positive_int,
         metavar="N",
         help=f"sequence lengths (default: {_grid(FULL_N)} by powers of 2, to "
         f"{FULL_N_CUDA[-1]} on CUDA; --quick: {_grid(QUICK_N)})",
@@ -1554,7 +1524,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add(
         "--d",
         nargs="+",
-        type=_positive_int,
+        type=positive_int,
         metavar="D",
         help=f"head dims (default: {_grid(DEFAULT_D)})",
     )
@@ -1578,13 +1548,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="dtypes (default: bf16 on CUDA, fp32 on the CPU)",
     )
     add("--device", help="cpu, cuda or cuda:i (default: cuda if available, else cpu)")
-    add("--heads", type=_positive_int, help="heads H of the (B, H, N, d) inputs (default: 1)")
-    add("--batch", type=_positive_int, help="batch B of the (B, H, N, d) inputs (default: 1)")
+    add("--heads", type=positive_int, help="heads H of the (B, H, N, d) inputs (default: 1)")
+    add("--batch", type=positive_int, help="batch B of the (B, H, N, d) inputs (default: 1)")
     add("--no-memory", action="store_true", help="time only: no peak-memory sweep")
     add(
         "--memory-d",
         nargs="+",
-        type=_positive_int,
+        type=positive_int,
         metavar="D",
         help=f"head dims of the memory sweep (default: {DEFAULT_MEMORY_D} if in --d, else "
         "the largest --d)",
@@ -1592,7 +1562,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add(
         "--memory-n",
         nargs="+",
-        type=_positive_int,
+        type=positive_int,
         metavar="N",
         help=f"sequence lengths of the memory sweep (default: {_grid(FULL_MEMORY_N)}; "
         f"--quick: {_grid(QUICK_MEMORY_N)})",
@@ -1605,45 +1575,45 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add(
         "--memory-jobs",
-        type=_positive_int,
+        type=positive_int,
         help="fresh memory processes run side by side on the CPU (default: 2, at most the "
         "CPU count; always 1 on CUDA)",
     )
     add(
         "--max-call-s",
-        type=_positive_float,
+        type=positive_float,
         metavar="S",
         help="skip a point predicted to take longer per call, and the rest of its series; "
         f"memory points may take {MEMORY_CALL_FACTOR}× as long (default: 5; --quick: 1)",
     )
     add(
         "--max-memory-gib",
-        type=_positive_float,
+        type=positive_float,
         metavar="GIB",
         help="skip a point predicted to need more memory (default: half the RAM on the "
         "CPU, 90%% of the GPU's memory on CUDA)",
     )
     add(
         "--budget-s",
-        type=_positive_float,
+        type=positive_float,
         metavar="S",
         help="time budget of the whole sweep; points after it are 'over budget' "
         "(default: 1200; --quick: 150)",
     )
     add(
         "--target-s",
-        type=_positive_float,
+        type=positive_float,
         metavar="S",
         help="timed seconds per point; the repetition count follows (default: 0.5; --quick: 0.1)",
     )
     add(
         "--quiet-wait-s",
-        type=_non_negative_float,
+        type=non_negative_float,
         metavar="S",
         help="CPU: seconds in all to wait for other processes to calm down before timing "
         "a noisy point again (default: 120; --quick: 0, no re-timing)",
     )
-    add("--threads", type=_positive_int, help="torch CPU threads (default: torch's own)")
+    add("--threads", type=positive_int, help="torch CPU threads (default: torch's own)")
     add("--seed", type=int, help="seed of the random inputs (default: 0)")
     add("--out", type=Path, help="output folder (default: bench-results)")
     add(

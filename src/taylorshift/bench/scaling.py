@@ -33,6 +33,7 @@ from pathlib import Path
 
 import torch
 
+from ..cliargs import positive_int
 from . import files, machine
 
 HELP = (
@@ -448,21 +449,11 @@ def write_outputs(result: dict, out: Path, plot: bool) -> list[Path]:
 # Command line.
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--n",
         nargs="+",
-        type=_positive_int,
+        type=positive_int,
         metavar="N",
         help=f"sequence lengths (default: {' '.join(map(str, DEFAULT_N))}; "
         f"--quick: up to {QUICK_N[-1]})",
@@ -470,13 +461,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--d",
         nargs="+",
-        type=_positive_int,
+        type=positive_int,
         metavar="D",
         help=f"head dims, at most {MAX_D} (default: {' '.join(map(str, DEFAULT_D))}; "
         f"--quick: {' '.join(map(str, QUICK_D))})",
     )
     parser.add_argument(
-        "--seeds", type=_positive_int, help="random draws per (N, d) (default: 3; --quick: 2)"
+        "--seeds", type=positive_int, help="random draws per (N, d) (default: 3; --quick: 2)"
     )
     parser.add_argument(
         "--dtype",
@@ -493,7 +484,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--queries",
-        type=_positive_int,
+        type=positive_int,
         default=1024,
         help="query rows the query-side means run over (default: %(default)s)",
     )
