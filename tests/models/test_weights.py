@@ -9,6 +9,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from taylorshift import atomic as atomic_module
 from taylorshift.models import (
     TransformerClassifier,
     VisionTransformer,
@@ -18,7 +19,6 @@ from taylorshift.models import (
     read_model_config,
     save_model,
 )
-from taylorshift.models import weights as weights_module
 from tests.models.cases import F64, classifier, inputs_for, lengths_mask
 
 
@@ -170,12 +170,10 @@ def test_save_is_atomic(tmp_path, monkeypatch):
     save_model(classifier(seed=2), path)  # replacing works
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.safetensors"]
 
-    def crash(tensors, filename, metadata=None):
-        with open(filename, "wb") as f:
-            f.write(b"partial")
+    def crash(fd):  # the bytes are in the temporary file, the disk fails before the rename
         raise OSError("disk full")
 
-    monkeypatch.setattr(weights_module, "save_file", crash)
+    monkeypatch.setattr(atomic_module.os, "fsync", crash)
     with pytest.raises(OSError, match="disk full"):
         save_model(first, path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.safetensors"]  # no temp left

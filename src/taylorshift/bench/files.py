@@ -1,8 +1,5 @@
-"""Result files written atomically: a crash mid-write never leaves a truncated file.
-
-Each writer fills a temporary file in the destination folder, flushes and fsyncs it, then
-``os.replace``s it over the destination (atomic on POSIX and Windows).
-"""
+"""Result files written atomically (``taylorshift.atomic.write_atomic``): a crash mid-write
+never leaves a truncated file."""
 
 from __future__ import annotations
 
@@ -10,32 +7,12 @@ import csv
 import io
 import json
 import os
-import tempfile
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+from ..atomic import write_atomic
+
 __all__ = ["write_atomic", "write_csv", "write_figure", "write_json", "write_text"]
-
-
-def write_atomic(path: str | os.PathLike, data: bytes) -> Path:
-    """Write ``data`` to ``path`` through a temporary file and ``os.replace``."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates 0600; give the usual mode
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    return path
 
 
 def write_text(path: str | os.PathLike, text: str) -> Path:

@@ -4,8 +4,8 @@
 
     {"taylorshift_model": <class name>, "config": <JSON of model.config>, "format_version": "1"}
 
-so ``load_model(path)`` rebuilds the model from the file alone. The file is written to a
-temporary name in the same folder and moved into place with ``os.replace``: a crash
+so ``load_model(path)`` rebuilds the model from the file alone. The file is written
+through ``taylorshift.atomic.write_atomic`` (temporary name, fsync, ``os.replace``): a crash
 mid-write never leaves a truncated file under the final name.
 """
 
@@ -13,15 +13,15 @@ from __future__ import annotations
 
 import json
 import os
-import uuid
 from pathlib import Path
 from typing import Any
 
 import torch
 from safetensors import SafetensorError, safe_open
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file, save
 from torch import nn
 
+from ..atomic import write_atomic
 from .encoder import EncoderConfig
 from .registry import get_model_class
 
@@ -56,14 +56,7 @@ def save_model(model: nn.Module, path: str | os.PathLike) -> Path:
         "format_version": FORMAT_VERSION,
     }
     tensors = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
-    try:
-        save_file(tensors, tmp, metadata=metadata)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return path
+    return write_atomic(path, save(tensors, metadata=metadata))
 
 
 def _read_metadata(path: str | os.PathLike) -> dict[str, str]:

@@ -29,6 +29,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..atomic import fsync_path, write_atomic
 from ..models import save_model
 
 __all__ = [
@@ -59,34 +60,6 @@ def kill_hook(point: str, step: int) -> None:
     """SIGKILL this process if ``KILL_ENV`` names ``point`` at ``step`` (tests only)."""
     if os.environ.get(KILL_ENV) == f"{point}:{step}":
         os.kill(os.getpid(), signal.SIGKILL)
-
-
-def _fsync_path(path: Path) -> None:
-    """Flush a file's (or a folder's entries') data to disk; a no-op where folders cannot be
-    opened (Windows)."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def _write_file_atomic(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-    _fsync_path(path.parent)
 
 
 def capture_rng() -> dict[str, Any]:
@@ -171,8 +144,8 @@ def save_checkpoint(
             f.write("\n")
             f.flush()
             os.fsync(f.fileno())
-        _fsync_path(tmp / MODEL_FILE)
-        _fsync_path(tmp)
+        fsync_path(tmp / MODEL_FILE)
+        fsync_path(tmp)
         kill_hook("checkpoint-files", step)
         if final.exists():  # left by a crash between rename and pointer: never `latest`
             shutil.rmtree(final)
@@ -180,9 +153,9 @@ def save_checkpoint(
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
-    _fsync_path(root)
+    fsync_path(root)
     kill_hook("checkpoint-pointer", step)
-    _write_file_atomic(root / LATEST, (final.name + "\n").encode())
+    write_atomic(root / LATEST, (final.name + "\n").encode())
     _prune(root, keep)
     return final
 

@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, Subset
 
+from ..atomic import write_atomic
 from ..data import TaskSpec, get_task
 from ..models import create_model, load_model, load_weights
 from .checkpoint import (
@@ -265,16 +266,6 @@ def _check_resume(config: TrainConfig, checkpoint: Path) -> None:
         )
 
 
-def _write_json_atomic(path: Path, data: Any) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(data, f, indent=2, sort_keys=True)
-        f.write("\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
 def _seed_all(seed: int) -> None:
     random.seed(seed)
     torch.manual_seed(seed)
@@ -383,7 +374,10 @@ def _train(config: TrainConfig, resume: bool, dist_info: Dist, device: torch.dev
             metrics.path.unlink(missing_ok=True)
         else:
             metrics.truncate_after(step)
-        _write_json_atomic(out_dir / CONFIG_FILE, config.to_dict())
+        write_atomic(
+            out_dir / CONFIG_FILE,
+            (json.dumps(config.to_dict(), indent=2, sort_keys=True) + "\n").encode(),
+        )
     metrics.log(
         "start",
         step,

@@ -29,6 +29,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from ..atomic import write_atomic
+
 __all__ = ["METRICS_FILE", "MetricsLogger", "read_metrics"]
 
 METRICS_FILE = "metrics.jsonl"
@@ -90,12 +92,7 @@ class MetricsLogger:
         if not self.enabled or not self.path.is_file():
             return
         kept = [r for r in _records(self.path) if r.get("step", 0) <= step]
-        tmp = self.path.with_name(f".{self.path.name}.tmp")
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.writelines(json.dumps(r) + "\n" for r in kept)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.path)
+        write_atomic(self.path, "".join(json.dumps(r) + "\n" for r in kept).encode())
 
     def log(self, event: str, step: int, **values: Any) -> None:
         """Append one record ``{"event": event, "step": step, "time": ..., **values}``."""
