@@ -9,41 +9,25 @@ under Triton's interpreter (see conftest.py), so shapes are small.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import pytest
 import torch
 
-from taylorshift import naive_taylor_shift_attention
 from taylorshift.ops.taylor_shift.efficient import efficient_taylor_shift
-from tests.helpers import assert_rel_close, key_padding, rel_error
+from tests.helpers import assert_rel_close, rel_error
+from tests.ops.triton.cases import (
+    Case,
+    call_form,
+    call_reference,
+    grads,
+    key_mask_of,
+    make_problem,
+)
 from tests.ops.triton.conftest import TRITON_MISSING
 
 pytest.importorskip("triton", reason=TRITON_MISSING)
 
 from taylorshift.ops.triton import efficient as triton_efficient
 from taylorshift.ops.triton import triton_efficient_taylor_shift
-
-
-@dataclass(frozen=True)
-class Case:
-    b: int
-    h: int
-    nq: int
-    nk: int
-    d: int
-    dv: int
-    mask: str | None = None  # None, "padding" (random lengths) or "empty" (batch 0 all padded)
-    normalize: bool = True
-    temperature: str = "tensor"  # "tensor" (per head, requires grad) or "float"
-
-    @property
-    def id(self) -> str:
-        parts = [f"B{self.b}-H{self.h}-Nq{self.nq}-Nk{self.nk}-d{self.d}-dv{self.dv}"]
-        parts.append(self.mask or "nomask")
-        parts.append(f"norm-{self.temperature}-temp" if self.normalize else "plain-scores")
-        return "-".join(parts)
-
 
 CASES = [
     Case(2, 2, 7, 65, 16, 16, mask="empty"),
@@ -60,61 +44,16 @@ FP16_CASES = [
 ]
 
 
-def _problem(case: Case, dtype: torch.dtype, seed: int = 0):
-    """Low-precision leaves, float64 leaves with the same values, and the call options."""
-    g = torch.Generator().manual_seed(seed)
-    shapes = [
-        (case.b, case.h, case.nq, case.d),
-        (case.b, case.h, case.nk, case.d),
-        (case.b, case.h, case.nk, case.dv),
-    ]
-    low = [torch.randn(s, generator=g).to(dtype) for s in shapes]
-    if case.normalize and case.temperature == "tensor":
-        low.append(1.0 + torch.rand(1, case.h, 1, 1, generator=g))  # float32, per head
-    high = [x.double().requires_grad_() for x in low]
-    low = [x.requires_grad_() for x in low]
-
-    mask = None
-    if case.mask is not None:
-        mask = key_padding(case.b, case.nk, seed=seed, empty_row=case.mask == "empty")
-    if case.normalize:
-        opts = dict(normalize=True, temperature=1.5 if case.temperature == "float" else None)
-    else:
-        opts = dict(normalize=False, temperature=1.0)
-    return low, high, mask, opts
-
-
-def _call_reference(inputs, mask, opts):
-    temperature = inputs[3] if opts["temperature"] is None else opts["temperature"]
-    return naive_taylor_shift_attention(
-        *inputs[:3], mask, temperature=temperature, normalize=opts["normalize"]
-    )
-
-
-def _key_mask(mask, case: Case):
-    # The validated form: (B, H, Nk) bool, here a broadcast view as check_inputs makes it.
-    return None if mask is None else mask[:, :, 0, :].expand(case.b, case.h, case.nk)
-
-
-def _call_fast(form, inputs, mask, opts, case: Case):
-    temperature = inputs[3] if opts["temperature"] is None else opts["temperature"]
-    return form(*inputs[:3], _key_mask(mask, case), temperature, None, opts["normalize"])
-
-
-def _grads(y, inputs, g):
-    return torch.autograd.grad(y, inputs, g.to(y.dtype))
-
-
 @pytest.mark.parametrize(
     "case",
     [pytest.param(c, id=c.id) for c in CASES]
     + [pytest.param(c, id=c.id, marks=pytest.mark.slow) for c in SLOW_CASES],
 )
 def test_float32_matches_reference_and_torch_form(case):
-    low, high, mask, opts = _problem(case, torch.float32)
-    exact = _call_reference(high, mask, opts)
-    fast = _call_fast(triton_efficient_taylor_shift, low, mask, opts, case)
-    torch_form = _call_fast(efficient_taylor_shift, low, mask, opts, case)
+    low, high, mask, opts = make_problem(case, torch.float32)
+    exact = call_reference(high, mask, opts)
+    fast = call_form(triton_efficient_taylor_shift, low, mask, opts, case)
+    torch_form = call_form(efficient_taylor_shift, low, mask, opts, case)
     assert fast.dtype == torch.float32 and fast.shape == exact.shape
     assert_rel_close(fast, exact, 1e-5, "output vs reference", atol=1e-7)
     assert_rel_close(fast, torch_form, 1e-5, "output vs torch form", atol=1e-7)
@@ -122,9 +61,9 @@ def test_float32_matches_reference_and_torch_form(case):
         assert (fast[0] == 0).all(), "a query with no attended key must return zeros"
 
     g = torch.randn(exact.shape, generator=torch.Generator().manual_seed(7), dtype=torch.float64)
-    g_exact = _grads(exact, high, g)
-    g_fast = _grads(fast, low, g)
-    g_torch = _grads(torch_form, low, g)
+    g_exact = grads(exact, high, g)
+    g_fast = grads(fast, low, g)
+    g_torch = grads(torch_form, low, g)
     names = ["query", "key", "value", "temperature"]
     for name, a, e, t in zip(names, g_fast, g_exact, g_torch, strict=False):
         assert a.dtype == torch.float32, name
@@ -139,10 +78,10 @@ RMS_BOUND = 5e-3
 
 @pytest.mark.parametrize("case", FP16_CASES, ids=lambda c: c.id)
 def test_float16_error_within_reference_error(case):
-    low, high, mask, opts = _problem(case, torch.float16, seed=1)
-    exact = _call_reference(high, mask, opts)
-    ref_low = _call_reference(low, mask, opts)
-    fast = _call_fast(triton_efficient_taylor_shift, low, mask, opts, case)
+    low, high, mask, opts = make_problem(case, torch.float16, seed=1)
+    exact = call_reference(high, mask, opts)
+    ref_low = call_reference(low, mask, opts)
+    fast = call_form(triton_efficient_taylor_shift, low, mask, opts, case)
     assert fast.dtype == torch.float16
 
     err_fast, err_ref = rel_error(fast, exact), rel_error(ref_low, exact)
@@ -150,9 +89,9 @@ def test_float16_error_within_reference_error(case):
     assert err_fast < RMS_BOUND
 
     g = torch.randn(exact.shape, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
-    g_exact = _grads(exact, high, g)
-    g_ref = _grads(ref_low, low, g)
-    g_fast = _grads(fast, low, g)
+    g_exact = grads(exact, high, g)
+    g_ref = grads(ref_low, low, g)
+    g_fast = grads(fast, low, g)
     for name, a, r, e in zip("qkv", g_fast, g_ref, g_exact, strict=True):
         assert a.dtype == torch.float16 and torch.isfinite(a).all()
         err_fast, err_ref = rel_error(a, e), rel_error(r, e)
@@ -160,9 +99,9 @@ def test_float16_error_within_reference_error(case):
         assert err_fast < RMS_BOUND, (name, err_fast)
 
 
-def test_fully_masked_rows_give_zeros_and_finite_grads():
+def test_fully_masked_rows_give_zeros_and_finitegrads():
     case = Case(2, 2, 5, 9, 16, 16)
-    low, _, _, _ = _problem(case, torch.float32)
+    low, _, _, _ = make_problem(case, torch.float32)
     q, k, v, t = low
     key_mask = torch.zeros(2, 2, 9, dtype=torch.bool)
     key_mask[1, 0, :4] = True  # one head of one batch attends 4 keys, the rest none
@@ -216,10 +155,10 @@ def test_refuses_cpu_tensors_without_the_interpreter(monkeypatch):
 
 
 def _core_args(case: Case):
-    low, _, mask, _ = _problem(case, torch.float32)
+    low, _, mask, _ = make_problem(case, torch.float32)
     qp = low[0].detach().requires_grad_()
     kp = low[1].detach().requires_grad_()
-    return qp, kp, low[2].detach().requires_grad_(), _key_mask(mask, case)
+    return qp, kp, low[2].detach().requires_grad_(), key_mask_of(mask, case)
 
 
 def test_custom_op_registration_passes_opcheck():
@@ -243,8 +182,8 @@ def test_fake_tensor_shapes():
 
 def test_torch_compile_traces_forward_and_backward():
     case = Case(2, 2, 9, 11, 16, 8, mask="padding")
-    low, _, mask, _ = _problem(case, torch.float32)
-    key_mask = _key_mask(mask, case)
+    low, _, mask, _ = make_problem(case, torch.float32)
+    key_mask = key_mask_of(mask, case)
 
     def f(q, k, v, t):
         return triton_efficient_taylor_shift(q, k, v, key_mask, t, None, True)

@@ -8,14 +8,12 @@ On the CPU the kernels run under Triton's interpreter (see conftest.py), so shap
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import pytest
 import torch
 
-from taylorshift import naive_taylor_shift_attention
 from taylorshift.ops.taylor_shift.efficient_causal import causal_efficient_taylor_shift
-from tests.helpers import assert_rel_close, key_padding, rel_error
+from tests.helpers import assert_rel_close, rel_error
+from tests.ops.triton.cases import Case, call_form, call_reference, grads, make_problem
 from tests.ops.triton.conftest import TRITON_MISSING
 
 pytest.importorskip("triton", reason=TRITON_MISSING)
@@ -23,26 +21,6 @@ pytest.importorskip("triton", reason=TRITON_MISSING)
 from taylorshift.ops.triton import triton_causal_efficient_taylor_shift
 
 CHUNK = 8  # small, so that the test lengths are not multiples of it
-
-
-@dataclass(frozen=True)
-class Case:
-    b: int
-    h: int
-    nq: int
-    nk: int
-    d: int
-    dv: int
-    mask: str | None = None  # None, "padding" (random lengths) or "empty" (batch 0 all padded)
-    normalize: bool = True
-    temperature: str = "tensor"  # "tensor" (per head, requires grad) or "float"
-
-    @property
-    def id(self) -> str:
-        parts = [f"B{self.b}-H{self.h}-Nq{self.nq}-Nk{self.nk}-d{self.d}-dv{self.dv}"]
-        parts.append(self.mask or "nomask")
-        parts.append(f"norm-{self.temperature}-temp" if self.normalize else "plain-scores")
-        return "-".join(parts)
 
 
 CASES = [
@@ -59,66 +37,12 @@ FP16_CASES = [
 ]
 
 
-def _problem(case: Case, dtype: torch.dtype, seed: int = 0):
-    """Low-precision leaves, float64 leaves with the same values, and the call options."""
-    g = torch.Generator().manual_seed(seed)
-    shapes = [
-        (case.b, case.h, case.nq, case.d),
-        (case.b, case.h, case.nk, case.d),
-        (case.b, case.h, case.nk, case.dv),
-    ]
-    low = [torch.randn(s, generator=g).to(dtype) for s in shapes]
-    if case.normalize and case.temperature == "tensor":
-        low.append(1.0 + torch.rand(1, case.h, 1, 1, generator=g))  # float32, per head
-    high = [x.double().requires_grad_() for x in low]
-    low = [x.requires_grad_() for x in low]
-
-    mask = None
-    if case.mask is not None:
-        mask = key_padding(case.b, case.nk, seed=seed, empty_row=case.mask == "empty")
-    if case.normalize:
-        opts = dict(normalize=True, temperature=1.5 if case.temperature == "float" else None)
-    else:
-        opts = dict(normalize=False, temperature=1.0)
-    return low, high, mask, opts
-
-
-def _temperature(inputs, opts):
-    return inputs[3] if opts["temperature"] is None else opts["temperature"]
-
-
-def _call_reference(inputs, mask, opts):
-    return naive_taylor_shift_attention(
-        *inputs[:3],
-        mask,
-        is_causal=True,
-        temperature=_temperature(inputs, opts),
-        normalize=opts["normalize"],
-    )
-
-
-def _call_fast(form, inputs, mask, opts, case: Case):
-    key_mask = None if mask is None else mask[:, :, 0, :].expand(case.b, case.h, case.nk)
-    return form(
-        *inputs[:3],
-        key_mask,
-        _temperature(inputs, opts),
-        None,
-        opts["normalize"],
-        chunk_size=CHUNK,
-    )
-
-
-def _grads(y, inputs, g):
-    return torch.autograd.grad(y, inputs, g.to(y.dtype))
-
-
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
 def test_float32_matches_reference_and_torch_form(case):
-    low, high, mask, opts = _problem(case, torch.float32)
-    exact = _call_reference(high, mask, opts)
-    fast = _call_fast(triton_causal_efficient_taylor_shift, low, mask, opts, case)
-    torch_form = _call_fast(causal_efficient_taylor_shift, low, mask, opts, case)
+    low, high, mask, opts = make_problem(case, torch.float32)
+    exact = call_reference(high, mask, opts, is_causal=True)
+    fast = call_form(triton_causal_efficient_taylor_shift, low, mask, opts, case, chunk_size=CHUNK)
+    torch_form = call_form(causal_efficient_taylor_shift, low, mask, opts, case, chunk_size=CHUNK)
     assert fast.dtype == torch.float32 and fast.shape == exact.shape
     assert_rel_close(fast, exact, 1e-5, "output vs reference", atol=1e-7)
     assert_rel_close(fast, torch_form, 1e-5, "output vs torch form", atol=1e-7)
@@ -126,9 +50,9 @@ def test_float32_matches_reference_and_torch_form(case):
         assert (fast[0] == 0).all(), "a query with no attended key must return zeros"
 
     g = torch.randn(exact.shape, generator=torch.Generator().manual_seed(7), dtype=torch.float64)
-    g_exact = _grads(exact, high, g)
-    g_fast = _grads(fast, low, g)
-    g_torch = _grads(torch_form, low, g)
+    g_exact = grads(exact, high, g)
+    g_fast = grads(fast, low, g)
+    g_torch = grads(torch_form, low, g)
     names = ["query", "key", "value", "temperature"]
     for name, a, e, t in zip(names, g_fast, g_exact, g_torch, strict=False):
         assert a.dtype == torch.float32, name
@@ -142,10 +66,10 @@ RMS_BOUND = 5e-3
 
 @pytest.mark.parametrize("case", FP16_CASES, ids=lambda c: c.id)
 def test_float16_error_within_reference_error(case):
-    low, high, mask, opts = _problem(case, torch.float16, seed=1)
-    exact = _call_reference(high, mask, opts)
-    ref_low = _call_reference(low, mask, opts)
-    fast = _call_fast(triton_causal_efficient_taylor_shift, low, mask, opts, case)
+    low, high, mask, opts = make_problem(case, torch.float16, seed=1)
+    exact = call_reference(high, mask, opts, is_causal=True)
+    ref_low = call_reference(low, mask, opts, is_causal=True)
+    fast = call_form(triton_causal_efficient_taylor_shift, low, mask, opts, case, chunk_size=CHUNK)
     assert fast.dtype == torch.float16
 
     err_fast, err_ref = rel_error(fast, exact), rel_error(ref_low, exact)
@@ -153,9 +77,9 @@ def test_float16_error_within_reference_error(case):
     assert err_fast < RMS_BOUND
 
     g = torch.randn(exact.shape, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
-    g_exact = _grads(exact, high, g)
-    g_ref = _grads(ref_low, low, g)
-    g_fast = _grads(fast, low, g)
+    g_exact = grads(exact, high, g)
+    g_ref = grads(ref_low, low, g)
+    g_fast = grads(fast, low, g)
     for name, a, r, e in zip("qkv", g_fast, g_ref, g_exact, strict=True):
         assert a.dtype == torch.float16 and torch.isfinite(a).all()
         err_fast, err_ref = rel_error(a, e), rel_error(r, e)
@@ -163,7 +87,7 @@ def test_float16_error_within_reference_error(case):
         assert err_fast < RMS_BOUND, (name, err_fast)
 
 
-def test_fully_masked_rows_give_zeros_and_finite_grads():
+def test_fully_masked_rows_give_zeros_and_finitegrads():
     g = torch.Generator().manual_seed(2)
     q, k, v = (torch.randn(1, 2, 9, 16, generator=g).requires_grad_() for _ in range(3))
     key_mask = torch.zeros(1, 2, 9, dtype=torch.bool)
