@@ -61,53 +61,104 @@ def _intra_chunk(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
     return w.masked_fill(~causal, 0.0) @ v
 
 
-class CausalEfficientTaylorShiftFunction(torch.autograd.Function):
-    """Causal efficient TaylorShift with a chunked, recomputing backward."""
+def causal_forward(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    tau: Tensor | float,
+    normalize: bool,
+    key_mask: Tensor | None,
+    chunk: int,
+    initial_state: Tensor | None = None,
+    initial_count: Tensor | None = None,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The chunked causal sweep, without autograd: (out, den, count, final state).
 
-    @staticmethod
-    def forward(ctx, query, key, value, temperature, factor, normalize, key_mask, chunk):
-        b, h, nq, d = query.shape
-        nk, dv = key.shape[2], value.shape[3]
-        cd = compute_dtype(query.dtype)
-        weights = state_weights(d, cd, query.device)
-        tau = query_factor(temperature, factor, cd, b, h)
-        count = causal_count(key_mask, nq, nk, cd, query.device)
-
+    ``initial_state`` (B, H, D, dv + 1), unweighted sums Σ φ(k'_j)ᵀ [v_j, 1] over keys that
+    precede the whole block (every query attends them), and ``initial_count`` (B, H), how
+    many keys it holds, continue an earlier sweep: decoding, or a later shard of a sequence.
+    ``tau`` is the query factor (``query_factor``). Returns out (B, H, Nq, dv) in the
+    query's dtype, den (B, H, Nq) and the counts n_i in the compute dtype, and the state
+    after the last key, (B, H, D, dv + 1).
+    """
+    b, h, nq, d = query.shape
+    nk, dv = key.shape[2], value.shape[3]
+    cd = compute_dtype(query.dtype)
+    weights = state_weights(d, cd, query.device)
+    count = causal_count(key_mask, nq, nk, cd, query.device)
+    if initial_count is not None:
+        count = initial_count.to(cd).unsqueeze(-1) + count  # (B, H, Nq)
+    if initial_state is None:
         state = query.new_zeros((b, h, feature_dim(d), dv + 1), dtype=cd)
-        out = torch.empty((b, h, nq, dv), dtype=query.dtype, device=query.device)
-        den = torch.empty((b, h, nq), dtype=cd, device=query.device)
-        for i0 in range(0, nq, chunk):
-            i1 = min(i0 + chunk, nq)
-            q = scaled_query(query[:, :, i0:i1].to(cd), tau, normalize)
-            k = v = None
-            if i0 < nk:
-                j1 = min(i1, nk)
-                k = scaled_key(key[:, :, i0:j1].to(cd), normalize)
-                mask = None if key_mask is None else key_mask[:, :, i0:j1]
-                v = values_with_ones(value[:, :, i0:j1].to(cd), mask)
+    else:
+        state = initial_state.detach().to(cd).clone()
+    out = torch.empty((b, h, nq, dv), dtype=query.dtype, device=query.device)
+    den = torch.empty((b, h, nq), dtype=cd, device=query.device)
+    for i0 in range(0, max(nq, nk), chunk):
+        i1 = min(i0 + chunk, max(nq, nk))
+        k = v = None
+        if i0 < nk:
+            j1 = min(i1, nk)
+            k = scaled_key(key[:, :, i0:j1].to(cd), normalize)
+            mask = None if key_mask is None else key_mask[:, :, i0:j1]
+            v = values_with_ones(value[:, :, i0:j1].to(cd), mask)
+        if i0 < nq:
+            q1 = min(i1, nq)
+            q = scaled_query(query[:, :, i0:q1].to(cd), tau, normalize)
             y_prime = features(q) @ (state * weights)
             if k is not None:
-                y_prime = y_prime + _intra_chunk(q, k, v)
-            y, den[:, :, i0:i1] = finish_outputs(y_prime, count[..., i0:i1], normalize, d)
-            out[:, :, i0:i1] = y.to(out.dtype)
-            if k is not None:
-                state += features(k).transpose(-2, -1) @ v
+                y_prime = y_prime + _intra_chunk(q, k[:, :, : q1 - i0], v[:, :, : q1 - i0])
+            y, den[:, :, i0:q1] = finish_outputs(y_prime, count[..., i0:q1], normalize, d)
+            out[:, :, i0:q1] = y.to(out.dtype)
+        if k is not None:
+            state += features(k).transpose(-2, -1) @ v
+    return out, den, count, state
 
-        ctx.save_for_backward(query, key, value, temperature, key_mask, out, den)
+
+class CausalEfficientTaylorShiftFunction(torch.autograd.Function):
+    """Causal efficient TaylorShift with a chunked, recomputing backward.
+
+    Differentiable also w.r.t. ``initial_state`` (the prefix of earlier keys), so that a
+    sequence split over processes can pass state gradients back (``taylorshift.distributed``).
+    """
+
+    @staticmethod
+    def forward(
+        ctx,
+        query,
+        key,
+        value,
+        temperature,
+        factor,
+        normalize,
+        key_mask,
+        chunk,
+        initial_state=None,
+        initial_count=None,
+    ):
+        b, h = query.shape[:2]
+        cd = compute_dtype(query.dtype)
+        tau = query_factor(temperature, factor, cd, b, h)
+        out, den, count, _ = causal_forward(
+            query, key, value, tau, normalize, key_mask, chunk, initial_state, initial_count
+        )
+        ctx.save_for_backward(
+            query, key, value, temperature, key_mask, out, den, count, initial_state
+        )
         ctx.factor, ctx.normalize, ctx.chunk = factor, normalize, chunk
         return out
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_out):
-        query, key, value, temperature, key_mask, out, den = ctx.saved_tensors
+        query, key, value, temperature, key_mask, out, den, count, initial = ctx.saved_tensors
         need_q, need_k, need_v, need_t = ctx.needs_input_grad[:4]
+        need_s = ctx.needs_input_grad[8]
         normalize, chunk = ctx.normalize, ctx.chunk
         b, h, nq, d = query.shape
         nk, dv = key.shape[2], value.shape[3]
         cd = den.dtype
         weights = state_weights(d, cd, query.device)
-        count = causal_count(key_mask, nq, nk, cd, query.device)
         g_y = grad_outputs(grad_out.to(cd), out.to(cd), den, count, normalize, d)
 
         gq = torch.zeros_like(query, dtype=cd) if need_q else None
@@ -117,7 +168,10 @@ class CausalEfficientTaylorShiftFunction(torch.autograd.Function):
 
         # Forward sweep: rebuild the prefix state; gradients through the query side and
         # the intra-chunk block.
-        state = query.new_zeros((b, h, feature_dim(d), dv + 1), dtype=cd)
+        if initial is None:
+            state = query.new_zeros((b, h, feature_dim(d), dv + 1), dtype=cd)
+        else:
+            state = initial.to(cd).clone()
         for i0 in range(0, nq, chunk):
             i1 = min(i0 + chunk, nq)
             j1 = min(i1, nk)
@@ -169,8 +223,10 @@ class CausalEfficientTaylorShiftFunction(torch.autograd.Function):
             if k is not None:
                 state += features(k.detach()).transpose(-2, -1) @ v.detach()
 
-        # Reverse sweep: the gradient of the state that chunk c feeds, from later queries.
-        if need_k or need_v:
+        # Reverse sweep: the gradient of the state that chunk c feeds, from later queries;
+        # after chunk 0 it is the gradient of the initial state.
+        g_initial = None
+        if need_k or need_v or need_s:
             g_state = torch.zeros_like(state)  # w.r.t. the weighted state
             tau = query_factor(temperature, ctx.factor, cd, b, h)
             for i0 in reversed(range(0, nq, chunk)):
@@ -192,6 +248,8 @@ class CausalEfficientTaylorShiftFunction(torch.autograd.Function):
                         gk[:, :, i0:j1] += g
                 q = scaled_query(query[:, :, i0:i1].to(cd), tau, normalize)
                 g_state += features(q).transpose(-2, -1) @ g_y[:, :, i0:i1]
+            if need_s:
+                g_initial = (g_state * weights).to(initial.dtype)
 
         return (
             None if gq is None else gq.to(query.dtype),
@@ -201,6 +259,8 @@ class CausalEfficientTaylorShiftFunction(torch.autograd.Function):
             None,
             None,
             None,
+            None,
+            g_initial,
             None,
         )
 
@@ -214,13 +274,20 @@ def causal_efficient_taylor_shift(
     scale: float | None,
     normalize: bool,
     chunk_size: int | None = None,
+    initial_state: Tensor | None = None,
+    initial_count: Tensor | None = None,
 ) -> Tensor:
-    """Causal efficient form on validated inputs; key_mask is (B, H, Nk) bool or None."""
+    """Causal efficient form on validated inputs; key_mask is (B, H, Nk) bool or None.
+
+    ``initial_state`` (B, H, D, dv + 1), the unweighted sums Σ φ(k'_j)ᵀ [v_j, 1] of keys
+    before the block, and ``initial_count`` (B, H), their number, continue an earlier sweep
+    (see ``causal_forward``); the result is differentiable w.r.t. ``initial_state``.
+    """
     d = query.shape[-1]
     chunk = chunk_size or DEFAULT_CAUSAL_CHUNK
     factor = score_factor(temperature, scale, normalize, d)
     t = factor if isinstance(factor, Tensor) else None
     f = 0.0 if t is not None else float(factor)
     return CausalEfficientTaylorShiftFunction.apply(
-        query, key, value, t, f, normalize, key_mask, chunk
+        query, key, value, t, f, normalize, key_mask, chunk, initial_state, initial_count
     )
