@@ -20,6 +20,8 @@ TASKS = [
     "imdb-byte",
     "listops",
     "listops-tsv",
+    "lm",
+    "recall",
     "text-csv",
     "text-jsonl",
 ]
@@ -38,6 +40,13 @@ def test_list_and_specs():
     assert get_task("text-csv").num_classes is None and get_task("text-csv").pad_id == 256
     image = get_task("image-folder")
     assert image.kind == "image" and image.vocab_size is None and image.pad_id is None
+    for name in ("recall", "lm"):
+        spec = get_task(name)
+        assert spec.kind == "lm" and spec.num_classes is None
+        # vocab_size and max_len are those of the default options
+        assert spec.vocab_size == spec.options.get("vocab_size", vocab.BYTE_VOCAB_SIZE)
+        assert spec.max_len == spec.options["seq_len"]
+    assert get_task("lm").pad_id == vocab.BYTE_PAD_ID and get_task("recall").pad_id == 0
     with pytest.raises(dataclasses.FrozenInstanceError):
         listops.max_len = 1  # type: ignore[misc]
 
@@ -63,6 +72,19 @@ def test_build_listops_and_load_batches():
     assert torch.equal(mask.sum(1), torch.tensor([len(ds[i][0]) for i in range(4)]))
     assert labels.tolist() == [ds[i][1] for i in range(4)]
     assert bool((tokens[~mask] == spec.pad_id).all())
+
+
+def test_build_recall_and_load_lm_batches():
+    spec = get_task("recall")
+    ds = spec.build("train", seq_len=30, num_pairs=4, vocab_size=40, num_samples=6)
+    assert getattr(ds, "vocab_size", spec.vocab_size) == 40  # the option, not the default
+    loader = DataLoader(ds, batch_size=4, collate_fn=spec.collate(pad_to_multiple=8))
+    tokens, mask, targets = next(iter(loader))
+    assert tokens.shape == mask.shape == targets.shape == (4, 32)
+    assert torch.equal(tokens[:, :30], torch.stack([ds[i][0] for i in range(4)]))
+    assert torch.equal(targets[:, :30], torch.stack([ds[i][1] for i in range(4)]))
+    assert bool(mask[:, :30].all()) and not bool(mask[:, 30:].any())
+    assert bool((tokens[:, 30:] == spec.pad_id).all()) and bool((targets[:, 30:] == -100).all())
 
 
 @pytest.mark.parametrize(
@@ -100,6 +122,15 @@ def test_build_listops_and_load_batches():
         (lambda: register_task("listops"), "spec must be a TaskSpec, got str"),
         (lambda: TaskSpec("x", 2, 2, 2, 0, "audio", "", len), "kind must be one of .* got 'audio'"),
         (lambda: TaskSpec("x", 2, 2, 2, 0, "tokens"), "builder must be callable, got None"),
+        (
+            lambda: TaskSpec("x", 2, 2, 2, 0, "lm", "", len),
+            "num_classes must be None for kind 'lm' .*got 2",
+        ),
+        (
+            lambda: get_task("recall").build("train", num_pairs=40),
+            r"seq_len must be >= 2 \* num_pairs \+ 2 \* num_queries = 160 .* got 128",
+        ),
+        (lambda: get_task("lm").build("val"), "task 'lm' needs the option path"),
     ],
 )
 def test_errors(call, match):

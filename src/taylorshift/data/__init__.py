@@ -2,17 +2,21 @@
 
 - ``get_task(name).build(split, **options)`` / ``list_tasks()``: ``listops`` (generated,
   runs anywhere), ``listops-tsv``, ``cifar-pixel``, ``imdb-byte``, ``text-csv``,
-  ``text-jsonl``, ``image-folder``. Nothing is downloaded: loaders read the files you give.
+  ``text-jsonl``, ``image-folder``; language modelling: ``recall`` (generated) and ``lm``
+  (bytes of your text file). Nothing is downloaded: loaders read the files you give.
 - Token datasets yield ``(LongTensor (N,), int)``, image datasets ``(FloatTensor (C, H, W),
-  int)``; ``collate_tokens`` pads a batch and returns its mask (True = real token),
-  ``collate_images`` stacks one.
-- ``taylorshift.data.listops``: the ListOps generator, evaluator and tokenizer.
+  int)``, LM datasets ``(tokens LongTensor (N,), targets LongTensor (N,))`` with
+  ``IGNORE_INDEX`` (-100) where no loss is taken; ``collate_tokens`` / ``collate_lm`` pad a
+  batch and return its mask (True = real token), ``collate_images`` stacks one.
+- ``taylorshift.data.listops``: the ListOps generator, evaluator and tokenizer;
+  ``taylorshift.data.recall``: multi-query associative recall; ``taylorshift.data.lm_text``:
+  byte windows of a file, ``encode_text`` / ``decode_bytes`` for prompts and samples.
 
 See docs/data.md.
 """
 
 from .cifar import CifarPixelDataset, load_cifar_batch, rgb_to_gray
-from .collate import collate_images, collate_tokens
+from .collate import IGNORE_INDEX, collate_images, collate_lm, collate_tokens
 from .images import ImageFolderDataset
 from .imdb import ImdbByteDataset
 from .listops import (
@@ -23,21 +27,29 @@ from .listops import (
     generate_expression,
     tokenize,
 )
+from .lm_text import LMTextDataset, decode_bytes, encode_text
+from .recall import RecallDataset
 from .registry import TaskSpec, get_task, list_tasks, register_task
 from .text import TextFileDataset, encode_bytes, label_mapping
 
 __all__ = [
+    "IGNORE_INDEX",
     "CifarPixelDataset",
     "ImageFolderDataset",
     "ImdbByteDataset",
+    "LMTextDataset",
     "ListOpsDataset",
     "ListOpsTSV",
+    "RecallDataset",
     "TaskSpec",
     "TextFileDataset",
     "collate_images",
+    "collate_lm",
     "collate_tokens",
+    "decode_bytes",
     "detokenize",
     "encode_bytes",
+    "encode_text",
     "evaluate",
     "generate_expression",
     "get_task",

@@ -21,30 +21,37 @@ from ..models.vocab import (
 )
 from ._common import check_split
 from .cifar import CifarPixelDataset
-from .collate import collate_images, collate_tokens
+from .collate import collate_images, collate_lm, collate_tokens
 from .images import ImageFolderDataset
 from .imdb import ImdbByteDataset
 from .listops import ListOpsDataset, ListOpsTSV
+from .lm_text import LMTextDataset
+from .recall import RECALL_PAD_ID, RecallDataset
 from .text import TextFileDataset
 
 __all__ = ["TaskSpec", "get_task", "list_tasks", "register_task"]
 
-KINDS = ("tokens", "image")
+KINDS = ("tokens", "image", "lm")
 
 
 @dataclass(frozen=True)
 class TaskSpec:
-    """A classification task: what its samples look like and how to build a split.
+    """A task: what its samples look like and how to build a split.
 
     Attributes:
         name: the registry name.
         num_classes: classes, or None when they come from the data (``text-*``,
-            ``image-folder``: read ``dataset.num_classes`` of the built split).
-        vocab_size: token ids are in ``[0, vocab_size)``; None for images.
+            ``image-folder``: read ``dataset.num_classes`` of the built split); always
+            None for kind ``"lm"`` (the model predicts one of ``vocab_size`` ids).
+        vocab_size: token ids are in ``[0, vocab_size)`` with the default options; None for
+            images. A task whose options change it (``recall``) builds datasets with a
+            ``vocab_size`` attribute: read ``getattr(dataset, "vocab_size", spec.vocab_size)``.
         max_len: the longest sequence with the default options (None for images).
-        pad_id: the id ``collate_tokens`` pads with (None for images).
-        kind: ``"tokens"`` (items ``(LongTensor (N,), int)``) or ``"image"`` (items
-            ``(FloatTensor (C, H, W), int)``).
+        pad_id: the id the collate function pads tokens with (None for images).
+        kind: ``"tokens"`` (classification, items ``(LongTensor (N,), int)``), ``"image"``
+            (items ``(FloatTensor (C, H, W), int)``) or ``"lm"`` (per-token targets, items
+            ``(tokens LongTensor (N,), targets LongTensor (N,))`` with ``targets[i]`` the id
+            to predict at position i or ``IGNORE_INDEX`` = -100 for no loss).
         description: one line for listings.
         builder: ``builder(split, **options)`` makes the dataset (a dataset class or a
             function); its keyword-only arguments are the task's options.
@@ -64,6 +71,11 @@ class TaskSpec:
             raise ValueError(f"kind must be one of {KINDS}, got {self.kind!r}")
         if not callable(self.builder):
             raise ValueError(f"builder must be callable, got {self.builder!r}")
+        if self.kind == "lm" and self.num_classes is not None:
+            raise ValueError(
+                f"num_classes must be None for kind 'lm' (targets are token ids), "
+                f"got {self.num_classes!r}"
+            )
 
     @property
     def options(self) -> dict[str, Any]:
@@ -89,12 +101,12 @@ class TaskSpec:
         return self.builder(split, **options)
 
     def collate(self, pad_to_multiple: int | None = None) -> Callable:
-        """The DataLoader ``collate_fn`` for this task (picklable, works with workers)."""
+        """The DataLoader ``collate_fn`` for this task (picklable, works with workers):
+        ``collate_images``, ``collate_tokens`` or, for kind ``"lm"``, ``collate_lm``."""
         if self.kind == "image":
             return collate_images
-        return functools.partial(
-            collate_tokens, pad_id=self.pad_id, pad_to_multiple=pad_to_multiple
-        )
+        collate = collate_lm if self.kind == "lm" else collate_tokens
+        return functools.partial(collate, pad_id=self.pad_id, pad_to_multiple=pad_to_multiple)
 
 
 _TASKS: dict[str, TaskSpec] = {}
@@ -172,6 +184,14 @@ for _spec in (
     TaskSpec(
         "image-folder", None, None, None, None, "image",
         "class folders of images per split (Pillow)", ImageFolderDataset,
+    ),
+    TaskSpec(
+        "recall", None, 128, 128, RECALL_PAD_ID, "lm",
+        "multi-query associative recall (MQAR), generated", RecallDataset,
+    ),
+    TaskSpec(
+        "lm", None, BYTE_VOCAB_SIZE, 256, BYTE_PAD_ID, "lm",
+        "byte-level language model on your text file", LMTextDataset,
     ),
 ):  # fmt: skip
     register_task(_spec)
