@@ -38,6 +38,29 @@ def naive_linear_attention(
     return (w @ value) / (w.sum(-1, keepdim=True) + eps)
 
 
+def causal_sweep(q: Tensor, k: Tensor, v_ones: Tensor, state: Tensor) -> tuple[Tensor, Tensor]:
+    """Causal linear attention in chunks after the prefix ``state`` = Σ φ(k)ᵀ [v, 1].
+
+    q, k: features (…, Nq, d), (…, Nk, d) (masked keys zeroed); v_ones (…, Nk, dv + 1);
+    state (…, d, dv + 1). Returns Y' = [numerator, denominator] (…, Nq, dv + 1) and the
+    state after all keys.
+    """
+    nq, nk = q.shape[-2], k.shape[-2]
+    parts = []
+    for i0 in range(0, max(nq, nk), CAUSAL_CHUNK):
+        i1 = min(i0 + CAUSAL_CHUNK, max(nq, nk))
+        kc, vc = k[..., i0:i1, :], v_ones[..., i0:i1, :]
+        if i0 < nq:
+            qc = q[..., i0:i1, :]
+            w = qc @ kc[..., : qc.shape[-2], :].transpose(-2, -1)
+            tril = torch.ones(w.shape[-2:], dtype=torch.bool, device=w.device).tril()
+            parts.append(qc @ state + (w * tril) @ vc[..., : qc.shape[-2], :])
+        state = state + kc.transpose(-2, -1) @ vc
+    if not parts:
+        return q.new_zeros((*q.shape[:-1], v_ones.shape[-1])), state
+    return torch.cat(parts, dim=-2), state
+
+
 def linear_attention(
     query: Tensor,
     key: Tensor,
@@ -47,7 +70,6 @@ def linear_attention(
     eps: float = 1e-6,
 ) -> Tensor:
     """Linear-time form; same result as ``naive_linear_attention``. (B, H, Nq, dv)."""
-    nq, nk = query.shape[-2], key.shape[-2]
     key_mask = None
     if attn_mask is not None:
         mask = attn_mask
@@ -63,18 +85,6 @@ def linear_attention(
     if not is_causal:
         y = q @ (k.transpose(-2, -1) @ v_ones)
     else:
-        parts = []
         state = q.new_zeros((*q.shape[:-2], q.shape[-1], v_ones.shape[-1]))
-        for i0 in range(0, nq, CAUSAL_CHUNK):
-            i1 = min(i0 + CAUSAL_CHUNK, nq)
-            y = q[..., i0:i1, :] @ state
-            if i0 < nk:
-                j1 = min(i1, nk)
-                kc, vc = k[..., i0:j1, :], v_ones[..., i0:j1, :]
-                w = q[..., i0:i1, :] @ kc.transpose(-2, -1)
-                tril = torch.ones(w.shape[-2:], dtype=torch.bool, device=w.device).tril()
-                y = y + (w * tril) @ vc
-                state = state + kc.transpose(-2, -1) @ vc
-            parts.append(y)
-        y = torch.cat(parts, dim=-2) if parts else q.new_zeros((*q.shape[:-1], v_ones.shape[-1]))
+        y, _ = causal_sweep(q, k, v_ones, state)
     return y[..., :-1] / (y[..., -1:] + eps)

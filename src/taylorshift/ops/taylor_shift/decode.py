@@ -1,0 +1,154 @@
+"""Autoregressive decoding with a constant-size state (SPEC §2.3).
+
+Causal TaylorShift only ever needs, for the keys before a token, the sums
+
+    S = Σ_j φ(k'_j)ᵀ [v_j, 1]     (B, H, D, dv + 1), D = d(d+1)/2 + d + 1
+    n = number of keys summed     (B, H)
+
+so a decoder keeps (S, n) per layer in place of a key/value cache: O(H · d² · dv) memory
+whatever the context length, O(d² · dv) work per generated token. ``taylor_shift_decode``
+takes T new tokens, lets each attend every earlier token through the state and the new
+ones causally (the chunked causal form of ``efficient_causal``), and returns the outputs
+and the state after them: a prompt is prefilled with T = its length, then tokens come
+one at a time (T = 1), and the outputs equal the parallel causal form.
+
+Padding: ``key_padding_mask`` (B, T) marks real tokens; a padded token adds nothing to the
+state or the count, so right-padded prompts of different lengths share one batch. Its
+own output row is not meaningful (it attends the real tokens before it) and should be
+ignored, as with a padded query of the parallel form.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from .checks import check_inputs
+from .efficient_causal import DEFAULT_CAUSAL_CHUNK, causal_forward
+from .efficient import query_factor
+from .features import compute_dtype, feature_dim, score_factor
+
+
+@dataclass
+class TaylorShiftState:
+    """The causal prefix of one attention layer: what decoding carries from token to token.
+
+    Attributes:
+        sums: (B, H, D, dv + 1), Σ_j φ(k'_j)ᵀ [v_j, 1] over the real keys so far, in the
+            compute dtype (float32, or float64 for float64 inputs).
+        count: (B, H), how many real keys ``sums`` holds (the n_i of the output factor).
+    """
+
+    sums: Tensor
+    count: Tensor
+
+    @classmethod
+    def zeros(
+        cls, batch: int, heads: int, head_dim: int, value_dim: int, *, device=None, dtype=None
+    ) -> TaylorShiftState:
+        """The state before any token; ``dtype`` is the inputs' dtype (float32 by default)."""
+        cd = compute_dtype(dtype or torch.float32)
+        sums = torch.zeros(
+            (batch, heads, feature_dim(head_dim), value_dim + 1), dtype=cd, device=device
+        )
+        return cls(sums, torch.zeros((batch, heads), dtype=cd, device=device))
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held: constant in the number of tokens decoded."""
+        return self.sums.nbytes + self.count.nbytes
+
+    def select(self, index: Tensor) -> TaylorShiftState:
+        """The states of batch items ``index`` (e.g. to drop finished sequences)."""
+        return TaylorShiftState(self.sums[index], self.count[index])
+
+
+def _check_state(state: TaylorShiftState, b: int, h: int, d: int, dv: int, dtype, device):
+    if not isinstance(state, TaylorShiftState):
+        raise TypeError(f"state must be a TaylorShiftState or None; got {type(state).__name__}")
+    want = (b, h, feature_dim(d), dv + 1)
+    if tuple(state.sums.shape) != want or tuple(state.count.shape) != (b, h):
+        raise ValueError(
+            f"state must hold sums of shape {want} and count of shape {(b, h)} for these "
+            f"inputs; got {tuple(state.sums.shape)} and {tuple(state.count.shape)}"
+        )
+    if state.sums.dtype != compute_dtype(dtype) or state.sums.device != device:
+        raise ValueError(
+            f"state must be {compute_dtype(dtype)} on {device} for {dtype} inputs; got "
+            f"{state.sums.dtype} on {state.sums.device}"
+        )
+
+
+@torch.no_grad()
+def taylor_shift_decode(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    state: TaylorShiftState | None = None,
+    key_padding_mask: Tensor | None = None,
+    *,
+    temperature: Tensor | float = 1.0,
+    scale: float | None = None,
+    normalize: bool = True,
+    chunk_size: int | None = None,
+) -> tuple[Tensor, TaylorShiftState]:
+    """Causal TaylorShift for T new tokens after the tokens summed in ``state``.
+
+    Token t of the block attends every token in ``state`` and the new tokens 0..t, exactly
+    as row ``n + t`` of ``taylor_shift_attention(..., is_causal=True)`` over the whole
+    sequence. Inference only (no autograd).
+
+    Args:
+        query, key, value: the new tokens, (B, H, T, d), (B, H, T, d), (B, H, T, dv).
+        state: the prefix (``TaylorShiftState``), or None before the first token.
+        key_padding_mask: bool (B, T), True = real token; padded tokens join no sum.
+        temperature: τ, a float or a tensor broadcastable to (B, H, 1, 1).
+        scale, normalize: as ``taylor_shift_attention``.
+        chunk_size: tokens per chunk of the causal sweep (prefill); default 256.
+
+    Returns:
+        (out (B, H, T, dv) in the dtype of ``query``, the state after the block).
+    """
+    mask = key_padding_mask
+    if mask is not None:
+        b, t = query.shape[0], query.shape[2]
+        if not isinstance(mask, Tensor) or mask.dtype != torch.bool:
+            what = mask.dtype if isinstance(mask, Tensor) else type(mask).__name__
+            raise TypeError(f"key_padding_mask must be a bool tensor (B, T); got {what}")
+        if tuple(mask.shape) != (b, t):
+            raise ValueError(
+                f"key_padding_mask must be (B, T) = ({b}, {t}); got {tuple(mask.shape)}"
+            )
+        mask = mask[:, None, None, :]
+    if query.dim() == 4 and key.dim() == 4 and query.shape[2] != key.shape[2]:
+        raise ValueError(
+            f"query and key must hold the same new tokens; got T = {query.shape[2]} queries "
+            f"and {key.shape[2]} keys"
+        )
+    problem = check_inputs(
+        query, key, value, mask, True, temperature, scale, normalize, 2, "efficient"
+    )
+    b, h, _, d = query.shape
+    dv = value.shape[-1]
+    if state is None:
+        state = TaylorShiftState.zeros(b, h, d, dv, device=query.device, dtype=query.dtype)
+    _check_state(state, b, h, d, dv, query.dtype, query.device)
+    cd = compute_dtype(query.dtype)
+    factor = score_factor(temperature, scale, normalize, d)
+    tau = query_factor(factor, 0.0, cd, b, h) if isinstance(factor, Tensor) else float(factor)
+    key_mask = problem.key_mask
+    out, _, _, sums = causal_forward(
+        query,
+        key,
+        value,
+        tau,
+        normalize,
+        key_mask,
+        chunk_size or DEFAULT_CAUSAL_CHUNK,
+        state.sums,
+        state.count,
+    )
+    added = query.shape[2] if key_mask is None else key_mask.sum(-1)
+    return out, TaylorShiftState(sums, state.count + added)

@@ -1,0 +1,120 @@
+"""Decoding with a constant-size state equals the parallel causal form, token by token.
+
+Every case: a prompt prefilled in one call, then tokens one at a time; each output row is
+compared with the row of the parallel causal op (float64) over the same real tokens. A
+batch of right-padded prompts of different lengths is checked item by item against each
+sequence run alone.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from taylorshift import TaylorShiftState, naive_taylor_shift_attention, taylor_shift_decode
+from taylorshift.ops.linear_attention import (
+    LinearAttentionState,
+    linear_attention_decode,
+    naive_linear_attention,
+)
+from taylorshift.ops.taylor_shift.features import feature_dim
+from tests.helpers import assert_rel_close
+
+B, H, D, DV = 3, 2, 5, 4
+RTOL = 1e-10
+
+
+def _qkv(n, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(B, H, n, x, generator=g, dtype=torch.float64) for x in (D, D, DV)]
+
+
+def _prompt_mask(lengths, n):
+    return torch.arange(n)[None, :] < torch.tensor(lengths)[:, None]  # (B, n)
+
+
+def _decode_all(decode, q, k, v, lengths, n_prompt, **kwargs):
+    """Prefill the (right-padded) prompts, then step through the rest; all outputs."""
+    mask = _prompt_mask(lengths, n_prompt)
+    out, state = decode(
+        q[:, :, :n_prompt], k[:, :, :n_prompt], v[:, :, :n_prompt], None, mask, **kwargs
+    )
+    outs = [out]
+    for t in range(n_prompt, q.shape[2]):
+        y, state = decode(q[:, :, t : t + 1], k[:, :, t : t + 1], v[:, :, t : t + 1], state,
+                          None, **kwargs)  # fmt: skip
+        outs.append(y)
+    return torch.cat(outs, dim=2), state
+
+
+def _real_positions(lengths, n_prompt, n):
+    """Per batch item: the positions of its real tokens in the decode layout."""
+    return [list(range(m)) + list(range(n_prompt, n)) for m in lengths]
+
+
+@pytest.mark.parametrize("normalize", [True, False], ids=["norm", "plain-scores"])
+@pytest.mark.parametrize(
+    ("lengths", "n_prompt", "n"),
+    [((4, 4, 4), 4, 9), ((1, 6, 3), 6, 11), ((0, 2, 5), 5, 8), ((7, 7, 7), 7, 7)],
+    ids=["equal", "ragged", "empty-prompt", "prefill-only"],
+)
+def test_taylorshift_decode_equals_parallel(lengths, n_prompt, n, normalize):
+    q, k, v = _qkv(n)
+    tau = torch.tensor([0.7, 1.4], dtype=torch.float64).view(1, H, 1, 1) if normalize else 1.0
+    kwargs = dict(temperature=tau, normalize=normalize, chunk_size=3)
+    got, state = _decode_all(taylor_shift_decode, q, k, v, lengths, n_prompt, **kwargs)
+    for i, pos in enumerate(_real_positions(lengths, n_prompt, n)):
+        idx = torch.tensor(pos, dtype=torch.long)
+        qi, ki, vi = (x[i : i + 1, :, idx] for x in (q, k, v))
+        ref = naive_taylor_shift_attention(
+            qi, ki, vi, None, True, temperature=tau, normalize=normalize
+        )
+        assert_rel_close(got[i : i + 1, :, idx], ref, RTOL, f"item {i}")
+        assert state.count[i].tolist() == [float(len(pos))] * H
+    assert state.sums.shape == (B, H, feature_dim(D), DV + 1)
+
+
+def test_taylorshift_state_size_does_not_grow():
+    q, k, v = _qkv(40)
+    _, s1 = taylor_shift_decode(q[:, :, :10], k[:, :, :10], v[:, :, :10])
+    _, s2 = taylor_shift_decode(q[:, :, 10:], k[:, :, 10:], v[:, :, 10:], s1)
+    assert s1.nbytes == s2.nbytes == TaylorShiftState.zeros(B, H, D, DV, dtype=q.dtype).nbytes
+
+
+def test_taylorshift_decode_float32_inputs_keep_float32_state():
+    q, k, v = (x.float() for x in _qkv(6))
+    out, state = taylor_shift_decode(q, k, v)
+    assert out.dtype == torch.float32 and state.sums.dtype == torch.float32
+    ref = naive_taylor_shift_attention(q.double(), k.double(), v.double(), None, True)
+    assert_rel_close(out.double(), ref, 1e-5)
+
+
+def test_linear_decode_equals_parallel():
+    n_prompt, n, lengths = 6, 10, (2, 6, 0)
+    q, k, v = _qkv(n, seed=1)
+    got, state = _decode_all(linear_attention_decode, q, k, v, lengths, n_prompt)
+    for i, pos in enumerate(_real_positions(lengths, n_prompt, n)):
+        idx = torch.tensor(pos, dtype=torch.long)
+        qi, ki, vi = (x[i : i + 1, :, idx] for x in (q, k, v))
+        ref = naive_linear_attention(qi, ki, vi, None, True)
+        assert_rel_close(got[i : i + 1, :, idx], ref, RTOL, f"item {i}")
+    assert isinstance(state, LinearAttentionState) and state.sums.shape == (B, H, D, DV + 1)
+
+
+def test_decode_rejects_bad_input():
+    q, k, v = _qkv(4)
+    with pytest.raises(ValueError, match=r"key_padding_mask must be \(B, T\) = \(3, 4\)"):
+        taylor_shift_decode(q, k, v, None, torch.ones(3, 5, dtype=torch.bool))
+    with pytest.raises(TypeError, match="key_padding_mask must be a bool tensor"):
+        taylor_shift_decode(q, k, v, None, torch.ones(3, 4))
+    with pytest.raises(ValueError, match="same new tokens"):
+        taylor_shift_decode(q, k[:, :, :3], v[:, :, :3])
+    _, state = taylor_shift_decode(q, k, v)
+    with pytest.raises(ValueError, match="state must hold sums of shape"):
+        taylor_shift_decode(q[:, :1], k[:, :1], v[:, :1], state)
+    with pytest.raises(TypeError, match="state must be a TaylorShiftState"):
+        taylor_shift_decode(q, k, v, state=(1, 2))
+    with pytest.raises(ValueError, match="state must be torch.float32"):
+        taylor_shift_decode(q.float(), k.float(), v.float(), state)
+    with pytest.raises(ValueError, match=r"state must be a LinearAttentionState"):
+        linear_attention_decode(q, k, v, LinearAttentionState(torch.zeros(1)))
