@@ -114,7 +114,7 @@ def test_decode_rejects_bad_input():
         taylor_shift_decode(q[:, :1], k[:, :1], v[:, :1], state)
     with pytest.raises(TypeError, match="state must be a TaylorShiftState"):
         taylor_shift_decode(q, k, v, state=(1, 2))
-    with pytest.raises(ValueError, match="state must be torch.float32"):
+    with pytest.raises(ValueError, match=r"state must be torch\.float32"):
         taylor_shift_decode(q.float(), k.float(), v.float(), state)
     with pytest.raises(ValueError, match=r"state must be a LinearAttentionState"):
         linear_attention_decode(q, k, v, LinearAttentionState(torch.zeros(1)))

@@ -26,8 +26,8 @@ import torch
 from torch import Tensor
 
 from .checks import check_inputs
-from .efficient_causal import DEFAULT_CAUSAL_CHUNK, causal_forward
 from .efficient import query_factor
+from .efficient_causal import DEFAULT_CAUSAL_CHUNK, causal_forward
 from .features import compute_dtype, feature_dim, score_factor
 
 
