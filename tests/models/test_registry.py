@@ -9,6 +9,7 @@ from torch import nn
 from taylorshift.models import (
     LISTOPS_TOKENS,
     LISTOPS_VOCAB_SIZE,
+    CausalLM,
     ClassifierConfig,
     TransformerClassifier,
     VisionTransformer,
@@ -40,7 +41,10 @@ def test_every_registered_model_runs_forward_and_backward(name):
     model = create_model(name, **tiny_overrides(name)).train()
     x = inputs_for(model, batch=2, length=9)
     logits = model(x)
-    assert logits.shape == (2, model.config.num_classes)
+    if isinstance(model, CausalLM):
+        assert logits.shape == (2, 9, model.config.vocab_size)
+    else:
+        assert logits.shape == (2, model.config.num_classes)
     logits.square().mean().backward()
     grads = [p.grad for p in model.parameters() if p.requires_grad]
     assert grads and all(g is not None and torch.isfinite(g).all() for g in grads)

@@ -4,12 +4,15 @@
   optional convolutional token embedding, cosine or learned positions, CLS or mean pooling,
   padding masks end to end.
 - ``VisionTransformer`` (``ViTConfig``): patch embedding (linear or a CNN stem).
+- ``CausalLM`` (``CausalLMConfig``): decoder-only language model with ``generate()``, a
+  constant-size TaylorShift (or linear-attention) state or a key/value cache.
 - ``create_model(name, **overrides)`` / ``list_models()``: the paper's tasks (Table 6), small
   variants, one name per attention kernel; ``@register_model`` adds more.
 - ``save_model`` / ``load_model`` / ``load_weights``: safetensors files with the config.
 """
 
 from . import presets as _presets  # noqa: F401  (registers the presets)
+from .causal_lm import CausalLM, CausalLMConfig
 from .classifier import TOKEN_EMBEDDINGS, ClassifierConfig, TransformerClassifier
 from .embedding import (
     ConvTokenEmbedding,
@@ -18,7 +21,13 @@ from .embedding import (
     PatchEmbedding,
     sinusoidal_position_embedding,
 )
-from .encoder import POOLINGS, POS_EMBEDDINGS, EncoderClassifier, EncoderConfig
+from .encoder import (
+    POOLINGS,
+    POS_EMBEDDINGS,
+    EncoderClassifier,
+    EncoderConfig,
+    ModelConfigBase,
+)
 from .registry import (
     create_model,
     get_model_class,
@@ -48,12 +57,15 @@ __all__ = [
     "POOLINGS",
     "POS_EMBEDDINGS",
     "TOKEN_EMBEDDINGS",
+    "CausalLM",
+    "CausalLMConfig",
     "ClassifierConfig",
     "ConvTokenEmbedding",
     "CosinePositionEmbedding",
     "EncoderClassifier",
     "EncoderConfig",
     "LearnedPositionEmbedding",
+    "ModelConfigBase",
     "PatchEmbedding",
     "TransformerClassifier",
     "ViTConfig",

@@ -37,10 +37,20 @@ class CosinePositionEmbedding(nn.Module):
         super().__init__()
         self.dim = dim
 
-    def forward(self, x: Tensor) -> Tensor:
-        return x + sinusoidal_position_embedding(
-            x.shape[1], self.dim, device=x.device, dtype=x.dtype
+    def forward(self, x: Tensor, positions: Tensor | None = None) -> Tensor:
+        """x (B, N, dim); ``positions`` long (B, N) or (N,), default 0..N-1 (decoding, or a
+        shard of a sequence, starts later)."""
+        if positions is None:
+            return x + sinusoidal_position_embedding(
+                x.shape[1], self.dim, device=x.device, dtype=x.dtype
+            )
+        table = sinusoidal_position_embedding(
+            int(positions.max()) + 1 if positions.numel() else 1,
+            self.dim,
+            device=x.device,
+            dtype=x.dtype,
         )
+        return x + table[positions]
 
     def extra_repr(self) -> str:
         return f"dim={self.dim}"
@@ -55,14 +65,17 @@ class LearnedPositionEmbedding(nn.Module):
         self.weight = nn.Parameter(torch.zeros(max_len, dim, device=device, dtype=dtype))
         nn.init.trunc_normal_(self.weight, std=0.02)
 
-    def forward(self, x: Tensor) -> Tensor:
-        n = x.shape[1]
+    def forward(self, x: Tensor, positions: Tensor | None = None) -> Tensor:
+        """x (B, N, dim); ``positions`` long (B, N) or (N,), default 0..N-1."""
+        n = x.shape[1] if positions is None or positions.numel() == 0 else positions.max() + 1
         if n > self.max_len:
             raise ValueError(
                 f"learned position embeddings cover max_len={self.max_len} tokens; got a "
-                f"sequence of {n} tokens (use pos_embedding='cosine' for any length)"
+                f"sequence of {int(n)} tokens (use pos_embedding='cosine' for any length)"
             )
-        return x + self.weight[:n].to(x.dtype)
+        if positions is None:
+            return x + self.weight[: x.shape[1]].to(x.dtype)
+        return x + self.weight[positions].to(x.dtype)
 
     def extra_repr(self) -> str:
         return f"max_len={self.max_len}, dim={self.weight.shape[1]}"

@@ -43,13 +43,62 @@ def _probability(name: str, value: Any) -> None:
         raise ValueError(f"{name} must be a number in [0, 1); got {value!r}")
 
 
+def check_kernel_args(kernel_args: Any) -> None:
+    """kernel_args must be a JSON-serialisable dict (it is saved with the weights)."""
+    if not isinstance(kernel_args, dict):
+        raise TypeError(f"kernel_args must be a dict; got {type(kernel_args).__name__}")
+    try:
+        json.dumps(kernel_args)
+    except (TypeError, ValueError) as err:
+        raise TypeError(
+            f"kernel_args must be JSON-serialisable (it is saved with the weights); got "
+            f"{kernel_args!r}: {err}"
+        ) from None
+
+
 def _flag(name: str, value: Any) -> None:
     if not isinstance(value, bool):
         raise ValueError(f"{name} must be a bool; got {value!r}")
 
 
+class ModelConfigBase:
+    """What every model config dataclass shares: checked ``replace`` and dict round trips.
+
+    Subclasses are frozen dataclasses with a ``validate()`` called from ``__post_init__``;
+    ``save_model`` stores ``to_dict()`` with the weights and ``load_model`` calls
+    ``from_dict``.
+    """
+
+    @classmethod
+    def field_names(cls) -> list[str]:
+        return [f.name for f in dataclasses.fields(cls)]
+
+    @classmethod
+    def _check_keys(cls, keys) -> None:
+        unknown = sorted(set(keys) - set(cls.field_names()))
+        if unknown:
+            raise TypeError(
+                f"{cls.__name__} has no setting {', '.join(map(repr, unknown))}; valid "
+                f"settings: {', '.join(sorted(cls.field_names()))}"
+            )
+
+    def replace(self, **overrides: Any):
+        """A copy with ``overrides`` applied and validated; unknown keys raise TypeError."""
+        self._check_keys(overrides)
+        return dataclasses.replace(self, **overrides)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, settings: dict[str, Any]):
+        """Build from a dict (e.g. parsed JSON); unknown keys raise TypeError."""
+        cls._check_keys(settings)
+        return cls(**settings)
+
+
 @dataclass(frozen=True)
-class EncoderConfig:
+class EncoderConfig(ModelConfigBase):
     """Settings shared by the encoder models; every field is saved with the weights.
 
     Frozen: ``config.replace(**overrides)`` returns a validated copy.
@@ -118,42 +167,7 @@ class EncoderConfig:
         _choice("pooling", self.pooling, POOLINGS)
         for name in ("dropout", "attn_drop", "drop_path"):
             _probability(name, getattr(self, name))
-        if not isinstance(self.kernel_args, dict):
-            raise TypeError(f"kernel_args must be a dict; got {type(self.kernel_args).__name__}")
-        try:
-            json.dumps(self.kernel_args)
-        except (TypeError, ValueError) as err:
-            raise TypeError(
-                f"kernel_args must be JSON-serialisable (it is saved with the weights); got "
-                f"{self.kernel_args!r}: {err}"
-            ) from None
-
-    @classmethod
-    def field_names(cls) -> list[str]:
-        return [f.name for f in dataclasses.fields(cls)]
-
-    @classmethod
-    def _check_keys(cls, keys) -> None:
-        unknown = sorted(set(keys) - set(cls.field_names()))
-        if unknown:
-            raise TypeError(
-                f"{cls.__name__} has no setting {', '.join(map(repr, unknown))}; valid "
-                f"settings: {', '.join(sorted(cls.field_names()))}"
-            )
-
-    def replace(self, **overrides: Any):
-        """A copy with ``overrides`` applied and validated; unknown keys raise TypeError."""
-        self._check_keys(overrides)
-        return dataclasses.replace(self, **overrides)
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, settings: dict[str, Any]):
-        """Build from a dict (e.g. parsed JSON); unknown keys raise TypeError."""
-        cls._check_keys(settings)
-        return cls(**settings)
+        check_kernel_args(self.kernel_args)
 
 
 class EncoderClassifier(nn.Module):

@@ -12,21 +12,28 @@ name                      depth  dim    heads  MLP  pos. embed.  input
 ``cifar-pixel-small``     1      64     4      1    cosine       as ``cifar-pixel``
 ``imdb-byte-small``       2      64     4      2    cosine       as ``imdb-byte``
 ``vit-micro``             4      64     4      2    learned      32 px RGB, patch 4, 10 classes
+``lm-tiny``               2      64     4      2    cosine       causal LM, 258 byte ids
+``lm-small``              4      128    4      4    cosine       causal LM, 258 byte ids
+``lm-base``               6      256    8      4    cosine       causal LM, 258 byte ids
 ========================  =====  =====  =====  ===  ===========  ==========================
 
 All use dropout 0 and drop path 0.05 (Table 6) and the ``taylorshift`` kernel; for each of the
 first five, ``<name>-<kernel>`` uses another kernel of ``taylorshift.nn.list_kernels()``
-(``listops-softmax``, ``vit-tiny-linear``, ...). The paper's Table 6 prints 348 for ViT-S's
-width; 384 (DeiT-S, which it follows) is meant: 348 is not divisible by its 6 heads.
+(``listops-softmax``, ``vit-tiny-linear``, ...). The causal LMs (``CausalLM``, dropout and
+drop path 0) have ``lm-*-softmax`` and ``lm-*-linear`` variants. The paper's Table 6 prints
+348 for ViT-S's width; 384 (DeiT-S, which it follows) is meant: 348 is not divisible by its 6 heads.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from torch import nn
+
 from ..nn import list_kernels
+from .causal_lm import CausalLM, CausalLMConfig
 from .classifier import ClassifierConfig, TransformerClassifier
-from .encoder import EncoderClassifier, EncoderConfig
+from .encoder import EncoderClassifier, EncoderConfig, ModelConfigBase
 from .registry import register_model
 from .vit import VisionTransformer, ViTConfig
 from .vocab import BYTE_VOCAB_SIZE, LISTOPS_VOCAB_SIZE, PIXEL_VOCAB_SIZE
@@ -83,8 +90,16 @@ _SMALL: dict[str, tuple[type[EncoderClassifier], EncoderConfig]] = {
 }
 
 
-def _register(name: str, model_cls: type[EncoderClassifier], config: EncoderConfig) -> None:
-    def entry(*, device=None, dtype=None, **overrides: Any) -> EncoderClassifier:
+_LM: dict[str, tuple[type[nn.Module], CausalLMConfig]] = {
+    "lm-tiny": (CausalLM, CausalLMConfig(depth=2, dim=64, num_heads=4, mlp_ratio=2)),
+    "lm-small": (CausalLM, CausalLMConfig(depth=4, dim=128, num_heads=4, mlp_ratio=4)),
+    "lm-base": (CausalLM, CausalLMConfig(depth=6, dim=256, num_heads=8, mlp_ratio=4)),
+}
+_LM_KERNELS = ("softmax", "linear")
+
+
+def _register(name: str, model_cls: type[nn.Module], config: ModelConfigBase) -> None:
+    def entry(*, device=None, dtype=None, **overrides: Any) -> nn.Module:
         return model_cls(config.replace(**overrides), device=device, dtype=dtype)
 
     entry.__name__ = entry.__qualname__ = name.replace("-", "_")
@@ -97,6 +112,10 @@ def _register_all() -> None:
         _register(name, model_cls, config)
     for name, (model_cls, config) in _PAPER.items():
         for kernel in list_kernels():
+            _register(f"{name}-{kernel}", model_cls, config.replace(attn_kernel=kernel))
+    for name, (model_cls, config) in _LM.items():
+        _register(name, model_cls, config)
+        for kernel in _LM_KERNELS:
             _register(f"{name}-{kernel}", model_cls, config.replace(attn_kernel=kernel))
 
 

@@ -22,7 +22,7 @@ from safetensors.torch import load_file, save
 from torch import nn
 
 from ..atomic import write_atomic
-from .encoder import EncoderConfig
+from .encoder import ModelConfigBase
 from .registry import get_model_class
 
 FORMAT_VERSION = "1"
@@ -44,7 +44,7 @@ def save_model(model: nn.Module, path: str | os.PathLike) -> Path:
         ``path`` as a ``Path``.
     """
     config = getattr(model, "config", None)
-    if not isinstance(config, EncoderConfig):
+    if not isinstance(config, ModelConfigBase):
         raise TypeError(
             f"save_model needs a taylorshift model with a config; got {type(model).__name__}"
         )
@@ -55,8 +55,29 @@ def save_model(model: nn.Module, path: str | os.PathLike) -> Path:
         "config": json.dumps(config.to_dict(), sort_keys=True),
         "format_version": FORMAT_VERSION,
     }
-    tensors = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+    tensors: dict[str, torch.Tensor] = {}
+    aliases: dict[str, str] = {}  # tied weights (an LM head sharing the embedding) once
+    first_of: dict[tuple, str] = {}
+    for key, value in model.state_dict().items():
+        ident = (value.device, value.untyped_storage().data_ptr(), value.storage_offset(),
+                 tuple(value.shape), tuple(value.stride()))  # fmt: skip
+        if value.numel() and ident in first_of:
+            aliases[key] = first_of[ident]
+            continue
+        first_of[ident] = key
+        tensors[key] = value.detach().cpu().contiguous()
+    if aliases:
+        metadata["aliases"] = json.dumps(aliases, sort_keys=True)
     return write_atomic(path, save(tensors, metadata=metadata))
+
+
+def _load_tensors(path: str | os.PathLike, device: str) -> dict[str, torch.Tensor]:
+    """The file's tensors, tied names (metadata ``aliases``) filled in from their source."""
+    tensors = load_file(str(path), device=device)
+    for key, source in json.loads(_read_metadata(path).get("aliases", "{}")).items():
+        if source in tensors:
+            tensors[key] = tensors[source]
+    return tensors
 
 
 def _read_metadata(path: str | os.PathLike) -> dict[str, str]:
@@ -79,7 +100,7 @@ def _read_metadata(path: str | os.PathLike) -> dict[str, str]:
     return metadata
 
 
-def read_model_config(path: str | os.PathLike) -> tuple[str, EncoderConfig]:
+def read_model_config(path: str | os.PathLike) -> tuple[str, ModelConfigBase]:
     """The model class name and the config stored in ``path``, without loading tensors."""
     metadata = _read_metadata(path)
     cls = get_model_class(metadata["taylorshift_model"])
@@ -139,7 +160,7 @@ def load_model(
     """
     name, config = read_model_config(path)
     device = torch.device(map_location) if map_location is not None else torch.device("cpu")
-    tensors = load_file(str(path), device=str(device))
+    tensors = _load_tensors(path, str(device))
     cls = get_model_class(name)
     model = cls(config, device=device, dtype=dtype or _uniform_float_dtype(tensors))
     _check_tensors(model, tensors, path)
@@ -192,7 +213,7 @@ def load_weights(model: nn.Module, path: str | os.PathLike, *, check_config: boo
                 f"{path} holds a {name} of another configuration: {'; '.join(diffs)} "
                 "(load_model rebuilds the stored one)"
             )
-    tensors = load_file(str(path), device="cpu")
+    tensors = _load_tensors(path, "cpu")
     _check_tensors(model, tensors, path)
     model.load_state_dict(tensors)
     return model

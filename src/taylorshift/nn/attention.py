@@ -221,6 +221,34 @@ class Attention(nn.Module):
         y = y.transpose(1, 2).reshape(x.shape[0], x.shape[1], self.dim)
         return self.proj_drop(self.proj(self.norm(y)))
 
+    def new_cache(self, kind: str = "auto"):
+        """An empty decoding cache for ``decode`` (see ``AttentionKernel.new_cache``)."""
+        if self.projection == "super" or self.context_dim != self.dim:
+            raise ValueError(
+                "decode needs causal self-attention with projection 'standard', 'optimized' or "
+                f"'efficient'; this layer has projection={self.projection!r} and context_dim="
+                f"{self.context_dim} (dim={self.dim})"
+            )
+        return self.kernel.new_cache(kind)
+
+    @torch.no_grad()
+    def decode(self, x: Tensor, cache, key_padding_mask: Tensor | None = None) -> Tensor:
+        """Causal self-attention of T new tokens x (B, T, dim) after those in ``cache``.
+
+        ``cache`` comes from ``new_cache`` and is updated in place; ``key_padding_mask``
+        (B, T), True = real token. Row t equals row ``N + t`` of ``forward(..., is_causal=
+        True)`` over all real tokens so far. Inference only.
+        """
+        if x.dim() != 3 or x.shape[-1] != self.dim:
+            raise ValueError(f"x must be (B, T, dim={self.dim}); got shape {tuple(x.shape)}")
+        q = self._heads(self.q_proj(x))
+        k = self._heads(x if self.k_proj is None else self.k_proj(x))
+        v = self._heads(x if self.v_proj is None else self.v_proj(x))
+        q, k = self.q_norm(q), self.k_norm(k)
+        y = self.kernel.decode(q, k, v, key_padding_mask, cache)
+        y = y.transpose(1, 2).reshape(x.shape[0], x.shape[1], self.dim)
+        return self.proj(self.norm(y))
+
 
 class TaylorShiftAttention(Attention):
     """Multi-head TaylorShift attention, a drop-in for timm's ``Attention``.

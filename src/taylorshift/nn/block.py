@@ -109,3 +109,10 @@ class Block(nn.Module):
     ) -> Tensor:
         x = x + self.drop_path(self.attn(self.norm1(x), attn_mask=attn_mask, is_causal=is_causal))
         return x + self.drop_path(self.mlp(self.norm2(x)))
+
+    @torch.no_grad()
+    def decode(self, x: Tensor, cache, key_padding_mask: Tensor | None = None) -> Tensor:
+        """Causal block for T new tokens (B, T, dim) after those in ``cache`` (see
+        ``Attention.decode``); inference only."""
+        x = x + self.attn.decode(self.norm1(x), cache, key_padding_mask)
+        return x + self.mlp(self.norm2(x))

@@ -26,9 +26,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..ops.holt import holt_attention
-from ..ops.linear_attention import linear_attention
-from ..ops.taylor_shift import taylor_shift_attention
+from ..ops.linear_attention import linear_attention, linear_attention_decode
+from ..ops.taylor_shift import taylor_shift_attention, taylor_shift_decode
 from ..ops.taylor_shift.checks import check_options
+from .cache import CACHE_KINDS, KVCache, StateCache
 
 _KERNELS: dict[str, type[AttentionKernel]] = {}
 
@@ -75,6 +76,7 @@ class AttentionKernel(nn.Module):
 
     name = ""
     key_dropout = True  # False: the kernel drops attention weights itself
+    has_state = False  # True: decodes with a constant-size state (``decode_state``)
 
     def __init__(self, num_heads: int, head_dim: int, *, attn_drop: float = 0.0):
         super().__init__()
@@ -98,6 +100,59 @@ class AttentionKernel(nn.Module):
 
     def attend(self, q, k, v, attn_mask, is_causal) -> Tensor:  # pragma: no cover
         raise NotImplementedError
+
+    def new_cache(self, kind: str = "auto") -> KVCache | StateCache:
+        """An empty decoding cache: ``"state"`` (constant size; TaylorShift and linear
+        attention), ``"kv"`` (keys and values, any kernel), ``"auto"`` (state if the kernel
+        has one)."""
+        if kind not in CACHE_KINDS:
+            raise ValueError(f"cache must be one of {CACHE_KINDS}; got {kind!r}")
+        if kind == "state" and not self.has_state:
+            raise ValueError(
+                f"cache='state' needs a kernel with a constant-size state; attn_kernel "
+                f"{self.name!r}{self._why_no_state()} has none (use cache='kv')"
+            )
+        return StateCache() if kind == "state" or (kind == "auto" and self.has_state) else KVCache()
+
+    def _why_no_state(self) -> str:
+        return ""
+
+    @torch.no_grad()
+    def decode(
+        self, q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Tensor | None, cache
+    ) -> Tensor:
+        """Causal attention of T new tokens (B, H, T, ·) after the tokens in ``cache``.
+
+        ``key_padding_mask`` (B, T), True = real token (padded tokens are never attended).
+        Updates ``cache`` in place and returns (B, H, T, dv): row t equals row ``N + t`` of
+        ``forward(..., is_causal=True)`` over the real tokens. Inference only.
+        """
+        if isinstance(cache, KVCache):
+            keys, values, mask = cache.extend(k, v, key_padding_mask)
+            t, n = q.shape[-2], keys.shape[-2]
+            # Key padding (with causal for a prompt that has no past) is all a block needs
+            # when it is one token or the whole sequence; forms that take key masks only
+            # (efficient TaylorShift, linear-time holt) serve those. A block after a past
+            # goes token by token, each seeing its prefix of the cache.
+            if t == 1 or t == n:
+                return self.attend(q, keys, values, mask[:, None, None, :], t == n)
+            past = n - t
+            rows = [
+                self.attend(q[..., i : i + 1, :], keys[..., : past + i + 1, :],
+                            values[..., : past + i + 1, :],
+                            mask[:, None, None, : past + i + 1], False)
+                for i in range(t)
+            ]  # fmt: skip
+            return torch.cat(rows, dim=-2)
+        if isinstance(cache, StateCache) and self.has_state:
+            return self.decode_state(q, k, v, key_padding_mask, cache)
+        raise TypeError(
+            f"cache must come from new_cache() of this {self.name!r} kernel; got "
+            f"{type(cache).__name__}"
+        )
+
+    def decode_state(self, q, k, v, key_padding_mask, cache: StateCache) -> Tensor:
+        raise NotImplementedError  # pragma: no cover
 
     def extra_repr(self) -> str:
         return f"name={self.name!r}, num_heads={self.num_heads}, attn_drop={self.attn_drop}"
@@ -140,6 +195,25 @@ class TaylorShiftKernel(AttentionKernel):
             self.temperature = nn.Parameter(tau)
         else:
             self.register_buffer("temperature", tau)
+
+    @property
+    def has_state(self) -> bool:  # type: ignore[override]
+        return self.order == 2
+
+    def _why_no_state(self) -> str:
+        return f" with order={self.order}" if self.order != 2 else ""
+
+    def decode_state(self, q, k, v, key_padding_mask, cache):
+        out, cache.state = taylor_shift_decode(
+            q,
+            k,
+            v,
+            cache.state,
+            key_padding_mask,
+            temperature=self.temperature if self.normalize else 1.0,
+            normalize=self.normalize,
+        )
+        return out
 
     def attend(self, q, k, v, attn_mask, is_causal):
         temperature = self.temperature if self.normalize else 1.0
@@ -204,8 +278,14 @@ class NaiveSoftmaxKernel(AttentionKernel):
 class LinearKernel(AttentionKernel):
     """Linear attention, φ(x) = elu(x) + 1 (Katharopoulos et al.), linear time."""
 
+    has_state = True
+
     def attend(self, q, k, v, attn_mask, is_causal):
         return linear_attention(q, k, v, attn_mask, is_causal)
+
+    def decode_state(self, q, k, v, key_padding_mask, cache):
+        out, cache.state = linear_attention_decode(q, k, v, cache.state, key_padding_mask)
+        return out
 
 
 @register_kernel("holt")

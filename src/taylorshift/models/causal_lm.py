@@ -1,0 +1,342 @@
+"""Decoder-only causal language model with ``generate()``.
+
+token embedding (+ positions) -> ``depth`` pre-norm causal ``Block``s -> LayerNorm ->
+LM head (tied to the token embedding by default). Layout: token ids (B, N), logits
+(B, N, vocab_size). Right-padded batches pass a padding mask (B, N), True = real token:
+padded tokens are never attended and their logits are not meaningful.
+
+``generate`` prefills the prompt in one pass, then decodes token by token with a cache per
+layer: TaylorShift and linear attention carry a constant-size state (O(H · d² · dv) per
+layer whatever the context), any kernel can use a key/value cache (``cache="kv"``).
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import torch
+from torch import Tensor, nn
+
+from ..nn import CACHE_KINDS, Block, list_kernels
+from .embedding import CosinePositionEmbedding, LearnedPositionEmbedding
+from .encoder import (
+    POS_EMBEDDINGS,
+    ModelConfigBase,
+    _choice,
+    _flag,
+    _positive_int,
+    _probability,
+    check_kernel_args,
+    check_padding_mask,
+)
+from .registry import register_model_class
+
+DECODE_PROJECTIONS = ("standard", "optimized", "efficient")
+
+
+@dataclass(frozen=True)
+class CausalLMConfig(ModelConfigBase):
+    """Settings of ``CausalLM``; every field is saved with the weights.
+
+    Args:
+        vocab_size: token ids are in ``[0, vocab_size)`` (258: bytes, pad, cls).
+        dim: model width.
+        depth: number of Transformer blocks.
+        num_heads: attention heads (``dim`` must be divisible by it).
+        mlp_ratio: MLP hidden width / ``dim``.
+        qkv_bias: biases on the q/k/v projections.
+        qk_norm: LayerNorm on each head's queries and keys.
+        attn_kernel: a name from ``taylorshift.nn.list_kernels()``.
+        kernel_args: that kernel's options (JSON-serialisable), e.g. ``{"mode": "efficient"}``.
+        projection: ``standard``, ``optimized`` or ``efficient`` (``super`` fixes the
+            context length and cannot decode token by token).
+        pos_embedding: ``"cosine"`` (any length) or ``"learned"`` (up to ``max_len``).
+        max_len: the longest sequence of ``pos_embedding="learned"``.
+        tie_embeddings: the LM head reuses the token embedding matrix.
+        dropout, attn_drop, drop_path: as ``EncoderConfig``.
+    """
+
+    vocab_size: int = 258
+    dim: int = 256
+    depth: int = 4
+    num_heads: int = 4
+    mlp_ratio: float = 4.0
+    qkv_bias: bool = True
+    qk_norm: bool = False
+    attn_kernel: str = "taylorshift"
+    kernel_args: dict[str, Any] = field(default_factory=dict)
+    projection: str = "standard"
+    pos_embedding: str = "cosine"
+    max_len: int = 2048
+    tie_embeddings: bool = True
+    dropout: float = 0.0
+    attn_drop: float = 0.0
+    drop_path: float = 0.0
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        """Raise ValueError/TypeError naming the first bad field, its expected and its value."""
+        for name in ("vocab_size", "dim", "depth", "num_heads", "max_len"):
+            _positive_int(name, getattr(self, name))
+        if self.dim % self.num_heads:
+            raise ValueError(
+                f"dim must be divisible by num_heads; got dim={self.dim}, "
+                f"num_heads={self.num_heads}"
+            )
+        r = self.mlp_ratio
+        if isinstance(r, bool) or not isinstance(r, (int, float)) or r <= 0:
+            raise ValueError(f"mlp_ratio must be a number > 0; got {r!r}")
+        for name in ("qkv_bias", "qk_norm", "tie_embeddings"):
+            _flag(name, getattr(self, name))
+        _choice("attn_kernel", self.attn_kernel, tuple(list_kernels()))
+        _choice("projection", self.projection, DECODE_PROJECTIONS)
+        _choice("pos_embedding", self.pos_embedding, POS_EMBEDDINGS)
+        for name in ("dropout", "attn_drop", "drop_path"):
+            _probability(name, getattr(self, name))
+        check_kernel_args(self.kernel_args)
+
+
+@register_model_class
+class CausalLM(nn.Module):
+    """Decoder-only language model over token ids, any attention kernel.
+
+    Args:
+        config: a ``CausalLMConfig``.
+        device, dtype: where and in which dtype parameters are created.
+
+    Example::
+
+        model = CausalLM(CausalLMConfig(vocab_size=100, dim=64, depth=2))
+        logits = model(torch.randint(0, 100, (2, 16)))             # (2, 16, 100)
+        new = model.generate(torch.randint(0, 100, (2, 5)), max_new_tokens=8, top_k=10)
+    """
+
+    config_class: ClassVar[type[CausalLMConfig]] = CausalLMConfig
+
+    def __init__(self, config: CausalLMConfig, *, device=None, dtype=None):
+        super().__init__()
+        if not isinstance(config, CausalLMConfig):
+            raise TypeError(f"config must be a CausalLMConfig; got {type(config).__name__}")
+        fk = {"device": device, "dtype": dtype}
+        self.config = config = copy.deepcopy(config)
+        dim = config.dim
+        self.token_embed = nn.Embedding(config.vocab_size, dim, **fk)
+        if config.pos_embedding == "learned":
+            self.pos_embed: nn.Module = LearnedPositionEmbedding(config.max_len, dim, **fk)
+        else:
+            self.pos_embed = CosinePositionEmbedding(dim)
+        self.drop = nn.Dropout(config.dropout)
+        rates = [config.drop_path * i / max(config.depth - 1, 1) for i in range(config.depth)]
+        self.blocks = nn.ModuleList(
+            Block(
+                dim,
+                config.num_heads,
+                config.mlp_ratio,
+                qkv_bias=config.qkv_bias,
+                qk_norm=config.qk_norm,
+                attn_drop=config.attn_drop,
+                proj_drop=config.dropout,
+                drop_path=rate,
+                attn_kernel=config.attn_kernel,
+                kernel_args=dict(config.kernel_args),
+                projection=config.projection,
+                **fk,
+            )
+            for rate in rates
+        )
+        self.norm = nn.LayerNorm(dim, **fk)
+        self.head = nn.Linear(dim, config.vocab_size, bias=False, **fk)
+        self.reset_parameters()
+        if config.tie_embeddings:
+            self.head.weight = self.token_embed.weight
+
+    @classmethod
+    def from_config(cls, config: CausalLMConfig | dict[str, Any], *, device=None, dtype=None):
+        """Build from a config object or a dict of its fields."""
+        if isinstance(config, dict):
+            config = CausalLMConfig.from_dict(config)
+        return cls(config, device=device, dtype=dtype)
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        """Linear and embedding weights ~ N(0, 0.02²) truncated, biases 0; the output
+        projections of attention and MLP scaled by 1/sqrt(2 · depth) (GPT-2's rule)."""
+        for module in self.modules():
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                nn.init.trunc_normal_(module.weight, std=0.02)
+                if getattr(module, "bias", None) is not None:
+                    nn.init.zeros_(module.bias)
+        residual_std = 0.02 / (2 * self.config.depth) ** 0.5
+        for block in self.blocks:
+            nn.init.trunc_normal_(block.attn.proj.weight, std=residual_std)
+            nn.init.trunc_normal_(block.mlp.fc2.weight, std=residual_std)
+
+    def _check_tokens(self, name: str, tokens: Tensor) -> None:
+        if not isinstance(tokens, Tensor) or tokens.dim() != 2:
+            got = tuple(tokens.shape) if isinstance(tokens, Tensor) else type(tokens).__name__
+            raise ValueError(f"{name} must be token ids of shape (B, N); got {got}")
+        if tokens.is_floating_point() or tokens.dtype == torch.bool:
+            raise TypeError(f"{name} must be integer token ids; got {tokens.dtype}")
+        if tokens.numel() and (
+            int(tokens.min()) < 0 or int(tokens.max()) >= self.config.vocab_size
+        ):
+            raise ValueError(
+                f"{name} must be ids in [0, vocab_size={self.config.vocab_size}); got values in "
+                f"[{int(tokens.min())}, {int(tokens.max())}]"
+            )
+
+    def embed(self, tokens: Tensor, positions: Tensor | None = None) -> Tensor:
+        """Token + position embedding: (B, N) -> (B, N, dim); positions default 0..N-1."""
+        return self.drop(self.pos_embed(self.token_embed(tokens), positions))
+
+    def forward(
+        self,
+        tokens: Tensor,
+        padding_mask: Tensor | None = None,
+        positions: Tensor | None = None,
+    ) -> Tensor:
+        """Next-token logits (B, N, vocab_size) of token ids (B, N), causally.
+
+        Args:
+            tokens: long (B, N).
+            padding_mask: bool (B, N), True = real token (right padding).
+            positions: long (B, N) or (N,), the tokens' positions (default 0..N-1).
+        """
+        self._check_tokens("tokens", tokens)
+        check_padding_mask(padding_mask, *tokens.shape)
+        x = self.embed(tokens, positions)
+        for block in self.blocks:
+            x = block(x, attn_mask=padding_mask, is_causal=True)
+        return self.head(self.norm(x))
+
+    # Decoding
+
+    def new_caches(self, kind: str = "auto") -> list:
+        """One empty decoding cache per block: ``"state"`` (constant size; TaylorShift and
+        linear attention), ``"kv"`` (any kernel) or ``"auto"`` (state when the kernel has
+        one)."""
+        return [block.attn.new_cache(kind) for block in self.blocks]
+
+    @torch.no_grad()
+    def decode(
+        self,
+        tokens: Tensor,
+        caches: list,
+        positions: Tensor,
+        padding_mask: Tensor | None = None,
+    ) -> Tensor:
+        """Logits (B, T, vocab_size) of T new tokens after those in ``caches``.
+
+        Row t equals row ``n + t`` of ``forward`` over all real tokens so far; ``caches``
+        (from ``new_caches``) are updated in place. ``positions`` long (B, T).
+        """
+        x = self.embed(tokens, positions)
+        for block, cache in zip(self.blocks, caches, strict=True):
+            x = block.decode(x, cache, padding_mask)
+        return self.head(self.norm(x))
+
+    @torch.no_grad()
+    def generate(
+        self,
+        prompt: Tensor,
+        max_new_tokens: int,
+        *,
+        prompt_mask: Tensor | None = None,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        cache: str = "auto",
+        eos_id: int | None = None,
+        generator: torch.Generator | None = None,
+    ) -> Tensor:
+        """Continue each prompt by up to ``max_new_tokens`` tokens.
+
+        Args:
+            prompt: long (B, N) token ids, right-padded when lengths differ.
+            max_new_tokens: tokens to add.
+            prompt_mask: bool (B, N), True = real token; every row holds at least one real
+                token, all before its padding.
+            temperature: sampling temperature; 0 picks the most likely token (greedy).
+            top_k: sample among the k most likely tokens only.
+            cache: ``"auto"``, ``"state"`` or ``"kv"`` (see ``new_caches``).
+            eos_id: a row that produced this id produces it again until all rows have;
+                generation then stops early.
+            generator: random generator of the sampling.
+
+        Returns:
+            long (B, T) new tokens, T <= ``max_new_tokens``. The model runs in eval mode
+            (restored afterwards).
+        """
+        self._check_tokens("prompt", prompt)
+        b, n = prompt.shape
+        lengths = self._check_generate(prompt, prompt_mask, max_new_tokens, temperature, top_k)
+        if cache not in CACHE_KINDS:
+            raise ValueError(f"cache must be one of {CACHE_KINDS}; got {cache!r}")
+        was_training = self.training
+        self.eval()
+        try:
+            caches = self.new_caches(cache)
+            positions = torch.arange(n, device=prompt.device).expand(b, n)
+            logits = self.decode(prompt, caches, positions, prompt_mask)
+            logits = logits[torch.arange(b, device=prompt.device), lengths - 1]  # (B, V)
+            done = torch.zeros(b, dtype=torch.bool, device=prompt.device)
+            out = []
+            for t in range(max_new_tokens):
+                token = _sample(logits, temperature, top_k, generator)
+                if eos_id is not None:
+                    token = torch.where(done, eos_id, token)
+                    done |= token == eos_id
+                out.append(token)
+                if (eos_id is not None and bool(done.all())) or t == max_new_tokens - 1:
+                    break
+                step_positions = (lengths + t)[:, None]
+                logits = self.decode(token[:, None], caches, step_positions)[:, 0]
+        finally:
+            self.train(was_training)
+        if not out:
+            return prompt.new_zeros((b, 0))
+        return torch.stack(out, dim=1)
+
+    def _check_generate(self, prompt, prompt_mask, max_new_tokens, temperature, top_k) -> Tensor:
+        b, n = prompt.shape
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int):
+            raise TypeError(f"max_new_tokens must be an int >= 0; got {max_new_tokens!r}")
+        if max_new_tokens < 0:
+            raise ValueError(f"max_new_tokens must be an int >= 0; got {max_new_tokens}")
+        if not (isinstance(temperature, (int, float)) and temperature >= 0):
+            raise ValueError(f"temperature must be a number >= 0; got {temperature!r}")
+        if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int)
+                                  or top_k < 1):  # fmt: skip
+            raise ValueError(f"top_k must be a positive int or None; got {top_k!r}")
+        if n == 0:
+            raise ValueError("prompt must hold at least one token per row; got N = 0")
+        if prompt_mask is None:
+            return torch.full((b,), n, dtype=torch.long, device=prompt.device)
+        check_padding_mask(prompt_mask, b, n)
+        lengths = prompt_mask.sum(1)
+        right_padded = torch.arange(n, device=prompt.device)[None, :] < lengths[:, None]
+        if not bool((right_padded == prompt_mask).all()) or int(lengths.min()) < 1:
+            raise ValueError(
+                "prompt_mask must be right padding with at least one real token per row "
+                "(True first, then False); got a row with a gap or no real token"
+            )
+        return lengths
+
+    def extra_repr(self) -> str:
+        return f"attn_kernel={self.config.attn_kernel!r}"
+
+
+def _sample(logits: Tensor, temperature: float, top_k: int | None, generator) -> Tensor:
+    """One token id per row of logits (B, V)."""
+    logits = logits.float()
+    if temperature == 0:
+        return logits.argmax(-1)
+    logits = logits / temperature
+    if top_k is not None and top_k < logits.shape[-1]:
+        kth = logits.topk(top_k, dim=-1).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    probs = torch.softmax(logits, dim=-1)
+    return torch.multinomial(probs, 1, generator=generator)[:, 0]

@@ -1,0 +1,212 @@
+"""CausalLM: causality, padding, decoding caches against the parallel forward, generate().
+
+Decoding is checked against the plain path: for every kernel and cache, the cached logits
+of a ragged batch (prefill + one token at a time) equal ``forward`` over each sequence
+alone, and greedy ``generate`` equals a loop that reruns ``forward`` on the whole text.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from taylorshift.models import CausalLM, CausalLMConfig, create_model, load_model, save_model
+from taylorshift.nn import KVCache, StateCache
+from tests.helpers import assert_rel_close
+from tests.models.cases import lengths_mask
+
+F64 = torch.float64
+V = 23
+# (attn_kernel, kernel_args, caches to test)
+DECODERS = [
+    ("taylorshift", {"mode": "direct"}, ("state", "kv")),
+    ("taylorshift", {"mode": "efficient"}, ("state", "kv")),
+    ("taylorshift", {"normalize": False}, ("state",)),
+    ("softmax", {}, ("kv",)),
+    ("softmax-naive", {}, ("kv",)),
+    ("linear", {}, ("state", "kv")),
+    ("holt", {}, ("kv",)),
+]
+DECODER_IDS = [k + "".join(f"-{v}" for v in a.values()) for k, a, _ in DECODERS]
+
+
+def lm(kernel="taylorshift", kernel_args=None, seed=0, **settings) -> CausalLM:
+    base = dict(vocab_size=V, dim=24, depth=2, num_heads=3, mlp_ratio=2)
+    base.update(settings)
+    torch.manual_seed(seed)
+    config = CausalLMConfig(attn_kernel=kernel, kernel_args=kernel_args or {}, **base)
+    model = CausalLM(config, dtype=F64).eval()
+    for name, p in model.named_parameters():  # spread the temperatures away from 1
+        if name.endswith("temperature"):
+            p.data.uniform_(0.5, 2.0)
+    return model
+
+
+def tokens(b, n, seed=1):
+    return torch.randint(0, V, (b, n), generator=torch.Generator().manual_seed(seed))
+
+
+def test_forward_is_causal():
+    model = lm()
+    x = tokens(2, 12)
+    y = x.clone()
+    y[:, 7:] = (y[:, 7:] + 5) % V
+    assert_rel_close(model(y)[:, :7], model(x)[:, :7], 1e-12)
+    assert (model(y)[:, 7:] - model(x)[:, 7:]).abs().max() > 1e-3
+
+
+def test_padded_batch_equals_sequences_alone():
+    model = lm()
+    x, lengths = tokens(3, 10), [10, 4, 7]
+    batched = model(x, lengths_mask(lengths, 10))
+    for i, n in enumerate(lengths):
+        alone = model(x[i : i + 1, :n])
+        assert_rel_close(batched[i : i + 1, :n], alone, 1e-10, f"item {i}")
+
+
+@pytest.mark.parametrize(("kernel", "args", "caches"), DECODERS, ids=DECODER_IDS)
+def test_cached_decoding_equals_forward(kernel, args, caches):
+    model = lm(kernel, args)
+    n_prompt, n, lengths = 6, 11, [6, 2, 4]
+    x = tokens(3, n)
+    mask = lengths_mask(lengths, n_prompt)
+    for kind in caches:
+        cache = model.new_caches(kind)
+        assert isinstance(cache[0], StateCache if kind == "state" else KVCache)
+        positions = torch.arange(n_prompt).expand(3, n_prompt)
+        steps = [model.decode(x[:, :n_prompt], cache, positions, mask)]
+        for t in range(n - n_prompt):
+            pos = torch.tensor(lengths)[:, None] + t
+            steps.append(model.decode(x[:, n_prompt + t : n_prompt + t + 1], cache, pos))
+        got = torch.cat(steps, dim=1)
+        for i, m in enumerate(lengths):
+            idx = torch.tensor(list(range(m)) + list(range(n_prompt, n)))
+            ref = model(x[i : i + 1, idx])
+            assert_rel_close(got[i : i + 1, idx], ref, 1e-9, f"{kind} cache, item {i}")
+
+
+def _greedy_by_forward(model, prompt_rows, steps):
+    out = []
+    for row in prompt_rows:
+        seq = row.clone()
+        for _ in range(steps):
+            nxt = model(seq[None])[0, -1].argmax()
+            seq = torch.cat([seq, nxt[None]])
+        out.append(seq[len(row) :])
+    return torch.stack(out)
+
+
+@pytest.mark.parametrize("kernel", ["taylorshift", "softmax", "linear"])
+def test_greedy_generate_equals_rerunning_forward(kernel):
+    model = lm(kernel)
+    x, lengths = tokens(3, 5, seed=4), [5, 1, 3]
+    got = model.generate(x, 6, prompt_mask=lengths_mask(lengths, 5), temperature=0)
+    ref = _greedy_by_forward(model, [x[i, :m] for i, m in enumerate(lengths)], 6)
+    assert torch.equal(got, ref)
+    assert torch.equal(got, model.generate(x, 6, prompt_mask=lengths_mask(lengths, 5), top_k=1))
+
+
+def test_state_and_kv_caches_generate_the_same_text():
+    model = lm("taylorshift", {"mode": "efficient"})
+    x = tokens(2, 7)
+    kw = dict(temperature=0.8, top_k=5)
+    a = model.generate(x, 9, cache="state", generator=torch.Generator().manual_seed(0), **kw)
+    b = model.generate(x, 9, cache="kv", generator=torch.Generator().manual_seed(0), **kw)
+    assert torch.equal(a, b) and a.shape == (2, 9)
+    assert ((a >= 0) & (a < V)).all()
+
+
+def test_top_k_restricts_the_choice():
+    model = lm()
+    x = tokens(4, 3)
+    first = model(x)[:, -1].topk(2, dim=-1).indices
+    got = model.generate(x, 1, top_k=2, temperature=5.0, generator=torch.Generator().manual_seed(1))
+    assert all(int(got[i, 0]) in first[i].tolist() for i in range(4))
+
+
+def test_state_cache_stays_constant_while_kv_cache_grows():
+    model = lm("taylorshift")
+    sizes = {}
+    for kind in ("state", "kv"):
+        cache = model.new_caches(kind)
+        x = tokens(1, 40)
+        model.decode(x[:, :10], cache, torch.arange(10)[None])
+        before = sum(c.nbytes for c in cache)
+        for t in range(10, 40):
+            model.decode(x[:, t : t + 1], cache, torch.tensor([[t]]))
+        sizes[kind] = (before, sum(c.nbytes for c in cache))
+    assert sizes["state"][0] == sizes["state"][1]
+    assert sizes["kv"][1] == 4 * sizes["kv"][0]  # keys, values and mask: 10 -> 40 tokens
+
+
+def test_eos_stops_rows_and_generation():
+    model = lm()
+    x = tokens(2, 4)
+    first = model.generate(x, 1, temperature=0)[:, 0]
+    got = model.generate(x, 8, temperature=0, eos_id=int(first[0]))
+    assert (got[0] == first[0]).all()  # row 0 finished at once, repeats eos
+
+
+def test_generate_restores_training_mode():
+    model = lm().train()
+    model.generate(tokens(1, 3), 2)
+    assert model.training
+
+
+def test_save_and_load_round_trip(tmp_path):
+    model = lm("linear")
+    path = save_model(model, tmp_path / "lm.safetensors")
+    loaded = load_model(path, dtype=F64)
+    x = tokens(2, 6)
+    assert isinstance(loaded, CausalLM) and loaded.config == model.config
+    assert torch.equal(loaded(x), model(x))
+    assert loaded.head.weight is loaded.token_embed.weight  # tied after loading too
+
+
+def test_registry_presets():
+    m = create_model("lm-small", device="meta")
+    assert (m.config.depth, m.config.dim, m.config.num_heads) == (4, 128, 4)
+    assert create_model("lm-tiny-linear", device="meta").config.attn_kernel == "linear"
+
+
+def test_bad_input_is_refused():
+    model = lm()
+    x = tokens(2, 4)
+    with pytest.raises(ValueError, match=r"cache='state' needs a kernel with a constant-size"):
+        lm("softmax").generate(x, 2, cache="state")
+    with pytest.raises(ValueError, match=r"cache='state' needs .* with order=4"):
+        lm("taylorshift", {"order": 4, "mode": "direct"}).new_caches("state")
+    with pytest.raises(ValueError, match=r"cache must be one of"):
+        model.generate(x, 2, cache="paged")
+    with pytest.raises(ValueError, match=r"prompt_mask must be right padding"):
+        model.generate(x, 2, prompt_mask=torch.tensor([[False, True, True, True]] * 2))
+    with pytest.raises(ValueError, match=r"prompt_mask must be right padding"):
+        model.generate(x, 2, prompt_mask=torch.tensor([[True] * 4, [False] * 4]))
+    with pytest.raises(ValueError, match=r"max_new_tokens must be an int >= 0; got -1"):
+        model.generate(x, -1)
+    with pytest.raises(ValueError, match=r"temperature must be a number >= 0"):
+        model.generate(x, 1, temperature=-1.0)
+    with pytest.raises(ValueError, match=r"top_k must be a positive int or None; got 0"):
+        model.generate(x, 1, top_k=0)
+    with pytest.raises(ValueError, match=r"tokens must be ids in \[0, vocab_size=23\)"):
+        model(x + V)
+    with pytest.raises(ValueError, match=r"tokens must be token ids of shape \(B, N\)"):
+        model(x[0])
+    with pytest.raises(ValueError, match=r"projection must be one of"):
+        CausalLMConfig(projection="super")
+    with pytest.raises(TypeError, match=r"CausalLMConfig has no setting 'num_classes'"):
+        CausalLMConfig().replace(num_classes=3)
+    assert model.generate(x, 0).shape == (2, 0)
+
+
+@pytest.mark.parametrize(("kernel", "args", "caches"), DECODERS, ids=DECODER_IDS)
+def test_decoding_in_blocks_equals_forward(kernel, args, caches):
+    """Several new tokens per call after a past (the general mask of the key/value cache)."""
+    model = lm(kernel, args)
+    x = tokens(2, 13)
+    ref = model(x)
+    for kind in caches:
+        cache = model.new_caches(kind)
+        got = [model.decode(x[:, t : t + 3], cache, torch.arange(t, min(t + 3, 13)).expand(2, -1))
+               for t in range(0, 13, 3)]  # fmt: skip
+        assert_rel_close(torch.cat(got, dim=1), ref, 1e-9, f"{kind} cache")
