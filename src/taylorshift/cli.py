@@ -211,6 +211,18 @@ def _run_eval(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     return train_cli.run_eval(args, parser)
 
 
+def _generate_arguments(parser: argparse.ArgumentParser) -> None:
+    from .train import cli as train_cli
+
+    train_cli.add_generate_arguments(parser)
+
+
+def _run_generate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from .train import cli as train_cli
+
+    return train_cli.run_generate(args, parser)
+
+
 SUBCOMMANDS: tuple[Subcommand, ...] = (
     Subcommand(
         name="theory",
@@ -227,7 +239,8 @@ SUBCOMMANDS: tuple[Subcommand, ...] = (
     ),
     Subcommand(
         name="train",
-        help="train a classifier on a task of taylorshift.data (presets, resume, torchrun)",
+        help="train a classifier or language model on a task of taylorshift.data (presets, "
+        "resume, torchrun)",
         add_arguments=_train_arguments,
         run=_run_train,
     ),
@@ -236,6 +249,12 @@ SUBCOMMANDS: tuple[Subcommand, ...] = (
         help="accuracy and loss of a training checkpoint on a data split",
         add_arguments=_eval_arguments,
         run=_run_eval,
+    ),
+    Subcommand(
+        name="generate",
+        help="continue a prompt with a trained causal language model (taylorshift train --task lm)",
+        add_arguments=_generate_arguments,
+        run=_run_generate,
     ),
 )
 

@@ -154,7 +154,7 @@ def test_generate_restores_training_mode():
 
 
 def test_save_and_load_round_trip(tmp_path):
-    model = lm("linear")
+    model = lm("linear", tie_embeddings=True)
     path = save_model(model, tmp_path / "lm.safetensors")
     loaded = load_model(path, dtype=F64)
     x = tokens(2, 6)

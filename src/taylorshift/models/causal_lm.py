@@ -1,7 +1,7 @@
 """Decoder-only causal language model with ``generate()``.
 
 token embedding (+ positions) -> ``depth`` pre-norm causal ``Block``s -> LayerNorm ->
-LM head (tied to the token embedding by default). Layout: token ids (B, N), logits
+LM head (optionally tied to the token embedding). Layout: token ids (B, N), logits
 (B, N, vocab_size). Right-padded batches pass a padding mask (B, N), True = real token:
 padded tokens are never attended and their logits are not meaningful.
 
@@ -54,7 +54,8 @@ class CausalLMConfig(ModelConfigBase):
             context length and cannot decode token by token).
         pos_embedding: ``"cosine"`` (any length) or ``"learned"`` (up to ``max_len``).
         max_len: the longest sequence of ``pos_embedding="learned"``.
-        tie_embeddings: the LM head reuses the token embedding matrix.
+        tie_embeddings: the LM head reuses the token embedding matrix (off by default: tied,
+            small models here got stuck at the unigram loss on byte-level text).
         dropout, attn_drop, drop_path: as ``EncoderConfig``.
     """
 
@@ -70,7 +71,7 @@ class CausalLMConfig(ModelConfigBase):
     projection: str = "standard"
     pos_embedding: str = "cosine"
     max_len: int = 2048
-    tie_embeddings: bool = True
+    tie_embeddings: bool = False
     dropout: float = 0.0
     attn_drop: float = 0.0
     drop_path: float = 0.0

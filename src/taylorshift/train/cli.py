@@ -13,13 +13,23 @@ import json
 import os
 import sys
 
+from ..cliargs import non_negative_float, positive_int
+from ..nn.cache import CACHE_KINDS
 from .config import SPLITS, TAYLORSHIFT_MODES, ConfigError, list_presets, resolve_config
 
-__all__ = ["add_eval_arguments", "add_train_arguments", "run_eval", "run_train"]
+__all__ = [
+    "add_eval_arguments",
+    "add_generate_arguments",
+    "add_train_arguments",
+    "run_eval",
+    "run_generate",
+    "run_train",
+]
 
 # (flag, dotted key, argparse type, metavar, help)
 _SHORTCUTS = (
     ("--task", "data.task", str, "NAME", "task of taylorshift.data (data.task)"),
+    ("--data", "data.options.path", str, "PATH", "data file or folder (data.options.path)"),
     ("--model", "model.name", str, "NAME", "model registry name (model.name)"),
     (
         "--kernel",
@@ -167,4 +177,92 @@ def run_eval(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             f"{result['split']}: accuracy {result['accuracy']:.4f}  loss {result['loss']:.4f}  "
             f"({result['samples']} samples, {result['checkpoint']}, step {result['step']})"
         )
+    return 0
+
+
+def add_generate_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--checkpoint",
+        required=True,
+        metavar="PATH",
+        help="a run folder (its latest checkpoint), a checkpoint folder, or a model file "
+        "written by save_model, of a causal LM",
+    )
+    parser.add_argument("--prompt", default="\n", help="text to continue (default: a newline)")
+    parser.add_argument(
+        "--ids",
+        action="store_true",
+        help="the prompt is comma-separated token ids and the output is ids (models whose "
+        "tokens are not bytes, e.g. recall)",
+    )
+    parser.add_argument("--max-new-tokens", type=positive_int, default=200, metavar="N")
+    parser.add_argument(
+        "--temperature", type=non_negative_float, default=1.0, help="0 = greedy (default 1)"
+    )
+    parser.add_argument("--top-k", type=positive_int, metavar="K", help="sample among the top K")
+    parser.add_argument(
+        "--cache",
+        choices=CACHE_KINDS,
+        default="auto",
+        help="decoding cache: constant-size state (TaylorShift, linear) or keys/values",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
+    parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N (default cpu)")
+
+
+def _generate_model_path(path: str):
+    from pathlib import Path
+
+    from .checkpoint import MODEL_FILE, find_checkpoint
+
+    given = Path(path)
+    if given.is_file() and given.name != MODEL_FILE and given.suffix == ".safetensors":
+        return given
+    return find_checkpoint(given) / MODEL_FILE
+
+
+def run_generate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    import torch
+
+    from ..data.lm_text import decode_bytes, encode_text
+    from ..models import CausalLM, load_model
+
+    try:
+        model = load_model(_generate_model_path(args.checkpoint), map_location=args.device)
+    except (FileNotFoundError, ValueError) as err:
+        parser.error(str(err))
+    if not isinstance(model, CausalLM):
+        parser.error(
+            f"--checkpoint must hold a causal language model (CausalLM); got a "
+            f"{type(model).__name__}"
+        )
+    if args.ids:
+        try:
+            ids = [int(t) for t in args.prompt.replace(" ", "").split(",") if t]
+        except ValueError:
+            parser.error(f"--prompt with --ids must be comma-separated ints; got {args.prompt!r}")
+        prompt = torch.tensor([ids], dtype=torch.long)
+    else:
+        prompt = encode_text(args.prompt)[None]
+    if prompt.shape[1] == 0:
+        parser.error("--prompt must hold at least one token; got an empty prompt")
+    vocab = model.config.vocab_size
+    if int(prompt.max()) >= vocab or int(prompt.min()) < 0:
+        parser.error(f"--prompt ids must be in [0, {vocab}) for this model; got {prompt.tolist()}")
+    generator = torch.Generator(device=args.device).manual_seed(args.seed)
+    try:
+        new = model.generate(
+            prompt.to(args.device),
+            args.max_new_tokens,
+            temperature=args.temperature,
+            top_k=args.top_k,
+            cache=args.cache,
+            generator=generator,
+        )[0].cpu()
+    except ValueError as err:
+        parser.error(str(err))
+    if args.ids:
+        print(",".join(str(i) for i in new.tolist()))
+    else:
+        sys.stdout.write(args.prompt + decode_bytes(new) + "\n")
     return 0

@@ -556,7 +556,8 @@ def resolve_config(
     """A config from a preset, then a config file, then overrides (later wins).
 
     Args:
-        preset: a name of :func:`list_presets`; default: the file's ``preset`` or
+        preset: a name of :func:`list_presets`; default: the file's ``preset``, else the
+            preset named like the task set by ``overrides`` (``lm``, ``recall``), else
             ``listops-cpu``.
         file: a JSON or TOML file of sections (see :func:`load_config_file`); tables in it
             are merged into the preset's (``[data.options]`` adds options).
@@ -568,7 +569,11 @@ def resolve_config(
     """
     file_tree = load_config_file(file) if file is not None else {}
     file_preset = file_tree.pop("preset", None)
-    name = preset or file_preset or "listops-cpu"
+    items = list(overrides.items() if isinstance(overrides, Mapping) else overrides)
+    # A task with a preset of its own name (``lm``, ``recall``) starts from that preset.
+    task = next((v for k, v in reversed(items) if k == "data.task"), None)
+    by_task = task if isinstance(task, str) and task in PRESETS else None
+    name = preset or file_preset or by_task or "listops-cpu"
     tree = get_preset(name).to_dict()
     for section, values in file_tree.items():
         if section not in SECTIONS:
@@ -580,7 +585,6 @@ def resolve_config(
             if key not in hints:
                 raise _unknown_key(f"{section}.{key}")
         _merge(tree.setdefault(section, {}), values)
-    items = overrides.items() if isinstance(overrides, Mapping) else overrides
     for key, value in items:
         apply_override(tree, key, value)
     return TrainConfig.from_dict(tree)
@@ -658,6 +662,31 @@ PRESETS: dict[str, TrainConfig] = {
         model=ModelConfig(name="cifar-pixel-small"),
         optim=OptimConfig(name="lamb", lr=1e-3, epochs=10, warmup_epochs=1.0, grad_clip=1.0),
         run=RunConfig(out_dir="runs/cifar-pixel-cpu", log_every=16),
+    ),
+    "recall": TrainConfig(
+        data=DataConfig(
+            task="recall",
+            options={"seq_len": 64, "num_pairs": 8, "vocab_size": 64},
+            split_options={
+                "train": {"num_samples": 8192},
+                "val": {"num_samples": 512},
+                "test": {"num_samples": 1024},
+            },
+            batch_size=64,
+        ),
+        model=ModelConfig(name="lm-tiny"),
+        optim=OptimConfig(
+            name="adamw", lr=1e-3, weight_decay=0.1, epochs=16, warmup_epochs=1.0, grad_clip=1.0
+        ),
+        run=RunConfig(out_dir="runs/recall", log_every=32),
+    ),
+    "lm": TrainConfig(
+        data=DataConfig(task="lm", options={"seq_len": 256}, batch_size=32, eval_limit=256),
+        model=ModelConfig(name="lm-small"),
+        optim=OptimConfig(
+            name="adamw", lr=1e-3, weight_decay=0.1, epochs=5, warmup_epochs=0.2, grad_clip=1.0
+        ),
+        run=RunConfig(out_dir="runs/lm", log_every=16),
     ),
     "imdb-byte-cpu": TrainConfig(
         data=DataConfig(

@@ -28,12 +28,12 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch import nn
+from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset, Subset
 
 from ..atomic import write_atomic
-from ..data import TaskSpec, get_task
-from ..models import create_model, load_model, load_weights
+from ..data import IGNORE_INDEX, TaskSpec, get_task
+from ..models import CausalLM, create_model, load_model, load_weights
 from .checkpoint import (
     CONFIG_FILE,
     MODEL_FILE,
@@ -110,10 +110,27 @@ def _build_split(config: TrainConfig, spec: TaskSpec, split: str) -> Dataset:
     dataset = spec.build(split, **options)
     limit = config.data.train_limit if split == "train" else config.data.eval_limit
     if limit is not None and limit < len(dataset):
-        num_classes = getattr(dataset, "num_classes", None)
+        kept = {k: getattr(dataset, k, None) for k in ("num_classes", "vocab_size")}
         dataset = Subset(dataset, range(limit))
-        dataset.num_classes = num_classes  # type: ignore[attr-defined]
+        for key, value in kept.items():
+            setattr(dataset, key, value)
     return dataset
+
+
+def task_losses(logits: Tensor, labels: Tensor, kind: str) -> tuple[Tensor, Tensor, Tensor]:
+    """(summed cross entropy, correct predictions, scored predictions) of a batch.
+
+    Classification: one prediction per sample, logits (B, C) and labels (B,). Language
+    modelling (kind ``"lm"``): one per target token, logits (B, N, V) and targets (B, N)
+    with ``IGNORE_INDEX`` where no prediction is scored.
+    """
+    logits = logits.float()
+    if kind == "lm":
+        logits, labels = logits.flatten(0, 1), labels.flatten()
+    scored = labels != IGNORE_INDEX
+    loss = F.cross_entropy(logits, labels, reduction="sum", ignore_index=IGNORE_INDEX)
+    correct = ((logits.argmax(-1) == labels) & scored).sum()
+    return loss, correct, scored.sum()
 
 
 def _unpack(batch, kind: str, device: torch.device):
@@ -130,26 +147,43 @@ def _unpack(batch, kind: str, device: torch.device):
 # Model
 
 
-def model_overrides(config: TrainConfig, spec: TaskSpec, num_classes: int | None) -> dict:
+def model_overrides(
+    config: TrainConfig, spec: TaskSpec, num_classes: int | None, vocab_size: int | None = None
+) -> dict:
     """The ``create_model`` overrides of a run: ``model.overrides``, the kernel and mode
-    shortcuts, and the task's ``num_classes`` / ``vocab_size`` where the preset differs."""
+    shortcuts, and the task's ``num_classes`` / ``vocab_size`` where the preset differs
+    (``vocab_size``: the built dataset's, when its options set it)."""
     m = config.model
     overrides = dict(m.overrides)
     if m.kernel is not None:
         overrides["attn_kernel"] = m.kernel
     try:
-        probe = create_model(m.name, device="meta", **overrides).config
+        probe = create_model(m.name, device="meta", **overrides)
     except TypeError as err:
         raise ConfigError(f"model.overrides: {err}") from None
     except ValueError as err:
         raise ConfigError(f"model: {err}") from None
     if m.mode is not None:
-        if probe.attn_kernel != "taylorshift":
+        if probe.config.attn_kernel != "taylorshift":
             raise ConfigError(
                 f"model.mode applies to the taylorshift kernel; model {m.name!r} uses "
-                f"{probe.attn_kernel!r} (set model.kernel=taylorshift)"
+                f"{probe.config.attn_kernel!r} (set model.kernel=taylorshift)"
             )
-        overrides["kernel_args"] = {**probe.kernel_args, "mode": m.mode}
+        overrides["kernel_args"] = {**probe.config.kernel_args, "mode": m.mode}
+    is_lm = isinstance(probe, CausalLM)
+    if (spec.kind == "lm") != is_lm:
+        wanted = "a causal language model (lm-tiny, lm-small, ...)" if spec.kind == "lm" else (
+            "a classifier")  # fmt: skip
+        raise ConfigError(
+            f"task {spec.name!r} (kind {spec.kind!r}) needs {wanted}; model {m.name!r} is a "
+            f"{type(probe).__name__}"
+        )
+    if is_lm:
+        wanted = vocab_size or spec.vocab_size
+        if wanted not in (None, probe.config.vocab_size) and "vocab_size" not in overrides:
+            overrides["vocab_size"] = wanted
+        return overrides
+    probe = probe.config
     if num_classes not in (None, probe.num_classes) and "num_classes" not in overrides:
         overrides["num_classes"] = num_classes
     takes_tokens = hasattr(probe, "vocab_size")
@@ -167,12 +201,15 @@ def model_overrides(config: TrainConfig, spec: TaskSpec, num_classes: int | None
 
 
 def build_model(
-    config: TrainConfig, spec: TaskSpec, num_classes: int | None, device=None
+    config: TrainConfig,
+    spec: TaskSpec,
+    num_classes: int | None,
+    device=None,
+    vocab_size: int | None = None,
 ) -> nn.Module:
     """``create_model`` with :func:`model_overrides` applied."""
-    return create_model(
-        config.model.name, device=device, **model_overrides(config, spec, num_classes)
-    )
+    overrides = model_overrides(config, spec, num_classes, vocab_size)
+    return create_model(config.model.name, device=device, **overrides)
 
 
 def _amp_dtype(amp: str, device: torch.device) -> torch.dtype | None:
@@ -211,7 +248,9 @@ def evaluate(
     split between processes); sums are reduced, so the result counts every sample once.
 
     Returns:
-        ``{"loss": float, "accuracy": float, "samples": int}``.
+        ``{"loss": float, "accuracy": float, "samples": int}``: per sample for
+        classification; per scored target token for language modelling (kind ``"lm"``:
+        ``samples`` counts target tokens, and ``perplexity`` = exp(loss) is added).
     """
     dist_info = dist_info or Dist()
     device = torch.device(device)
@@ -233,19 +272,22 @@ def evaluate(
             inputs, labels, _ = _unpack(batch, spec.kind, device)
             with _autocast(device, amp_dtype):
                 logits = model(*inputs)
-            logits = logits.float()
-            totals[0] += F.cross_entropy(logits, labels, reduction="sum").double()
-            totals[1] += (logits.argmax(-1) == labels).sum()
-            totals[2] += labels.numel()
+            loss, correct, scored = task_losses(logits, labels, spec.kind)
+            totals[0] += loss.double()
+            totals[1] += correct
+            totals[2] += scored
     finally:
         model.train(was_training)
     loss_sum, correct, count = dist_info.all_reduce_sum(totals).tolist()
     denominator = max(count, 1.0)
-    return {
+    result = {
         "loss": loss_sum / denominator,
         "accuracy": correct / denominator,
         "samples": int(count),
     }
+    if spec.kind == "lm":
+        result["perplexity"] = math.exp(min(result["loss"], 700.0))
+    return result
 
 
 # Training
@@ -321,9 +363,10 @@ def _train(config: TrainConfig, resume: bool, dist_info: Dist, device: torch.dev
     train_set = _build_split(config, spec, "train")
     eval_set = _build_split(config, spec, data.eval_split)
     num_classes = spec.num_classes or getattr(train_set, "num_classes", None)
+    vocab_size = getattr(train_set, "vocab_size", None)
 
     _seed_all(run.seed)
-    model = build_model(config, spec, num_classes).to(device)
+    model = build_model(config, spec, num_classes, vocab_size=vocab_size).to(device)
     if existing is not None:
         load_weights(model, existing / MODEL_FILE)
     optimizer = build_optimizer(model, optim)
@@ -460,7 +503,7 @@ def _train(config: TrainConfig, resume: bool, dist_info: Dist, device: torch.dev
             "grad_norm": None if grad_norm is None else float(grad_norm),
             "samples_per_s": round(window["samples"] / elapsed, 2),
         }
-        if spec.kind == "tokens":
+        if spec.kind in ("tokens", "lm"):
             record["tokens_per_s"] = round(window["tokens"] / elapsed, 1)
         metrics.log("train", step, **record)
         progress.update(
@@ -497,7 +540,8 @@ def _train(config: TrainConfig, resume: bool, dist_info: Dist, device: torch.dev
                 previous_lr, lr = lr, optimizer.param_groups[0]["lr"]
                 with _autocast(device, amp_dtype):
                     logits = net(*inputs)
-                loss = F.cross_entropy(logits.float(), labels)
+                loss_sum, _, scored = task_losses(logits, labels, spec.kind)
+                loss = loss_sum / scored.clamp(min=1)
                 global_loss = dist_info.all_reduce_sum(loss.detach().clone())
                 value = global_loss.item() / dist_info.world_size
                 if not math.isfinite(value):
@@ -515,7 +559,7 @@ def _train(config: TrainConfig, resume: bool, dist_info: Dist, device: torch.dev
                 losses.append(value)
                 window["loss"] += value
                 window["steps"] += 1
-                window["samples"] += labels.numel() * dist_info.world_size
+                window["samples"] += len(labels) * dist_info.world_size
                 if tokens is not None:
                     window["tokens"] += int(tokens) * dist_info.world_size
                 epoch_end = batch_in_epoch == steps_per_epoch

@@ -1,0 +1,144 @@
+"""Language-model training (task kind "lm"): per-token loss, the lm and recall presets,
+checkpoints that ``taylorshift generate`` continues from."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+
+import pytest
+import torch
+
+from taylorshift.cli import main
+from taylorshift.data import IGNORE_INDEX
+from taylorshift.models import CausalLM
+from taylorshift.train import ConfigError, resolve_config, train
+from taylorshift.train.loop import task_losses
+
+QUICK = {
+    "run.progress": False,
+    "run.threads": 1,
+    "run.log_every": 1,
+    "data.test_split": None,
+    "model.overrides.depth": 1,
+    "model.overrides.dim": 32,
+    "model.overrides.num_heads": 2,
+}
+
+
+@pytest.fixture(scope="module")
+def text_file(tmp_path_factory):
+    rng = random.Random(0)
+    words = ["the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog"]
+    path = tmp_path_factory.mktemp("text") / "text.txt"
+    path.write_text(" ".join(rng.choice(words) for _ in range(2500)))
+    return path
+
+
+def lm_config(out_dir, text_file, **settings):
+    overrides = {
+        **QUICK,
+        "data.task": "lm",
+        "data.options.path": str(text_file),
+        "data.options.seq_len": 32,
+        "data.batch_size": 16,
+        "data.train_limit": 256,
+        "data.eval_limit": 32,
+        "model.name": "lm-tiny",
+        "optim.epochs": 8,
+        "optim.lr": 1e-2,
+        "run.out_dir": str(out_dir),
+    }
+    overrides.update(settings)
+    return resolve_config(overrides=overrides)
+
+
+def test_task_losses_score_targets_only():
+    logits = torch.randn(2, 4, 7)
+    targets = torch.tensor([[1, IGNORE_INDEX, 3, 0], [IGNORE_INDEX] * 3 + [6]])
+    loss, correct, scored = task_losses(logits, targets, "lm")
+    keep = targets != IGNORE_INDEX
+    expected = torch.nn.functional.cross_entropy(logits[keep], targets[keep], reduction="sum")
+    assert torch.allclose(loss, expected) and int(scored) == 4
+    assert int(correct) == int((logits[keep].argmax(-1) == targets[keep]).sum())
+
+
+def test_lm_training_lowers_the_loss_and_reports_perplexity(tmp_path, text_file):
+    config = lm_config(tmp_path / "run", text_file)
+    assert config.model.name == "lm-tiny" and config.optim.name == "adamw"  # the lm preset
+    result = train(config)
+    assert result.losses[-1] < 0.6 * result.losses[0]
+    assert math.isclose(result.eval["perplexity"], math.exp(result.eval["loss"]))
+    assert result.eval["samples"] == (int(0.05 * text_file.stat().st_size) - 1) // 32 * 32
+    # within a word the next letter is nearly always fixed: far above the 1/27 of chance
+    assert result.eval["accuracy"] > 0.4
+
+
+def test_generate_command_continues_the_text(tmp_path, text_file, capsys):
+    train(lm_config(tmp_path / "run", text_file, **{"run.max_steps": 2}))
+    argv = ["generate", "--checkpoint", str(tmp_path / "run"), "--prompt", "the ",
+            "--max-new-tokens", "12", "--seed", "3"]  # fmt: skip
+    assert main(argv) == 0
+    first = capsys.readouterr().out
+    assert first.startswith("the ") and len(first) >= len("the ") + 1
+    assert main(argv) == 0
+    assert capsys.readouterr().out == first  # seeded
+    assert main([*argv[:5], "--ids", "--prompt", "97,98", "--temperature", "0"]) == 0
+    ids = [int(t) for t in capsys.readouterr().out.strip().split(",")]
+    assert len(ids) == 200 and all(0 <= i < 258 for i in ids)
+
+
+def test_generate_command_errors(tmp_path, text_file, capsys):
+    with pytest.raises(SystemExit):
+        main(["generate", "--checkpoint", str(tmp_path / "none")])
+    assert "no checkpoint at" in capsys.readouterr().err
+    train(lm_config(tmp_path / "run", text_file, **{"run.max_steps": 1}))
+    with pytest.raises(SystemExit):
+        main(["generate", "--checkpoint", str(tmp_path / "run"), "--ids", "--prompt", "1,x"])
+    assert "--prompt with --ids must be comma-separated ints" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["generate", "--checkpoint", str(tmp_path / "run"), "--ids", "--prompt", "999"])
+    assert "--prompt ids must be in [0, 258)" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["generate", "--checkpoint", str(tmp_path / "run"), "--prompt", ""])
+    assert "--prompt must hold at least one token" in capsys.readouterr().err
+
+
+def test_recall_preset_trains_with_its_own_vocabulary(tmp_path):
+    config = resolve_config(
+        overrides={
+            **QUICK,
+            "data.task": "recall",
+            "data.options.vocab_size": 40,
+            "data.options.seq_len": 24,
+            "data.options.num_pairs": 4,
+            "data.split_options.train.num_samples": 64,
+            "data.split_options.val.num_samples": 32,
+            "optim.epochs": 1,
+            "run.out_dir": str(tmp_path / "run"),
+        }
+    )
+    result = train(config)
+    assert result.eval["samples"] == 32 * 4  # one scored target per query
+    saved = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert saved["data"]["task"] == "recall"
+    start = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[0])
+    assert start["model"]["vocab_size"] == 40
+
+
+def test_model_and_task_kinds_must_match(tmp_path, text_file):
+    with pytest.raises(ConfigError, match=r"task 'lm' \(kind 'lm'\) needs a causal language"):
+        train(lm_config(tmp_path / "a", text_file, **{"model.name": "listops-small"}))
+    overrides = {**QUICK, "model.name": "lm-tiny", "run.out_dir": str(tmp_path / "b")}
+    config = resolve_config("listops-tiny", overrides=overrides)
+    with pytest.raises(ConfigError, match=r"task 'listops' \(kind 'tokens'\) needs a classifier"):
+        train(config)
+
+
+def test_causal_lm_checkpoint_loads_as_causal_lm(tmp_path, text_file):
+    from taylorshift.models import load_model
+
+    train(lm_config(tmp_path / "run", text_file, **{"run.max_steps": 1}))
+    files = list((tmp_path / "run" / "checkpoints").glob("step-*/model.safetensors"))
+    assert isinstance(load_model(files[0]), CausalLM)
