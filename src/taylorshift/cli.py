@@ -164,7 +164,7 @@ def _run_theory(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
 # `taylorshift bench [models|scaling|calibrate]`: the op sweep takes its options on `bench`
 # itself; each tool is a module of taylorshift.bench with HELP, add_arguments and run.
 
-BENCH_TOOLS = ("models", "scaling", "calibrate")
+BENCH_TOOLS = ("models", "scaling", "calibrate", "decode")
 
 
 def _bench_arguments(parser: argparse.ArgumentParser) -> None:

@@ -91,7 +91,7 @@ def causal_forward(
     if initial_state is None:
         state = query.new_zeros((b, h, feature_dim(d), dv + 1), dtype=cd)
     else:
-        state = initial_state.detach().to(cd).clone()
+        state = initial_state.detach().to(cd)  # never written in place: sums make new ones
     out = torch.empty((b, h, nq, dv), dtype=query.dtype, device=query.device)
     den = torch.empty((b, h, nq), dtype=cd, device=query.device)
     for i0 in range(0, max(nq, nk), chunk):
@@ -105,13 +105,17 @@ def causal_forward(
         if i0 < nq:
             q1 = min(i1, nq)
             q = scaled_query(query[:, :, i0:q1].to(cd), tau, normalize)
-            y_prime = features(q) @ (state * weights)
+            # φ(q) (c ⊙ S): weight the features or the state, whichever is smaller
+            if q1 - i0 < dv + 1:
+                y_prime = (features(q) * weights.squeeze(-1)) @ state
+            else:
+                y_prime = features(q) @ (state * weights)
             if k is not None:
                 y_prime = y_prime + _intra_chunk(q, k[:, :, : q1 - i0], v[:, :, : q1 - i0])
             y, den[:, :, i0:q1] = finish_outputs(y_prime, count[..., i0:q1], normalize, d)
             out[:, :, i0:q1] = y.to(out.dtype)
         if k is not None:
-            state += features(k).transpose(-2, -1) @ v
+            state = state + features(k).transpose(-2, -1) @ v
     return out, den, count, state
 
 

@@ -16,6 +16,10 @@ from torch import Tensor
 # stays zero, so its scores are 0 and its weights the constant term 1.
 NORM_EPS = 1e-12
 
+# ``features`` gathers the pairs for at most this many tokens in all (B · H · C), and
+# slices row by row above: benchmarks/features_cpu has the gather ahead up to ~64 tokens.
+GATHER_MAX_TOKENS = 64
+
 
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
     """The dtype sums are accumulated in: float64 for float64 input, else float32."""
@@ -85,8 +89,18 @@ def features(x: Tensor) -> Tensor:
     """
     d = x.shape[-1]
     out = torch.empty((*x.shape[:-1], feature_dim(d)), dtype=x.dtype, device=x.device)
+    p = d * (d + 1) // 2
+    if x.numel() <= GATHER_MAX_TOKENS * d:
+        # Few tokens (a decoding step): one gathered multiply beats d small ones; the
+        # products are the same, so both paths agree bitwise.
+        a, b = pair_index(d, x.device)
+        torch.mul(x.index_select(-1, a), x.index_select(-1, b), out=out[..., :p])
+        out[..., p : p + d] = x
+        out[..., -1] = 1.0
+        return out
     # Row a of the upper triangle, x_a · x[a:], as one contiguous slice of the output:
-    # d strided multiplies beat a gather of the pairs several times over on the CPU.
+    # for long chunks d strided multiplies beat a gather of the pairs several times over on
+    # the CPU (benchmarks/features_cpu).
     start = 0
     for a in range(d):
         torch.mul(x[..., a : a + 1], x[..., a:], out=out[..., start : start + d - a])

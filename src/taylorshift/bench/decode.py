@@ -1,0 +1,271 @@
+"""``taylorshift bench decode``: decoding speed and cache memory against context length.
+
+For each context length N and each (kernel, cache) case, a causal LM is prefilled with N
+random tokens, then one more token is decoded and timed (the cache is put back after
+every timed call, so all reps see the same N). Reported per point: tokens/s (batch ·
+1 / median step time), the prefill time, and the bytes the decoding caches hold — exact,
+from the cache tensors: a TaylorShift state holds B · H · (D · (dv + 1) + 1) floats per
+layer, D = d(d+1)/2 + d + 1, whatever N; a key/value cache 2 · B · H · N · d floats (and a
+mask) per layer. On CUDA the peak allocated memory of a decoding step is added.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+from ..cliargs import format_table, positive_int
+from ..models import CausalLM, CausalLMConfig
+from . import machine
+from .files import write_csv, write_figure, write_json, write_text
+from .measure import OK, cuda_peak_memory, time_call
+
+HELP = (
+    "decoding speed and memory vs context length: TaylorShift's constant-size state "
+    "against a key/value cache (tokens/s, cache bytes)"
+)
+
+DEFAULT_CONTEXTS = (256, 1024, 4096, 16384)
+QUICK_CONTEXTS = (128, 512, 2048)
+# kernel:cache pairs; the same TaylorShift weights serve both of its caches
+DEFAULT_CASES = ("taylorshift:state", "taylorshift:kv", "softmax:kv", "linear:state")
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def parse_case(text: str) -> tuple[str, str]:
+    kernel, sep, cache = text.partition(":")
+    if not sep or cache not in ("state", "kv") or not kernel:
+        raise argparse.ArgumentTypeError(
+            f"expected KERNEL:CACHE with CACHE state or kv (e.g. taylorshift:state); got {text!r}"
+        )
+    return kernel, cache
+
+
+def _snapshot(caches: list) -> list[dict]:
+    return [dict(vars(c)) for c in caches]
+
+
+def _restore(caches: list, snapshot: list[dict]) -> None:
+    # Decoding replaces the tensors of a cache (torch.cat, a new state); putting the old
+    # references back undoes a step at no cost.
+    for cache, saved in zip(caches, snapshot, strict=True):
+        vars(cache).update(saved)
+
+
+def measure_point(
+    model: CausalLM,
+    cache_kind: str,
+    context: int,
+    batch: int,
+    device: torch.device,
+    generator: torch.Generator,
+    target_s: float,
+) -> dict:
+    """Prefill ``context`` random tokens, then time one decoding step; one result row."""
+    vocab = model.config.vocab_size
+    prompt = torch.randint(0, vocab, (batch, context), generator=generator).to(device)
+    caches = model.new_caches(cache_kind)
+    positions = torch.arange(context, device=device).expand(batch, context)
+    prefill = time_call(
+        lambda: model.decode(prompt, model.new_caches(cache_kind), positions),
+        device=device,
+        target_s=target_s,
+        min_reps=1,
+        max_reps=5,
+        min_warmup=1,
+    )
+    if prefill.status != OK:
+        return {"status": prefill.status, "error": prefill.error}
+    model.decode(prompt, caches, positions)
+    token = torch.randint(0, vocab, (batch, 1), generator=generator).to(device)
+    step_pos = torch.full((batch, 1), context, device=device)
+    saved = _snapshot(caches)
+
+    def step():
+        model.decode(token, caches, step_pos)
+        _restore(caches, saved)
+
+    timed = time_call(step, device=device, target_s=target_s)
+    row = {
+        "status": timed.status,
+        "prefill_s": prefill.median_s,
+        "step_s": timed.median_s,
+        "step_q1_s": timed.q1_s,
+        "step_q3_s": timed.q3_s,
+        "reps": timed.reps,
+        "tokens_per_s": batch / timed.median_s if timed.status == OK else None,
+        "cache_bytes": sum(c.nbytes for c in caches),
+    }
+    if device.type == "cuda" and timed.status == OK:
+        row["step_peak_extra_bytes"] = cuda_peak_memory(step, device).peak_extra_bytes
+    return row
+
+
+def run_sweep(args, device: torch.device, progress=None) -> list[dict]:
+    dtype = DTYPES[args.dtype]
+    rows = []
+    for kernel, cache_kind in args.cases:
+        config = CausalLMConfig(
+            vocab_size=args.vocab,
+            dim=args.dim,
+            depth=args.depth,
+            num_heads=args.heads,
+            attn_kernel=kernel,
+        )
+        torch.manual_seed(0)
+        model = CausalLM(config, device=device, dtype=dtype).eval()
+        if cache_kind == "state":
+            model.new_caches("state")  # refuse a kernel without a state before timing
+        for context in args.context:
+            if progress:
+                progress(kernel, cache_kind, context)
+            g = torch.Generator().manual_seed(context)
+            with torch.inference_mode():
+                row = measure_point(model, cache_kind, context, args.batch, device, g, args.target)
+            rows.append({"kernel": kernel, "cache": cache_kind, "context": context, **row})
+    return rows
+
+
+def _mib(n: int | None) -> str:
+    return "" if n is None else f"{n / 2**20:.3f}"
+
+
+def report_markdown(result: dict) -> str:
+    s = result["settings"]
+    lines = [
+        "# Decoding: constant-size state vs key/value cache",
+        "",
+        f"Model: CausalLM dim {s['dim']}, depth {s['depth']}, {s['heads']} heads "
+        f"(head dim {s['dim'] // s['heads']}), vocab {s['vocab']}, {s['dtype']}, batch "
+        f"{s['batch']}, device {result['machine'].get('device', '')}.",
+        "",
+        f"Command: `{result['command']}`",
+        "",
+        "| kernel | cache | context N | tokens/s | step ms | prefill s | cache MiB |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in result["rows"]:
+        if r["status"] != OK:
+            lines.append(f"| {r['kernel']} | {r['cache']} | {r['context']} | {r['status']} "
+                         "| | | |")  # fmt: skip
+            continue
+        lines.append(
+            f"| {r['kernel']} | {r['cache']} | {r['context']} | {r['tokens_per_s']:.1f} | "
+            f"{r['step_s'] * 1e3:.3f} | {r['prefill_s']:.3f} | {_mib(r['cache_bytes'])} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def make_figure(result: dict):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax_t, ax_m) = plt.subplots(1, 2, figsize=(11, 4.2))
+    cases = list(dict.fromkeys((r["kernel"], r["cache"]) for r in result["rows"]))
+    for kernel, cache in cases:
+        pts = [r for r in result["rows"]
+               if (r["kernel"], r["cache"]) == (kernel, cache) and r["status"] == OK]  # fmt: skip
+        if not pts:
+            continue
+        xs = [r["context"] for r in pts]
+        label = f"{kernel} ({cache})"
+        ax_t.plot(xs, [r["tokens_per_s"] for r in pts], marker="o", label=label)
+        ax_m.plot(xs, [r["cache_bytes"] / 2**20 for r in pts], marker="o", label=label)
+    for ax, ylabel in ((ax_t, "tokens / s (one decoding step)"), (ax_m, "cache MiB (all layers)")):
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("context length N")
+        ax.set_ylabel(ylabel)
+        ax.grid(True, which="both", alpha=0.3)
+    ax_t.legend()
+    fig.suptitle("Decoding: TaylorShift state vs key/value cache")
+    fig.tight_layout()
+    return fig
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--context",
+        nargs="+",
+        type=positive_int,
+        metavar="N",
+        help=f"context lengths (default: {' '.join(map(str, DEFAULT_CONTEXTS))}; --quick: "
+        f"{' '.join(map(str, QUICK_CONTEXTS))})",
+    )
+    parser.add_argument(
+        "--cases",
+        nargs="+",
+        type=parse_case,
+        metavar="KERNEL:CACHE",
+        help=f"(default: {' '.join(DEFAULT_CASES)})",
+    )
+    parser.add_argument("--dim", type=positive_int, default=256, help="model width (256)")
+    parser.add_argument("--depth", type=positive_int, default=4, help="blocks (4)")
+    parser.add_argument("--heads", type=positive_int, default=8, help="heads (8: head dim 32)")
+    parser.add_argument("--vocab", type=positive_int, default=258, help="vocabulary (258)")
+    parser.add_argument("--batch", type=positive_int, default=1, help="sequences decoded at once")
+    parser.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
+    parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N (default cpu)")
+    parser.add_argument(
+        "--target", type=float, default=0.5, help="seconds of timed calls per point (0.5)"
+    )
+    parser.add_argument("--quick", action="store_true", help="shorter contexts, a small model")
+    parser.add_argument("--out", type=Path, default=Path("bench-decode"), help="output folder")
+    parser.add_argument("--no-plot", action="store_true", help="skip the PNG")
+
+
+def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    if args.dim % args.heads:
+        parser.error(f"--dim must be divisible by --heads; got {args.dim} and {args.heads}")
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        parser.error(f"--device {args.device}: CUDA is not available here")
+    if args.quick:
+        args.dim, args.depth = min(args.dim, 128), min(args.depth, 2)
+        args.heads = min(args.heads, 4)
+    args.context = sorted(set(args.context or (QUICK_CONTEXTS if args.quick else DEFAULT_CONTEXTS)))
+    args.cases = list(dict.fromkeys(args.cases or [parse_case(c) for c in DEFAULT_CASES]))
+    device = torch.device(args.device)
+
+    def progress(kernel, cache, n):
+        print(f"  {kernel} ({cache}) N={n}", file=sys.stderr, flush=True)
+
+    try:
+        rows = run_sweep(args, device, progress)
+    except ValueError as err:  # a kernel without a state, an unknown kernel
+        parser.error(str(err))
+    result = {
+        "machine": machine.machine_info(device),
+        "command": machine.command_line(),
+        "settings": {
+            k: getattr(args, k)
+            for k in ("dim", "depth", "heads", "vocab", "batch", "dtype", "context", "target")
+        }
+        | {"cases": [f"{k}:{c}" for k, c in args.cases]},
+        "rows": rows,
+    }
+    out = args.out
+    written = [
+        write_json(out / "decode.json", result),
+        write_csv(out / "decode.csv", rows),
+        write_text(out / "decode.md", report_markdown(result)),
+    ]
+    if not args.no_plot:
+        written.append(write_figure(out / "decode.png", make_figure(result)))
+    table_rows = [
+        (
+            f"{r['kernel']}:{r['cache']}",
+            r["context"],
+            "" if r.get("tokens_per_s") is None else f"{r['tokens_per_s']:.1f}",
+            _mib(r.get("cache_bytes")),
+            r["status"],
+        )
+        for r in rows
+    ]
+    print(format_table(("case", "N", "tokens/s", "cache MiB", "status"), table_rows))
+    print(f"Wrote {', '.join(str(p) for p in written)}")
+    return 0

@@ -1,0 +1,47 @@
+"""``taylorshift bench decode``: cache sizes against their formulas, files, the command line."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from taylorshift.cli import main
+
+ARGS = ["--dim", "16", "--depth", "2", "--heads", "2", "--vocab", "11", "--target", "0.01",
+        "--no-plot"]  # fmt: skip
+
+
+def test_decode_bench_rows_and_cache_sizes(tmp_path, capsys):
+    out = tmp_path / "bd"
+    argv = ["bench", "decode", "--context", "8", "32", "--out", str(out), *ARGS]
+    assert main(argv) == 0
+    assert "taylorshift:state" in capsys.readouterr().out
+    result = json.loads((out / "decode.json").read_text())
+    rows = {(r["kernel"], r["cache"], r["context"]): r for r in result["rows"]}
+    assert len(rows) == 4 * 2 and all(r["status"] == "ok" for r in rows.values())
+    depth, b, h, d = 2, 1, 2, 8
+    big_d = d * (d + 1) // 2 + d + 1
+    state = depth * b * h * (big_d * (d + 1) + 1) * 4  # float32 sums and count
+    for n in (8, 32):
+        assert rows["taylorshift", "state", n]["cache_bytes"] == state
+        kv = depth * (2 * b * h * n * d * 4 + b * n)  # keys, values (float32), bool mask
+        assert rows["taylorshift", "kv", n]["cache_bytes"] == kv
+        assert rows["softmax", "kv", n]["cache_bytes"] == kv
+        assert rows["linear", "state", n]["cache_bytes"] == depth * b * h * d * (d + 1) * 4
+        assert rows["softmax", "kv", n]["tokens_per_s"] > 0
+    assert (out / "decode.csv").is_file() and (out / "decode.md").is_file()
+    assert "| taylorshift | state | 32 |" in (out / "decode.md").read_text()
+
+
+def test_decode_bench_errors(tmp_path, capsys):
+    base = ["bench", "decode", "--out", str(tmp_path / "x"), "--context", "4", *ARGS]
+    with pytest.raises(SystemExit):
+        main([*base, "--cases", "softmax:state"])
+    assert "cache='state' needs a kernel with a constant-size state" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main([*base, "--cases", "softmax"])
+    assert "expected KERNEL:CACHE" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main([*base, "--heads", "3"])
+    assert "--dim must be divisible by --heads" in capsys.readouterr().err
