@@ -123,3 +123,32 @@ def test_non_contiguous_inputs_and_default_chunk():
     grads_ref = torch.autograd.grad(y_ref, copies, g_out)
     for name, a, e in zip("qkv", grads, grads_ref, strict=True):
         assert_rel_close(a.transpose(1, 2), e, 2e-5, f"grad {name}", atol=1e-6)
+
+
+def test_torch_compile_traces_forward_and_backward():
+    """The causal path (an autograd Function over the kernels' custom ops) compiles whole."""
+    case = Case(1, 2, 19, 19, 16, 8, mask="padding")
+    low, _, mask, _ = make_problem(case, torch.float32)
+    key_mask = mask.reshape(mask.shape[0], -1, mask.shape[-1]).expand(1, 2, 19)
+
+    def f(q, k, v, t):
+        return triton_causal_efficient_taylor_shift(q, k, v, key_mask, t, None, True, CHUNK)
+
+    eager = f(*low)
+    compiled = torch.compile(f, backend="aot_eager", fullgraph=True)(*low)
+    assert_rel_close(compiled, eager, 1e-6, "compiled output", atol=1e-7)
+    g = torch.randn_like(eager)
+    for name, a, e in zip(
+        "qkvt",
+        torch.autograd.grad(compiled, low, g),
+        torch.autograd.grad(eager, low, g),
+        strict=True,
+    ):
+        assert_rel_close(a, e, 1e-6, f"compiled grad {name}", atol=1e-7)
+
+
+def test_custom_op_registration_passes_opcheck():
+    g = torch.Generator().manual_seed(3)
+    q, k = (torch.randn(2, 11, 16, generator=g, requires_grad=True) for _ in range(2))
+    u = torch.randn(2, 11, 9, generator=g, requires_grad=True)
+    torch.library.opcheck(torch.ops.taylorshift.triton_causal_forward.default, (q, k, u, CHUNK))

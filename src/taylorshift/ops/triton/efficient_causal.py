@@ -60,77 +60,111 @@ def _intra(q: Tensor, k: Tensor, u: Tensor) -> Tensor:
     return w.masked_fill(~causal, 0.0) @ u
 
 
-class _CausalCore(torch.autograd.Function):
+def _intra_grad(q: Tensor, k: Tensor, u: Tensor, g: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Gradients of ``_intra``'s q, k, u from g (BH, m, C, e): with s = q kᵀ,
+    W = tril(1 + s + s²/2), Y = W u: gu = Wᵀ g, gs = tril(g uᵀ) ⊙ (1 + s), gq = gs k,
+    gk = gsᵀ q."""
+    s = q @ k.transpose(-2, -1)
+    c = q.shape[-2]
+    causal = torch.ones((c, c), dtype=torch.bool, device=q.device).tril()
+    w = taylor_weight(s, 2).masked_fill(~causal, 0.0)
+    gs = (g @ u.transpose(-2, -1)).masked_fill(~causal, 0.0) * (1.0 + s)
+    return gs @ k, gs.transpose(-2, -1) @ q, w.transpose(-2, -1) @ g
+
+
+# The core as custom ops with fake (meta) implementations and a registered autograd
+# formula, so that torch.compile traces through it (the kernel launches stay opaque).
+
+
+@torch.library.custom_op("taylorshift::triton_causal_forward", mutates_args=())
+def triton_causal_forward(q: Tensor, k: Tensor, u: Tensor, chunk: int) -> Tensor:
     """Y' (BH, Nq, e) from q' (BH, Nq, d), k' (BH, Nk, d), u (BH, Nk, e), all float32."""
+    bh, nq, d = q.shape
+    nk, e = u.shape[1], u.shape[2]
+    lay = layout(d, e)
+    ncq, nck = triton.cdiv(nq, chunk), triton.cdiv(nk, chunk)
+    qc, kc, uc = _chunks(q, ncq, chunk), _chunks(k, nck, chunk), _chunks(u, nck, chunk)
 
-    @staticmethod
-    def forward(ctx, q, k, u, chunk):
-        bh, nq, d = q.shape
-        nk, e = u.shape[1], u.shape[2]
-        lay = layout(d, e)
-        ncq, nck = triton.cdiv(nq, chunk), triton.cdiv(nk, chunk)
-        qc, kc, uc = _chunks(q, ncq, chunk), _chunks(k, nck, chunk), _chunks(u, nck, chunk)
+    states = _state(kc, uc, _no_r(bh * nck, chunk, q), 2, lay).view(bh, nck, lay.size)
+    prefix = _prefix(states, ncq)  # (BH·ncq, size)
+    y = torch.empty((bh * ncq, chunk, e), dtype=torch.float32, device=q.device)
+    _apply(qc, prefix, lay, y)
+    y = y.view(bh, ncq, chunk, e)
+    m = min(ncq, nck)
+    shape = (bh, -1, chunk)
+    y[:, :m] += _intra(
+        qc.view(*shape, d)[:, :m], kc.view(*shape, d)[:, :m], uc.view(*shape, e)[:, :m]
+    )
+    return y.reshape(bh, ncq * chunk, e)[:, :nq].contiguous()
 
-        states = _state(kc, uc, _no_r(bh * nck, chunk, q), 2, lay).view(bh, nck, lay.size)
-        prefix = _prefix(states, ncq)  # (BH·ncq, size)
-        y = torch.empty((bh * ncq, chunk, e), dtype=torch.float32, device=q.device)
-        _apply(qc, prefix, lay, y)
-        y = y.view(bh, ncq, chunk, e)
-        m = min(ncq, nck)
-        shape = (bh, -1, chunk)
-        y[:, :m] += _intra(
-            qc.view(*shape, d)[:, :m], kc.view(*shape, d)[:, :m], uc.view(*shape, e)[:, :m]
-        )
-        ctx.save_for_backward(q, k, u)
-        ctx.chunk = chunk
-        return y.reshape(bh, ncq * chunk, e)[:, :nq]
 
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, grad):
-        q, k, u = ctx.saved_tensors
-        chunk = ctx.chunk
-        bh, nq, d = q.shape
-        nk, e = u.shape[1], u.shape[2]
-        lay = layout(d, e)
-        ncq, nck = triton.cdiv(nq, chunk), triton.cdiv(nk, chunk)
-        qc, kc, uc = _chunks(q, ncq, chunk), _chunks(k, nck, chunk), _chunks(u, nck, chunk)
-        gc = _chunks(grad.float(), ncq, chunk)
+@triton_causal_forward.register_fake
+def _(q, k, u, chunk):
+    return q.new_empty((q.shape[0], q.shape[1], u.shape[2]), dtype=torch.float32)
 
-        # Inter-chunk part, query side: ∂/∂q' of gY'·φ(q')(c ⊙ P_c).
-        states = _state(kc, uc, _no_r(bh * nck, chunk, q), 2, lay).view(bh, nck, lay.size)
-        prefix = _prefix(states, ncq)
-        del states
-        gq = _grad(qc, gc, _no_r(bh * ncq, chunk, q), 2, prefix, lay)
-        del prefix
-        # Key side: R_c = Σ_{c' > c} φ(q'_c')ᵀ gY'_c'.
-        q_states = _state(qc, gc, _no_r(bh * ncq, chunk, q), 2, lay).view(bh, ncq, lay.size)
-        suffix = _suffix(q_states, nck)
-        del q_states
-        gu = torch.empty_like(uc)
-        _apply(kc, suffix, lay, gu)
-        gk = _grad(kc, uc, _no_r(bh * nck, chunk, q), 2, suffix, lay)
-        del suffix
 
-        # Intra-chunk part: autograd on the (C × C) blocks.
-        m = min(ncq, nck)
-        shape = (bh, -1, chunk)
-        gq, gk, gu = gq.view(*shape, d), gk.view(*shape, d), gu.view(*shape, e)
-        with torch.enable_grad():
-            leaves = [
-                x.view(*shape, x.shape[-1])[:, :m].detach().requires_grad_() for x in (qc, kc, uc)
-            ]
-            intra = _intra(*leaves)
-        g_intra = torch.autograd.grad(intra, leaves, gc.view(*shape, e)[:, :m])
-        gq[:, :m] += g_intra[0]
-        gk[:, :m] += g_intra[1]
-        gu[:, :m] += g_intra[2]
-        return (
-            gq.reshape(bh, -1, d)[:, :nq],
-            gk.reshape(bh, -1, d)[:, :nk],
-            gu.reshape(bh, -1, e)[:, :nk],
-            None,
-        )
+@torch.library.custom_op("taylorshift::triton_causal_backward", mutates_args=())
+def triton_causal_backward(
+    grad: Tensor, q: Tensor, k: Tensor, u: Tensor, chunk: int
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Gradients of q', k' and u from the gradient of Y' (all float32)."""
+    bh, nq, d = q.shape
+    nk, e = u.shape[1], u.shape[2]
+    lay = layout(d, e)
+    ncq, nck = triton.cdiv(nq, chunk), triton.cdiv(nk, chunk)
+    qc, kc, uc = _chunks(q, ncq, chunk), _chunks(k, nck, chunk), _chunks(u, nck, chunk)
+    gc = _chunks(grad.float(), ncq, chunk)
+
+    # Inter-chunk part, query side: ∂/∂q' of gY'·φ(q')(c ⊙ P_c).
+    states = _state(kc, uc, _no_r(bh * nck, chunk, q), 2, lay).view(bh, nck, lay.size)
+    prefix = _prefix(states, ncq)
+    del states
+    gq = _grad(qc, gc, _no_r(bh * ncq, chunk, q), 2, prefix, lay)
+    del prefix
+    # Key side: R_c = Σ_{c' > c} φ(q'_c')ᵀ gY'_c'.
+    q_states = _state(qc, gc, _no_r(bh * ncq, chunk, q), 2, lay).view(bh, ncq, lay.size)
+    suffix = _suffix(q_states, nck)
+    del q_states
+    gu = torch.empty_like(uc)
+    _apply(kc, suffix, lay, gu)
+    gk = _grad(kc, uc, _no_r(bh * nck, chunk, q), 2, suffix, lay)
+    del suffix
+
+    # Intra-chunk part: the (C × C) blocks differentiated by hand (autograd does not record
+    # inside a custom op).
+    m = min(ncq, nck)
+    shape = (bh, -1, chunk)
+    gq, gk, gu = gq.view(*shape, d), gk.view(*shape, d), gu.view(*shape, e)
+    blocks = [x.view(*shape, x.shape[-1])[:, :m] for x in (qc, kc, uc)]
+    g_intra = _intra_grad(*blocks, gc.view(*shape, e)[:, :m])
+    gq[:, :m] += g_intra[0]
+    gk[:, :m] += g_intra[1]
+    gu[:, :m] += g_intra[2]
+    return (
+        gq.reshape(bh, -1, d)[:, :nq].contiguous(),
+        gk.reshape(bh, -1, d)[:, :nk].contiguous(),
+        gu.reshape(bh, -1, e)[:, :nk].contiguous(),
+    )
+
+
+@triton_causal_backward.register_fake
+def _(grad, q, k, u, chunk):
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(u)
+
+
+def _setup_causal(ctx, inputs, output):
+    q, k, u, chunk = inputs
+    ctx.save_for_backward(q, k, u)
+    ctx.chunk = chunk
+
+
+def _backward_causal(ctx, grad):
+    q, k, u = ctx.saved_tensors
+    gq, gk, gu = triton_causal_backward(grad.contiguous(), q, k, u, ctx.chunk)
+    return gq, gk, gu, None
+
+
+triton_causal_forward.register_autograd(_backward_causal, setup_context=_setup_causal)
 
 
 def _prefix(states: Tensor, ncq: int) -> Tensor:
@@ -195,8 +229,11 @@ def triton_causal_efficient_taylor_shift(
     else:
         m = key_mask.expand(b, h, nk).to(torch.float32).unsqueeze(-1)
         u = torch.cat([v * m, m], dim=-1)
-    y_prime = _CausalCore.apply(
-        qp.reshape(b * h, nq, d), kp.reshape(b * h, nk, d), u.reshape(b * h, nk, -1), chunk
+    y_prime = triton_causal_forward(
+        qp.reshape(b * h, nq, d).contiguous(),
+        kp.reshape(b * h, nk, d).contiguous(),
+        u.reshape(b * h, nk, -1).contiguous(),
+        chunk,
     ).reshape(b, h, nq, -1)
     count = causal_count(key_mask, nq, nk, torch.float32, query.device)
     y, _ = finish_outputs(y_prime, count, normalize, d)
