@@ -19,8 +19,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 
-from ..nn import CACHE_KINDS, Block, list_kernels
-from .embedding import CosinePositionEmbedding, LearnedPositionEmbedding
+from ..nn import CACHE_KINDS, list_kernels
 from .encoder import (
     POS_EMBEDDINGS,
     ModelConfigBase,
@@ -30,6 +29,9 @@ from .encoder import (
     _probability,
     check_kernel_args,
     check_padding_mask,
+    init_linear_layers,
+    position_embedding,
+    transformer_blocks,
 )
 from .registry import register_model_class
 
@@ -126,29 +128,9 @@ class CausalLM(nn.Module):
         self.config = config = copy.deepcopy(config)
         dim = config.dim
         self.token_embed = nn.Embedding(config.vocab_size, dim, **fk)
-        if config.pos_embedding == "learned":
-            self.pos_embed: nn.Module = LearnedPositionEmbedding(config.max_len, dim, **fk)
-        else:
-            self.pos_embed = CosinePositionEmbedding(dim)
+        self.pos_embed = position_embedding(config.pos_embedding, dim, config.max_len, **fk)
         self.drop = nn.Dropout(config.dropout)
-        rates = [config.drop_path * i / max(config.depth - 1, 1) for i in range(config.depth)]
-        self.blocks = nn.ModuleList(
-            Block(
-                dim,
-                config.num_heads,
-                config.mlp_ratio,
-                qkv_bias=config.qkv_bias,
-                qk_norm=config.qk_norm,
-                attn_drop=config.attn_drop,
-                proj_drop=config.dropout,
-                drop_path=rate,
-                attn_kernel=config.attn_kernel,
-                kernel_args=dict(config.kernel_args),
-                projection=config.projection,
-                **fk,
-            )
-            for rate in rates
-        )
+        self.blocks = transformer_blocks(config, **fk)
         self.norm = nn.LayerNorm(dim, **fk)
         self.head = nn.Linear(dim, config.vocab_size, bias=False, **fk)
         self.reset_parameters()
@@ -166,11 +148,7 @@ class CausalLM(nn.Module):
     def reset_parameters(self) -> None:
         """Linear and embedding weights ~ N(0, 0.02²) truncated, biases 0; the output
         projections of attention and MLP scaled by 1/sqrt(2 · depth) (GPT-2's rule)."""
-        for module in self.modules():
-            if isinstance(module, (nn.Linear, nn.Embedding)):
-                nn.init.trunc_normal_(module.weight, std=0.02)
-                if getattr(module, "bias", None) is not None:
-                    nn.init.zeros_(module.bias)
+        init_linear_layers(self)
         residual_std = 0.02 / (2 * self.config.depth) ** 0.5
         for block in self.blocks:
             nn.init.trunc_normal_(block.attn.proj.weight, std=residual_std)

@@ -170,6 +170,52 @@ class EncoderConfig(ModelConfigBase):
         check_kernel_args(self.kernel_args)
 
 
+def position_embedding(kind: str, dim: int, max_len: int | None, *, device=None, dtype=None):
+    """``"cosine"`` (any length, no parameters) or ``"learned"`` (up to ``max_len``)."""
+    if kind == "learned":
+        if max_len is None:
+            raise ValueError("pos_embedding='learned' needs max_len, the longest sequence")
+        return LearnedPositionEmbedding(max_len, dim, device=device, dtype=dtype)
+    return CosinePositionEmbedding(dim)
+
+
+def transformer_blocks(config, *, context_len=None, device=None, dtype=None) -> nn.ModuleList:
+    """``config.depth`` pre-norm ``Block``s from a model config's fields; stochastic depth
+    rises linearly from 0 at the first block to ``config.drop_path`` at the last."""
+    depth = config.depth
+    rates = [config.drop_path * i / max(depth - 1, 1) for i in range(depth)]
+    return nn.ModuleList(
+        Block(
+            config.dim,
+            config.num_heads,
+            config.mlp_ratio,
+            qkv_bias=config.qkv_bias,
+            qk_norm=config.qk_norm,
+            attn_drop=config.attn_drop,
+            proj_drop=config.dropout,
+            drop_path=rate,
+            attn_kernel=config.attn_kernel,
+            kernel_args=dict(config.kernel_args),
+            projection=config.projection,
+            context_len=context_len,
+            device=device,
+            dtype=dtype,
+        )
+        for rate in rates
+    )
+
+
+@torch.no_grad()
+def init_linear_layers(model: nn.Module) -> None:
+    """Linear and embedding weights ~ N(0, 0.02²) truncated, biases 0; other layers keep
+    their own initialisation."""
+    for module in model.modules():
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.trunc_normal_(module.weight, std=0.02)
+            if isinstance(module, nn.Linear) and module.bias is not None:
+                nn.init.zeros_(module.bias)
+
+
 class EncoderClassifier(nn.Module):
     """Base of the encoder models: the trunk after the token/patch embedding.
 
@@ -184,35 +230,12 @@ class EncoderClassifier(nn.Module):
         fk = {"device": device, "dtype": dtype}
         self.config = config = copy.deepcopy(config)  # kernel_args is a dict: own it
         dim = config.dim
-        if config.pos_embedding == "learned":
-            if max_len is None:
-                raise ValueError("pos_embedding='learned' needs max_len, the longest sequence")
-            self.pos_embed: nn.Module = LearnedPositionEmbedding(max_len, dim, **fk)
-        else:
-            self.pos_embed = CosinePositionEmbedding(dim)
+        self.pos_embed = position_embedding(config.pos_embedding, dim, max_len, **fk)
         self.pos_drop = nn.Dropout(config.dropout)
         self.cls_token = (
             nn.Parameter(torch.zeros(1, 1, dim, **fk)) if config.pooling == "cls" else None
         )
-        rates = [config.drop_path * i / max(config.depth - 1, 1) for i in range(config.depth)]
-        self.blocks = nn.ModuleList(
-            Block(
-                dim,
-                config.num_heads,
-                config.mlp_ratio,
-                qkv_bias=config.qkv_bias,
-                qk_norm=config.qk_norm,
-                attn_drop=config.attn_drop,
-                proj_drop=config.dropout,
-                drop_path=rate,
-                attn_kernel=config.attn_kernel,
-                kernel_args=dict(config.kernel_args),
-                projection=config.projection,
-                context_len=config.context_len,
-                **fk,
-            )
-            for rate in rates
-        )
+        self.blocks = transformer_blocks(config, context_len=config.context_len, **fk)
         self.norm = nn.LayerNorm(dim, **fk)
         self.head = nn.Linear(dim, config.num_classes, **fk)
 
@@ -230,13 +253,7 @@ class EncoderClassifier(nn.Module):
         Convolutions, norms, TaylorShift temperatures and ``super``'s alignment matrix keep
         their own initialisation.
         """
-        for module in self.modules():
-            if isinstance(module, nn.Linear):
-                nn.init.trunc_normal_(module.weight, std=0.02)
-                if module.bias is not None:
-                    nn.init.zeros_(module.bias)
-            elif isinstance(module, nn.Embedding):
-                nn.init.trunc_normal_(module.weight, std=0.02)
+        init_linear_layers(self)
         if self.cls_token is not None:
             nn.init.trunc_normal_(self.cls_token, std=0.02)
 
