@@ -158,6 +158,11 @@ class RunConfig:
         progress: tqdm progress bars (when tqdm is installed).
         tensorboard: also write TensorBoard scalars (when tensorboard is installed).
         threads: ``torch.set_num_threads`` for CPU work; None leaves torch's default.
+        sequence_parallel: processes that share one sequence (consecutive ranks under
+            torchrun), each holding a contiguous slice of its tokens; the TaylorShift
+            kernels exchange their key-side states (``taylorshift.distributed``). The world
+            size must be a multiple; the rest is data parallelism. Causal LM tasks (kind
+            ``lm``) with TaylorShift attention only; 1 = off.
     """
 
     seed: int = 0
@@ -172,6 +177,7 @@ class RunConfig:
     progress: bool = True
     tensorboard: bool = False
     threads: int | None = None
+    sequence_parallel: int = 1
 
 
 SECTIONS: dict[str, type] = {
@@ -323,6 +329,7 @@ class TrainConfig:
         for key in ("max_steps", "eval_every", "checkpoint_every", "threads"):
             _positive(f"run.{key}", getattr(r, key), allow_none=True)
         _positive("run.log_every", r.log_every)
+        _positive("run.sequence_parallel", r.sequence_parallel)
         _positive("run.keep_checkpoints", r.keep_checkpoints)
 
 

@@ -22,9 +22,11 @@ import torch.distributed as dist
 
 __all__ = [
     "Dist",
+    "SequenceGroup",
     "ShardedBatchSampler",
     "derive_seed",
     "eval_shard",
+    "sequence_group",
     "setup",
 ]
 
@@ -159,3 +161,38 @@ def eval_shard(num_samples: int, batch_size: int, rank: int, world_size: int) ->
     the processes together cover each sample exactly once."""
     mine = list(range(rank, num_samples, world_size))
     return [mine[i : i + batch_size] for i in range(0, len(mine), batch_size)]
+
+
+@dataclass(frozen=True)
+class SequenceGroup:
+    """This process's place in sequence parallelism: ``rank`` of ``size`` processes that
+    share each sequence (``group``, a process group, None when ``size`` is 1), and its data-
+    parallel place ``data_rank`` of ``data_world``."""
+
+    size: int = 1
+    rank: int = 0
+    group: object = None
+    data_rank: int = 0
+    data_world: int = 1
+
+    def shard(self, n: int) -> slice:
+        """This process's tokens of a sequence of ``n``."""
+        from ..distributed import sequence_shard
+
+        return sequence_shard(n, self.rank, self.size)
+
+
+def sequence_group(dist_info: Dist, size: int) -> SequenceGroup:
+    """Split the processes into groups of ``size`` consecutive ranks sharing a sequence.
+
+    Every process creates every group (``torch.distributed.new_group`` is collective).
+    """
+    world, rank = dist_info.world_size, dist_info.rank
+    if size == 1:
+        return SequenceGroup(data_rank=rank, data_world=world)
+    if world % size:
+        raise ValueError(
+            f"run.sequence_parallel must divide the number of processes {world}; got {size}"
+        )
+    groups = [dist.new_group(list(range(g, g + size))) for g in range(0, world, size)]
+    return SequenceGroup(size, rank % size, groups[rank // size], rank // size, world // size)

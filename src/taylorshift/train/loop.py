@@ -47,7 +47,15 @@ from .checkpoint import (
     save_checkpoint,
 )
 from .config import RUNTIME_KEYS, ConfigError, TrainConfig
-from .distributed import Dist, ShardedBatchSampler, derive_seed, eval_shard, setup
+from .distributed import (
+    Dist,
+    SequenceGroup,
+    ShardedBatchSampler,
+    derive_seed,
+    eval_shard,
+    sequence_group,
+    setup,
+)
 from .metrics import MetricsLogger, Progress
 from .optim import build_optimizer, build_scheduler
 
@@ -115,6 +123,18 @@ def _build_split(config: TrainConfig, spec: TaskSpec, split: str) -> Dataset:
         for key, value in kept.items():
             setattr(dataset, key, value)
     return dataset
+
+
+def shard_sequence(inputs: tuple, labels: Tensor, seq: SequenceGroup | None):
+    """This process's slice of a batch under sequence parallelism: (inputs, model keyword
+    arguments, labels). Tokens, mask and targets are cut along N; ``positions`` give the
+    slice its place in the sequence."""
+    if seq is None or seq.size == 1:
+        return inputs, {}, labels
+    tokens, mask = inputs
+    part = seq.shard(tokens.shape[1])
+    positions = torch.arange(part.start, part.stop, device=tokens.device)
+    return (tokens[:, part], mask[:, part]), {"positions": positions}, labels[:, part]
 
 
 def task_losses(logits: Tensor, labels: Tensor, kind: str) -> tuple[Tensor, Tensor, Tensor]:
@@ -241,11 +261,14 @@ def evaluate(
     dist_info: Dist | None = None,
     num_workers: int = 0,
     pad_to_multiple: int | None = None,
+    sequence: SequenceGroup | None = None,
 ) -> dict[str, Any]:
     """Accuracy and mean cross entropy of ``model`` on ``dataset``, over all processes.
 
     Each process takes every ``world_size``-th sample (``batch_size`` is the global batch,
     split between processes); sums are reduced, so the result counts every sample once.
+    With ``sequence`` (sequence parallelism) the processes of a group share the samples of
+    their data-parallel rank, each scoring its slice of the tokens.
 
     Returns:
         ``{"loss": float, "accuracy": float, "samples": int}``: per sample for
@@ -253,11 +276,12 @@ def evaluate(
         ``samples`` counts target tokens, and ``perplexity`` = exp(loss) is added).
     """
     dist_info = dist_info or Dist()
+    sequence = sequence or SequenceGroup(data_rank=dist_info.rank, data_world=dist_info.world_size)
     device = torch.device(device)
     was_training = model.training
     model.eval()
-    per_rank = max(1, -(-batch_size // dist_info.world_size))
-    batches = eval_shard(len(dataset), per_rank, dist_info.rank, dist_info.world_size)
+    per_rank = max(1, -(-batch_size // sequence.data_world))
+    batches = eval_shard(len(dataset), per_rank, sequence.data_rank, sequence.data_world)
     loader = DataLoader(
         dataset,
         batch_sampler=batches,
@@ -270,8 +294,9 @@ def evaluate(
     try:
         for batch in loader:
             inputs, labels, _ = _unpack(batch, spec.kind, device)
+            inputs, kwargs, labels = shard_sequence(inputs, labels, sequence)
             with _autocast(device, amp_dtype):
-                logits = model(*inputs)
+                logits = model(*inputs, **kwargs)
             loss, correct, scored = task_losses(logits, labels, spec.kind)
             totals[0] += loss.double()
             totals[1] += correct
@@ -369,9 +394,10 @@ def _train(config: TrainConfig, resume: bool, dist_info: Dist, device: torch.dev
     model = build_model(config, spec, num_classes, vocab_size=vocab_size).to(device)
     if existing is not None:
         load_weights(model, existing / MODEL_FILE)
+    seq = _sequence_parallel(model, spec, run.sequence_parallel, dist_info)
     optimizer = build_optimizer(model, optim)
     sampler = ShardedBatchSampler(
-        len(train_set), data.batch_size, run.seed, dist_info.rank, dist_info.world_size
+        len(train_set), data.batch_size, run.seed, seq.data_rank, seq.data_world
     )
     steps_per_epoch = sampler.batches_per_epoch()
     scheduler = build_scheduler(optimizer, optim, steps_per_epoch)
@@ -379,7 +405,9 @@ def _train(config: TrainConfig, resume: bool, dist_info: Dist, device: torch.dev
     stop_at = min(total_steps, run.max_steps) if run.max_steps else total_steps
 
     # Training randomness (drop path, dropout) differs between processes.
-    _seed_all(derive_seed(run.seed, "train", dist_info.rank))
+    # (The processes of one sequence-parallel group draw alike: drop path must drop the same
+    # samples on every slice.)
+    _seed_all(derive_seed(run.seed, "train", seq.data_rank))
     step = epoch = batch_in_epoch = 0
     best_accuracy: float | None = None
     if state is not None:
@@ -401,7 +429,7 @@ def _train(config: TrainConfig, resume: bool, dist_info: Dist, device: torch.dev
                 f"{dist_info.world_size}: reseeding (the run continues, not bitwise)",
                 stacklevel=2,
             )
-            _seed_all(derive_seed(run.seed, "train", dist_info.rank, step))
+            _seed_all(derive_seed(run.seed, "train", seq.data_rank, step))
 
     net: nn.Module = model
     if dist_info.enabled:
@@ -451,6 +479,7 @@ def _train(config: TrainConfig, resume: bool, dist_info: Dist, device: torch.dev
             dist_info=dist_info,
             num_workers=data.num_workers,
             pad_to_multiple=data.pad_to_multiple,
+            sequence=seq,
         )
         metrics.log("eval", step, epoch=epoch, split=split_name, **result)
         say(
@@ -537,11 +566,20 @@ def _train(config: TrainConfig, resume: bool, dist_info: Dist, device: torch.dev
             net.train()
             for batch in loader:
                 inputs, labels, tokens = _unpack(batch, spec.kind, device)
+                inputs, kwargs, labels = shard_sequence(inputs, labels, seq)
                 previous_lr, lr = lr, optimizer.param_groups[0]["lr"]
                 with _autocast(device, amp_dtype):
-                    logits = net(*inputs)
+                    logits = net(*inputs, **kwargs)
                 loss_sum, _, scored = task_losses(logits, labels, spec.kind)
-                loss = loss_sum / scored.clamp(min=1)
+                if seq.size > 1:
+                    # The group's mean over all its targets, times the group size: DDP
+                    # averages gradients over every process, and the slices' gradients
+                    # must add up within a group.
+                    scored = scored.detach().clone()
+                    torch.distributed.all_reduce(scored, group=seq.group)
+                    loss = loss_sum / scored.clamp(min=1) * seq.size
+                else:
+                    loss = loss_sum / scored.clamp(min=1)
                 global_loss = dist_info.all_reduce_sum(loss.detach().clone())
                 value = global_loss.item() / dist_info.world_size
                 if not math.isfinite(value):
@@ -559,7 +597,7 @@ def _train(config: TrainConfig, resume: bool, dist_info: Dist, device: torch.dev
                 losses.append(value)
                 window["loss"] += value
                 window["steps"] += 1
-                window["samples"] += len(labels) * dist_info.world_size
+                window["samples"] += len(labels) * seq.data_world
                 if tokens is not None:
                     window["tokens"] += int(tokens) * dist_info.world_size
                 epoch_end = batch_in_epoch == steps_per_epoch
@@ -601,6 +639,29 @@ def _train(config: TrainConfig, resume: bool, dist_info: Dist, device: torch.dev
         test=test_result,
         best_accuracy=best_accuracy,
     )
+
+
+def _sequence_parallel(
+    model: nn.Module, spec: TaskSpec, size: int, dist_info: Dist
+) -> SequenceGroup:
+    """Make the model's kernels sequence-parallel when ``run.sequence_parallel`` > 1."""
+    if size > 1 and spec.kind != "lm":
+        raise ConfigError(
+            f"run.sequence_parallel needs a causal language-model task (kind 'lm'); task "
+            f"{spec.name!r} is kind {spec.kind!r}"
+        )
+    try:
+        seq = sequence_group(dist_info, size)
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+    if seq.size > 1:
+        from ..distributed import convert_sequence_parallel
+
+        try:
+            convert_sequence_parallel(model, seq.group)
+        except ValueError as err:
+            raise ConfigError(f"run.sequence_parallel: {err}") from None
+    return seq
 
 
 def _nonfinite(metrics, step: int, epoch: int, value: float, checkpoint) -> NonFiniteLossError:

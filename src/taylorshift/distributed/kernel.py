@@ -1,0 +1,152 @@
+"""Sequence parallelism for modules: a TaylorShift kernel whose keys span every rank.
+
+An attention layer's projections, norms and MLPs act token by token, so a model whose
+``taylorshift`` kernels are replaced by :class:`SequenceParallelKernel` runs on a local
+slice (B, N_r, dim) of the sequence unchanged: only the kernel communicates.
+:func:`convert_sequence_parallel` makes that replacement in place, keeping each kernel's
+temperature (the same parameter object, so the same ``state_dict`` keys and values).
+Position offsets are the model's concern (``sequence_shard(...).start``).
+"""
+
+from __future__ import annotations
+
+from torch import nn
+
+from ..nn.attention import Attention
+from ..nn.kernels import AttentionKernel, TaylorShiftKernel
+from .collectives import group_place
+from .sequence_parallel import sequence_parallel_taylor_shift
+
+
+class SequenceParallelKernel(TaylorShiftKernel):
+    """TaylorShift (efficient form, order 2) over a sequence split across ``group``.
+
+    Takes this rank's q (B, H, N_r, d), k, v and a key-padding ``attn_mask`` broadcastable to
+    (B, H, 1, N_r); see ``sequence_parallel_taylor_shift``. ``attn_drop`` drops local keys
+    (as the ``taylorshift`` kernel does); the count of kept keys is summed over the ranks.
+
+    Args:
+        temperature, learn_temperature, normalize: as the ``taylorshift`` kernel.
+        group: the ranks that share one sequence, in sequence order (None: the default
+            group, or a single process without ``torch.distributed``). Not saved in the
+            ``state_dict``; :func:`convert_sequence_parallel` sets it.
+    """
+
+    name = "taylorshift-sp"
+
+    def __init__(
+        self,
+        num_heads,
+        head_dim,
+        *,
+        attn_drop=0.0,
+        temperature=1.0,
+        learn_temperature=True,
+        normalize=True,
+        group=None,
+    ):
+        super().__init__(
+            num_heads,
+            head_dim,
+            attn_drop=attn_drop,
+            mode="efficient",
+            order=2,
+            temperature=temperature,
+            learn_temperature=learn_temperature,
+            normalize=normalize,
+        )
+        self.group = group
+
+    @property
+    def group(self):
+        """The process group of the sequence (None: the default group)."""
+        return self._group.value
+
+    @group.setter
+    def group(self, group) -> None:
+        group_place(group)
+        self._group = _SharedHandle(group)
+
+    def attend(self, q, k, v, attn_mask, is_causal):
+        return sequence_parallel_taylor_shift(
+            q,
+            k,
+            v,
+            attn_mask,
+            is_causal,
+            temperature=self.temperature if self.normalize else 1.0,
+            normalize=self.normalize,
+            group=self.group,
+        )
+
+
+class _SharedHandle:
+    """Holds a process group so that ``copy.deepcopy`` of a model (EMA, a reference copy)
+    shares it: a group is a handle to communicators, not data (and cannot be copied)."""
+
+    def __init__(self, value) -> None:
+        self.value = value
+
+    def __deepcopy__(self, memo) -> _SharedHandle:
+        return self
+
+
+def convert_sequence_parallel(model: nn.Module, group=None) -> nn.Module:
+    """Replace every ``taylorshift`` kernel of ``model`` by a :class:`SequenceParallelKernel`.
+
+    In place (and returned), like ``torch.nn.SyncBatchNorm.convert_sync_batchnorm``: call it
+    before building the optimizer and before wrapping the model in DDP. Each new kernel
+    takes over the old one's temperature tensor itself, so parameters, ``state_dict`` keys
+    and checkpoints are unchanged; the direct and efficient modes compute the same function,
+    so a kernel of any ``mode`` converts. Kernels already sequence-parallel get ``group``.
+
+    Raises:
+        ValueError: a kernel that cannot attend across ranks (softmax, linear, holt; a
+            TaylorShift order other than 2), an ``Attention`` with ``projection='super'``
+            (its W_A mixes values over the whole sequence), or no TaylorShift kernel at all.
+    """
+    group_place(group)
+    if isinstance(model, AttentionKernel):
+        return _converted(model, "model", group)
+    replaced = 0
+    for path, parent in list(model.named_modules()):
+        if isinstance(parent, Attention) and parent.projection == "super":
+            raise ValueError(
+                f"{path or 'model'} has projection='super', whose W_A mixes values over the "
+                "whole sequence: it cannot run on a slice; use another projection"
+            )
+        for name, child in parent.named_children():
+            if isinstance(child, AttentionKernel):
+                setattr(parent, name, _converted(child, f"{path}.{name}".lstrip("."), group))
+                replaced += 1
+    if not replaced:
+        raise ValueError(
+            f"model ({type(model).__name__}) has no attention kernel to make sequence-parallel"
+        )
+    return model
+
+
+def _converted(kernel: AttentionKernel, path: str, group) -> SequenceParallelKernel:
+    if isinstance(kernel, SequenceParallelKernel):
+        kernel.group = group
+        return kernel
+    if not isinstance(kernel, TaylorShiftKernel):
+        raise ValueError(
+            f"{path} is the {kernel.name!r} kernel, which cannot attend across ranks; only "
+            "'taylorshift' kernels can be made sequence-parallel"
+        )
+    if kernel.order != 2:
+        raise ValueError(
+            f"{path} has Taylor order {kernel.order}; sequence parallelism uses the efficient "
+            "form, which supports order 2 only"
+        )
+    new = SequenceParallelKernel(
+        kernel.num_heads,
+        kernel.head_dim,
+        attn_drop=kernel.attn_drop,
+        learn_temperature=isinstance(kernel.temperature, nn.Parameter),
+        normalize=kernel.normalize,
+        group=group,
+    )
+    new.temperature = kernel.temperature  # the same tensor: parameter or buffer as before
+    return new.train(kernel.training)
