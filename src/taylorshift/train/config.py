@@ -670,20 +670,21 @@ PRESETS: dict[str, TrainConfig] = {
         optim=OptimConfig(name="lamb", lr=1e-3, epochs=10, warmup_epochs=1.0, grad_clip=1.0),
         run=RunConfig(out_dir="runs/cifar-pixel-cpu", log_every=16),
     ),
+    # Settings from the probes of benchmarks/recall_cpu (qk-norm and lr 3e-3 mattered most).
     "recall": TrainConfig(
         data=DataConfig(
             task="recall",
-            options={"seq_len": 64, "num_pairs": 8, "vocab_size": 64},
+            options={"seq_len": 64, "num_pairs": 4, "vocab_size": 64},
             split_options={
                 "train": {"num_samples": 8192},
                 "val": {"num_samples": 512},
                 "test": {"num_samples": 1024},
             },
-            batch_size=64,
+            batch_size=16,
         ),
-        model=ModelConfig(name="lm-tiny"),
+        model=ModelConfig(name="lm-tiny", overrides={"qk_norm": True}),
         optim=OptimConfig(
-            name="adamw", lr=1e-3, weight_decay=0.1, epochs=16, warmup_epochs=1.0, grad_clip=1.0
+            name="adamw", lr=3e-3, weight_decay=0.1, epochs=4, warmup_epochs=0.4, grad_clip=1.0
         ),
         run=RunConfig(out_dir="runs/recall", log_every=32),
     ),
