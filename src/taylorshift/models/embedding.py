@@ -21,12 +21,23 @@ def sinusoidal_position_embedding(
     odd ``dim`` drops the last cosine. Position p gets the same vector for every length, so
     sequences of any length (and padded batches) see consistent positions.
     """
+    positions = torch.arange(length, device=device)
+    return sinusoidal_at(positions, dim, dtype=dtype, base=base)
+
+
+def sinusoidal_at(positions: Tensor, dim: int, *, dtype=None, base: float = 10000.0) -> Tensor:
+    """The sinusoidal embedding of the given positions: (...) long -> (..., dim).
+
+    Equal, entry for entry, to the rows of ``sinusoidal_position_embedding``; costs
+    O(len(positions) · dim) whatever the positions (a decoding step far into a sequence).
+    """
     half = (dim + 1) // 2
     inv_freq = torch.exp(
-        torch.arange(half, device=device, dtype=torch.float32) * (-2.0 * math.log(base) / dim)
+        torch.arange(half, device=positions.device, dtype=torch.float32)
+        * (-2.0 * math.log(base) / dim)
     )
-    angle = torch.arange(length, device=device, dtype=torch.float32)[:, None] * inv_freq
-    pe = torch.stack((angle.sin(), angle.cos()), dim=-1).flatten(1)[:, :dim]  # (N, dim)
+    angle = positions.to(torch.float32)[..., None] * inv_freq
+    pe = torch.stack((angle.sin(), angle.cos()), dim=-1).flatten(-2)[..., :dim]
     return pe.to(dtype or torch.get_default_dtype())
 
 
@@ -44,13 +55,7 @@ class CosinePositionEmbedding(nn.Module):
             return x + sinusoidal_position_embedding(
                 x.shape[1], self.dim, device=x.device, dtype=x.dtype
             )
-        table = sinusoidal_position_embedding(
-            int(positions.max()) + 1 if positions.numel() else 1,
-            self.dim,
-            device=x.device,
-            dtype=x.dtype,
-        )
-        return x + table[positions]
+        return x + sinusoidal_at(positions.to(x.device), self.dim, dtype=x.dtype)
 
     def extra_repr(self) -> str:
         return f"dim={self.dim}"

@@ -135,7 +135,8 @@ class AttentionKernel(nn.Module):
             # (efficient TaylorShift, linear-time holt) serve those. A block after a past
             # goes token by token, each seeing its prefix of the cache.
             if t == 1 or t == n:
-                return self.attend(q, keys, values, mask[:, None, None, :], t == n)
+                key_mask = None if bool(mask.all()) else mask[:, None, None, :]
+                return self.attend(q, keys, values, key_mask, t == n)
             past = n - t
             rows = [
                 self.attend(q[..., i : i + 1, :], keys[..., : past + i + 1, :],
