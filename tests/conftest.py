@@ -1,8 +1,21 @@
-"""Suite-wide fixtures."""
+"""Suite-wide fixtures, and Triton's interpreter switched on before anything imports Triton.
+
+Triton reads ``TRITON_INTERPRET`` when its language module is imported: if another library
+(transformers checks for Triton at import) loads it first without the variable, the
+kernel tests under ``tests/ops/triton`` fail with "Cannot call @triton.jit'd outside of the
+scope of a kernel". So it is set here, before any test module is imported, on machines
+without CUDA (where those tests run interpreted).
+"""
 
 from __future__ import annotations
 
+import os
+
 import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from taylorshift.ops.taylor_shift import dispatch
 

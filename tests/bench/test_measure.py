@@ -66,7 +66,8 @@ def test_fresh_process_sees_torch_allocations(importable_tests):
     assert r.status == "ok", r.error
     assert r.method == "fresh-process VmHWM"
     # the tensor is written (ones), so all its pages are resident
-    assert n * 4 <= r.peak_extra_bytes < n * 4 + (8 << 20)
+    # (within 1 MiB below: a few pages of the fresh process may be resident already)
+    assert n * 4 - (1 << 20) <= r.peak_extra_bytes < n * 4 + (8 << 20)
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc (Linux only)")
