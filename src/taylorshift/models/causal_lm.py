@@ -19,16 +19,13 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 
-from ..nn import CACHE_KINDS, list_kernels
+from ..nn import CACHE_KINDS
 from .encoder import (
-    POS_EMBEDDINGS,
     ModelConfigBase,
-    _choice,
     _flag,
     _positive_int,
-    _probability,
-    check_kernel_args,
     check_padding_mask,
+    check_trunk,
     init_linear_layers,
     position_embedding,
     transformer_blocks,
@@ -83,24 +80,10 @@ class CausalLMConfig(ModelConfigBase):
 
     def validate(self) -> None:
         """Raise ValueError/TypeError naming the first bad field, its expected and its value."""
-        for name in ("vocab_size", "dim", "depth", "num_heads", "max_len"):
+        for name in ("vocab_size", "max_len"):
             _positive_int(name, getattr(self, name))
-        if self.dim % self.num_heads:
-            raise ValueError(
-                f"dim must be divisible by num_heads; got dim={self.dim}, "
-                f"num_heads={self.num_heads}"
-            )
-        r = self.mlp_ratio
-        if isinstance(r, bool) or not isinstance(r, (int, float)) or r <= 0:
-            raise ValueError(f"mlp_ratio must be a number > 0; got {r!r}")
-        for name in ("qkv_bias", "qk_norm", "tie_embeddings"):
-            _flag(name, getattr(self, name))
-        _choice("attn_kernel", self.attn_kernel, tuple(list_kernels()))
-        _choice("projection", self.projection, DECODE_PROJECTIONS)
-        _choice("pos_embedding", self.pos_embedding, POS_EMBEDDINGS)
-        for name in ("dropout", "attn_drop", "drop_path"):
-            _probability(name, getattr(self, name))
-        check_kernel_args(self.kernel_args)
+        _flag("tie_embeddings", self.tie_embeddings)
+        check_trunk(self, DECODE_PROJECTIONS)
 
 
 @register_model_class

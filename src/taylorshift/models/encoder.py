@@ -148,26 +148,33 @@ class EncoderConfig(ModelConfigBase):
 
     def validate(self) -> None:
         """Raise ValueError/TypeError naming the first bad field, its expected and its value."""
-        for name in ("num_classes", "dim", "depth", "num_heads"):
-            _positive_int(name, getattr(self, name))
+        _positive_int("num_classes", self.num_classes)
         _positive_int("context_len", self.context_len, allow_none=True)
-        if self.dim % self.num_heads:
-            raise ValueError(
-                f"dim must be divisible by num_heads; got dim={self.dim}, "
-                f"num_heads={self.num_heads}"
-            )
-        r = self.mlp_ratio
-        if isinstance(r, bool) or not isinstance(r, (int, float)) or r <= 0:
-            raise ValueError(f"mlp_ratio must be a number > 0; got {r!r}")
-        _flag("qkv_bias", self.qkv_bias)
-        _flag("qk_norm", self.qk_norm)
-        _choice("attn_kernel", self.attn_kernel, tuple(list_kernels()))
-        _choice("projection", self.projection, PROJECTIONS)
-        _choice("pos_embedding", self.pos_embedding, POS_EMBEDDINGS)
+        check_trunk(self, PROJECTIONS)
         _choice("pooling", self.pooling, POOLINGS)
-        for name in ("dropout", "attn_drop", "drop_path"):
-            _probability(name, getattr(self, name))
-        check_kernel_args(self.kernel_args)
+
+
+def check_trunk(config: Any, projections: tuple[str, ...]) -> None:
+    """Check the fields every Transformer trunk config has (width, depth, heads, MLP, flags,
+    kernel, projection, positions, dropouts); errors name the field."""
+    for name in ("dim", "depth", "num_heads"):
+        _positive_int(name, getattr(config, name))
+    if config.dim % config.num_heads:
+        raise ValueError(
+            f"dim must be divisible by num_heads; got dim={config.dim}, "
+            f"num_heads={config.num_heads}"
+        )
+    r = config.mlp_ratio
+    if isinstance(r, bool) or not isinstance(r, (int, float)) or r <= 0:
+        raise ValueError(f"mlp_ratio must be a number > 0; got {r!r}")
+    _flag("qkv_bias", config.qkv_bias)
+    _flag("qk_norm", config.qk_norm)
+    _choice("attn_kernel", config.attn_kernel, tuple(list_kernels()))
+    _choice("projection", config.projection, projections)
+    _choice("pos_embedding", config.pos_embedding, POS_EMBEDDINGS)
+    for name in ("dropout", "attn_drop", "drop_path"):
+        _probability(name, getattr(config, name))
+    check_kernel_args(config.kernel_args)
 
 
 def position_embedding(kind: str, dim: int, max_len: int | None, *, device=None, dtype=None):
