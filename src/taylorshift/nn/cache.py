@@ -27,6 +27,7 @@ class KVCache:
     keys: Tensor | None = None
     values: Tensor | None = None
     mask: Tensor | None = None
+    padded: bool = False  # some cached token is padding (checked once per given mask)
 
     def extend(
         self, key: Tensor, value: Tensor, key_padding_mask: Tensor | None
@@ -36,6 +37,8 @@ class KVCache:
         new_mask = key_padding_mask
         if new_mask is None:
             new_mask = torch.ones((b, t), dtype=torch.bool, device=key.device)
+        elif not self.padded:
+            self.padded = not bool(new_mask.all())
         if self.keys is None:
             self.keys, self.values, self.mask = key, value, new_mask
         else:

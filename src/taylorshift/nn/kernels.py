@@ -135,7 +135,7 @@ class AttentionKernel(nn.Module):
             # (efficient TaylorShift, linear-time holt) serve those. A block after a past
             # goes token by token, each seeing its prefix of the cache.
             if t == 1 or t == n:
-                key_mask = None if bool(mask.all()) else mask[:, None, None, :]
+                key_mask = mask[:, None, None, :] if cache.padded else None
                 return self.attend(q, keys, values, key_mask, t == n)
             past = n - t
             rows = [
