@@ -161,10 +161,10 @@ def _run_theory(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
     return 0
 
 
-# `taylorshift bench [models|scaling|calibrate]`: the op sweep takes its options on `bench`
-# itself; each tool is a module of taylorshift.bench with HELP, add_arguments and run.
+# `taylorshift bench [TOOL]`: the op sweep takes its options on `bench` itself; each tool is
+# a module (or package) of taylorshift.bench with HELP, add_arguments and run.
 
-BENCH_TOOLS = ("models", "scaling", "calibrate", "decode")
+BENCH_TOOLS = ("models", "scaling", "calibrate", "decode", "seqpar")
 
 
 def _bench_arguments(parser: argparse.ArgumentParser) -> None:
@@ -233,7 +233,7 @@ SUBCOMMANDS: tuple[Subcommand, ...] = (
     Subcommand(
         name="bench",
         help="measure where each attention form pays off on this machine "
-        "(tools: models, scaling, calibrate)",
+        "(tools: models, scaling, calibrate, decode, seqpar)",
         add_arguments=_bench_arguments,
         run=_run_bench,
     ),

@@ -146,8 +146,8 @@ def test_cache_dir_follows_the_environment(monkeypatch, tmp_path):
 @pytest.mark.parametrize(
     "argv, message",
     [
-        (["--device", "bogus"], "--device expected cpu, cuda or cuda:<index>; got 'bogus'"),
-        (["--device", "meta"], "--device expected cpu, cuda or cuda:<index>; got 'meta'"),
+        (["--device", "bogus"], "--device: expected cpu, cuda or cuda:<index>; got 'bogus'"),
+        (["--device", "meta"], "--device: expected cpu, cuda or cuda:<index>; got 'meta'"),
         (["--dtype", "float8"], "argument --dtype: invalid choice: 'float8'"),
         (["--d", "0"], "argument --d: expected a positive integer, got 0"),
         (["--n", "1.5"], "argument --n: expected a positive integer, got '1.5'"),
@@ -171,4 +171,7 @@ def test_cli_errors_name_the_flag(capsys, argv, message):
 def test_cuda_device_without_cuda_is_a_parser_error(capsys):
     with pytest.raises(SystemExit):
         main(["bench", "calibrate", "--device", "cuda"])
-    assert "--device cuda: CUDA is not available on this machine" in capsys.readouterr().err
+    assert (
+        "--device: expected an available device; got 'cuda' but CUDA is not available"
+        in capsys.readouterr().err
+    )

@@ -17,6 +17,7 @@ import torch
 
 from taylorshift.bench import machine, measure
 from taylorshift.bench import models as bm
+from taylorshift.bench.models import sweep as bm_sweep
 from taylorshift.cli import build_parser, main
 
 TINY = ("--set", "dim=16", "--set", "depth=1", "--seq-len", "16")
@@ -133,11 +134,11 @@ def test_out_of_memory_at_build_is_a_result(monkeypatch):
     def no_memory(*args, **kwargs):
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 8.00 GiB")
 
-    monkeypatch.setattr(bm, "build_model", no_memory)
+    monkeypatch.setattr(bm_sweep, "build_model", no_memory)
     row = bm.measure_case(one_case(), FAST)
     assert row["status"] == "oom" and "out of memory" in row["errors"]["build"]
     for stage in bm.STAGES:
-        assert row[bm._STATUS_FIELD[stage]] == "oom"
+        assert row[f"{stage}_status"] == "oom"
     assert row["params"] is None and row["curve"] == []
 
 
@@ -149,7 +150,7 @@ def test_out_of_memory_in_the_batch_sweep_keeps_the_curve(monkeypatch):
             raise torch.OutOfMemoryError(f"out of memory at batch {batch}")
         return real(model, batch, *args)
 
-    monkeypatch.setattr(bm, "make_inputs", small_only)
+    monkeypatch.setattr(bm_sweep, "make_inputs", small_only)
     settings = replace(FAST, max_batch=16, min_gain=-1.0)  # never stop for lack of gain
     row = bm.measure_case(one_case(), settings)
     assert [(p["batch"], p["status"]) for p in row["curve"]] == [(1, "ok"), (2, "ok"), (4, "oom")]
@@ -176,7 +177,7 @@ def test_sweep_stops(monkeypatch, seconds, max_batch, stop, batches):
         median = seconds[fn()]
         return measure.TimeResult(status="ok", median_s=median, q1_s=median, q3_s=median, reps=1)
 
-    monkeypatch.setattr(bm.measure, "time_call", fake_time_call)
+    monkeypatch.setattr(measure, "time_call", fake_time_call)
     settings = bm.Settings(max_batch=max_batch)
     curve, why = bm.sweep_throughput(lambda b: lambda: b, settings, bm.Budget(None))
     assert why == stop and [p["batch"] for p in curve] == batches
@@ -298,7 +299,7 @@ def test_cli_measures_peak_memory_in_a_fresh_process(tmp_path):
             "--seq-len for the ViT 'vit-micro' counts patches: expected a square number",
         ),
         (("--accuracy", "/nonexistent/acc.json"), "--accuracy: expected a JSON object or CSV"),
-        (("--device", "tpu:x"), "--device must be"),
+        (("--device", "tpu:x"), "--device: expected cpu, cuda or cuda:<index>; got 'tpu:x'"),
     ],
     ids=[
         "model",
@@ -329,7 +330,7 @@ def test_bad_options_name_flag_expected_and_actual(capsys, tmp_path, argv, messa
 def test_unavailable_cuda_is_refused(capsys, tmp_path):
     with pytest.raises(SystemExit):
         main(["bench", "models", "--quick", "--out", str(tmp_path), "--device", "cuda"])
-    assert "--device cuda: expected an available device" in capsys.readouterr().err
+    assert "--device: expected an available device; got 'cuda'" in capsys.readouterr().err
 
 
 def test_missing_bench_extra_is_a_message_not_an_exit(monkeypatch, capsys, tmp_path):
@@ -343,7 +344,7 @@ def test_other_errors_are_statuses_too(monkeypatch):
     def broken(*args, **kwargs):
         raise ValueError("inputs must be token ids")
 
-    monkeypatch.setattr(bm, "make_inputs", broken)
+    monkeypatch.setattr(bm_sweep, "make_inputs", broken)
     row = bm.measure_case(one_case(), FAST)
     assert row["status"] == "ok"  # the model was built
     assert (
@@ -353,3 +354,22 @@ def test_other_errors_are_statuses_too(monkeypatch):
         == ("error: ValueError")
     )
     assert row["curve"][0]["error"] == "inputs must be token ids"
+
+
+def test_old_spellings_warn_and_name_the_new_ones(tmp_path):
+    with pytest.warns(DeprecationWarning, match=r"render_report is now .*\.report_markdown"):
+        assert bm.render_report is bm.report_markdown
+    with pytest.warns(DeprecationWarning, match=r"render_summary is now .*\.summary"):
+        assert bm.render_summary is bm.summary
+    results = {
+        "rows": [],
+        "config": {"device": "cpu", "dtype": "float32", "train_batch": 1, "max_batch": 1},
+        "machine": {},
+        "command": "taylorshift bench models",
+        "elapsed_s": 0.0,
+    }
+    with pytest.warns(DeprecationWarning, match=r"is now write_outputs\(results, out\)"):
+        written = bm.write_outputs(tmp_path, results, plots=False)
+    assert sorted(p.name for p in written) == ["report.md", "results.csv", "results.json"]
+    with pytest.raises(AttributeError, match="has no attribute 'nothing'"):
+        bm.nothing  # noqa: B018

@@ -115,6 +115,7 @@ def test_csv_report_and_plots(sweep_dir):
     ):  # fmt: skip
         assert section in report, section
     assert "### d = 4, forward, fp32" in report
+    assert "## Achieved GFLOP/s" in report
     assert results["sdpa_backends"][0]["backend"] in report
     for name in ("time_fwd_fp32.png", "time_fwd_bwd_fp32.png"):
         data = (out / name).read_bytes()
@@ -303,7 +304,7 @@ def test_cli_quick_settings():
         (["--quiet-wait-s", "-2"], "argument --quiet-wait-s: expected a number >= 0, got -2"),
         (["--pass", "bwd"], "argument --pass: invalid choice: 'bwd'"),
         (["--dtype", "fp8"], "argument --dtype: invalid choice: 'fp8'"),
-        (["--device", "tpu"], "--device: expected cpu, cuda or cuda:i; got 'tpu'"),
+        (["--device", "tpu"], "--device: expected cpu, cuda or cuda:<index>; got 'tpu'"),
         (["--report-only", "nowhere"], "--report-only: expected a folder holding results.json"),
         (["--report-only", ".", "--quick"], "expected no sweep options with it, got --quick"),
         (["--report-only", ".", "--n", "8"], "expected no sweep options with it, got --n"),
@@ -349,3 +350,44 @@ def test_noisy_point_is_timed_again(monkeypatch):
     (p,) = results["points"]
     assert p["other_cpu_share"] == 0.05 and p["remeasured"]["other_cpu_share"] == 0.9
     assert results["quiet_waited_s"] == 0.5 and results["other_cpu_share_start"] == 0.0
+
+
+def test_model_flops_by_hand():
+    # d = 4, N = 8: softmax 4 N² d; direct 4 N² d + 6 N²; efficient 2N (P + 2 D (d + 1)) with
+    # P = d(d+1)/2 = 10 pairs and D = P + d + 1 = 15 symmetric features.
+    assert op.model_flops("softmax", 8, 4, "fwd") == 4 * 64 * 4 == 1024
+    assert op.model_flops("taylorshift-direct", 8, 4, "fwd") == 1024 + 6 * 64
+    assert op.model_flops("taylorshift-efficient", 8, 4, "fwd") == 16 * (10 + 2 * 15 * 5)
+    assert op.model_flops("softmax", 8, 4, "fwd+bwd", rows=6) == 3 * 6 * 1024
+
+
+def test_time_points_carry_model_flops_and_gflops(sweep_dir):
+    _, results = sweep_dir
+    for p in results["points"]:
+        assert p["model_flops"] == op.model_flops(p["family"], p["n"], p["d"], p["pass"])
+        assert p["gflops"] == pytest.approx(p["model_flops"] / p["median_s"] / 1e9)
+
+
+def test_quiet_gate_waits_before_points_and_remeasures_after_the_sweep(monkeypatch):
+    # Quiet at the start; N = 8 timed under load twice (during the sweep), quiet after it;
+    # N = 16 quiet.
+    shares = iter([0.0, 0.9, 0.8, 0.1, 0.05])
+    monkeypatch.setattr(op.CpuLoad, "other_share", staticmethod(lambda a, b: next(shares)))
+    waits = []
+    monkeypatch.setattr(op.CpuLoad, "wait_quiet", lambda self, limit_s: waits.append(limit_s) or 1)
+    s = dataclasses.replace(
+        FAST, ns=(8, 16), impls=("sdpa",), passes=("fwd",), quiet_wait_s=60.0,
+        quiet_before_s=2.0, remeasure_noisy=True,
+    )  # fmt: skip
+    results = op.run_sweep(s)
+    first, second = results["points"]
+    # before N = 8, again after its noisy timing, before N = 16, before the re-measure
+    assert waits == [2.0, 10.0, 2.0, 10.0]
+    assert first["other_cpu_share"] == 0.05
+    assert first["remeasured_after_sweep"]["other_cpu_share"] == 0.8
+    assert first["remeasured"]["other_cpu_share"] == 0.9
+    assert second["other_cpu_share"] == 0.1 and "remeasured_after_sweep" not in second
+    assert results["quiet_waited_s"] == 4
+    report = op.report_markdown(results)
+    assert "- Quiet gate: before each time point the sweep waited up to 2 s" in report
+    assert "1 time points were timed once more after the sweep" in report

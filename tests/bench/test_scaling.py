@@ -156,3 +156,18 @@ def test_cli_errors_name_the_flag(capsys, tmp_path, argv, message):
         main(["bench", "scaling", *argv, "--out", str(tmp_path)])
     assert excinfo.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_old_plot_keyword_warns_and_names_plots(tmp_path):
+    rows = scaling.measure([4], [4], 1, torch.float64, "sphere", queries=4)
+    result = {
+        "machine": {"cpu_model": "x", "torch": "y"},
+        "command": "taylorshift bench scaling",
+        "settings": {"n": [4], "d": [4], "seeds": 1, "dtype": "float64", "queries": 4,
+                     "values_text": "uniform on the unit sphere"},
+        "rows": rows,
+        "overflow": scaling.overflow_table(rows),
+    }  # fmt: skip
+    with pytest.warns(DeprecationWarning, match=r"plot=\) is now write_outputs\(\.\.\., plots=\)"):
+        written = scaling.write_outputs(result, tmp_path, plot=False)
+    assert sorted(p.name for p in written) == ["report.md", "results.csv", "results.json"]

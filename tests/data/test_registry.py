@@ -16,12 +16,14 @@ from taylorshift.models import vocab
 
 TASKS = [
     "cifar-pixel",
+    "digits",
     "image-folder",
     "imdb-byte",
     "listops",
     "listops-tsv",
     "lm",
     "recall",
+    "text-bytes",
     "text-csv",
     "text-jsonl",
 ]
@@ -40,13 +42,18 @@ def test_list_and_specs():
     assert get_task("text-csv").num_classes is None and get_task("text-csv").pad_id == 256
     image = get_task("image-folder")
     assert image.kind == "image" and image.vocab_size is None and image.pad_id is None
-    for name in ("recall", "lm"):
+    for name in ("recall", "lm", "text-bytes"):
         spec = get_task(name)
         assert spec.kind == "lm" and spec.num_classes is None
         # vocab_size and max_len are those of the default options
         assert spec.vocab_size == spec.options.get("vocab_size", vocab.BYTE_VOCAB_SIZE)
         assert spec.max_len == spec.options["seq_len"]
     assert get_task("lm").pad_id == vocab.BYTE_PAD_ID and get_task("recall").pad_id == 0
+    assert [n for n in list_tasks() if get_task(n).byte_tokens] == ["lm", "text-bytes"]
+    digits = get_task("digits")
+    assert (digits.kind, digits.num_classes, digits.vocab_size, digits.max_len) == (
+        "tokens", 10, 256, 1024,
+    )  # fmt: skip
     with pytest.raises(dataclasses.FrozenInstanceError):
         listops.max_len = 1  # type: ignore[misc]
 

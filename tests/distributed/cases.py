@@ -20,12 +20,12 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from taylorshift import naive_taylor_shift_attention, taylor_shift_attention
+from taylorshift.bench.seqpar import measure
 from taylorshift.distributed import (
     convert_sequence_parallel,
     sequence_parallel_taylor_shift,
     sequence_shard,
 )
-from taylorshift.distributed.bench import measure
 from taylorshift.nn import Attention
 from tests.helpers import assert_rel_close, rel_error
 from tests.nn.cases import spread_temperature

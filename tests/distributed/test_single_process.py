@@ -104,6 +104,24 @@ def test_conversion_keeps_a_fixed_temperature_a_buffer_and_the_training_flag():
     assert not module.kernel.training
 
 
+def test_conversion_takes_over_a_log_temperature():
+    module = Attention(8, 2, attn_kernel="taylorshift", kernel_args={"log_temperature": True})
+    module = module.double()
+    log_tau = module.kernel.log_temperature
+    x = torch.randn(1, 6, 8, dtype=torch.float64)
+    expected = module(x, is_causal=True)
+    convert_sequence_parallel(module)
+    assert module.kernel.log_temperature is log_tau
+    assert [n for n, _ in module.kernel.named_parameters()] == ["log_temperature"]
+    assert_rel_close(module(x, is_causal=True), expected, 1e-11, "converted")
+
+
+def test_conversion_refuses_a_kernel_without_the_output_factor():
+    module = Attention(8, 2, attn_kernel="taylorshift", kernel_args={"output_factor": False})
+    with pytest.raises(ValueError, match=r"kernel has output_factor=False; the sequence-paral"):
+        convert_sequence_parallel(module)
+
+
 def test_conversion_retargets_an_already_parallel_kernel(group_of_one):
     module = convert_sequence_parallel(make_attention())
     assert module.kernel.group is None

@@ -28,6 +28,8 @@ DECODERS = [
     ("holt", {}, ("kv",)),
 ]
 DECODER_IDS = [k + "".join(f"-{v}" for v in a.values()) for k, a, _ in DECODERS]
+# the short convolution (3 taps) around a stateful and a key/value kernel
+CONV_DECODERS = [("taylorshift", {"mode": "efficient"}, ("state", "kv")), ("softmax", {}, ("kv",))]
 
 
 def lm(kernel="taylorshift", kernel_args=None, seed=0, **settings) -> CausalLM:
@@ -46,8 +48,9 @@ def tokens(b, n, seed=1):
     return torch.randint(0, V, (b, n), generator=torch.Generator().manual_seed(seed))
 
 
-def test_forward_is_causal():
-    model = lm()
+@pytest.mark.parametrize("short_conv", [0, 3], ids=["no-conv", "conv3"])
+def test_forward_is_causal(short_conv):
+    model = lm(short_conv=short_conv)
     x = tokens(2, 12)
     y = x.clone()
     y[:, 7:] = (y[:, 7:] + 5) % V
@@ -55,8 +58,9 @@ def test_forward_is_causal():
     assert (model(y)[:, 7:] - model(x)[:, 7:]).abs().max() > 1e-3
 
 
-def test_padded_batch_equals_sequences_alone():
-    model = lm()
+@pytest.mark.parametrize("short_conv", [0, 3], ids=["no-conv", "conv3"])
+def test_padded_batch_equals_sequences_alone(short_conv):
+    model = lm(short_conv=short_conv)
     x, lengths = tokens(3, 10), [10, 4, 7]
     batched = model(x, lengths_mask(lengths, 10))
     for i, n in enumerate(lengths):
@@ -64,9 +68,13 @@ def test_padded_batch_equals_sequences_alone():
         assert_rel_close(batched[i : i + 1, :n], alone, 1e-10, f"item {i}")
 
 
-@pytest.mark.parametrize(("kernel", "args", "caches"), DECODERS, ids=DECODER_IDS)
-def test_cached_decoding_equals_forward(kernel, args, caches):
-    model = lm(kernel, args)
+@pytest.mark.parametrize(
+    ("kernel", "args", "caches", "short_conv"),
+    [(*d, 0) for d in DECODERS] + [(*d, 3) for d in CONV_DECODERS],
+    ids=DECODER_IDS + [f"{k}-conv3" for k, _, _ in CONV_DECODERS],
+)
+def test_cached_decoding_equals_forward(kernel, args, caches, short_conv):
+    model = lm(kernel, args, short_conv=short_conv)
     n_prompt, n, lengths = 6, 11, [6, 2, 4]
     x = tokens(3, n)
     mask = lengths_mask(lengths, n_prompt)
@@ -96,9 +104,11 @@ def _greedy_by_forward(model, prompt_rows, steps):
     return torch.stack(out)
 
 
-@pytest.mark.parametrize("kernel", ["taylorshift", "softmax", "linear"])
-def test_greedy_generate_equals_rerunning_forward(kernel):
-    model = lm(kernel)
+@pytest.mark.parametrize(
+    "kernel, short_conv", [("taylorshift", 0), ("softmax", 0), ("linear", 0), ("taylorshift", 4)]
+)
+def test_greedy_generate_equals_rerunning_forward(kernel, short_conv):
+    model = lm(kernel, short_conv=short_conv)
     x, lengths = tokens(3, 5, seed=4), [5, 1, 3]
     got = model.generate(x, 6, prompt_mask=lengths_mask(lengths, 5), temperature=0)
     ref = _greedy_by_forward(model, [x[i, :m] for i, m in enumerate(lengths)], 6)
@@ -210,3 +220,14 @@ def test_decoding_in_blocks_equals_forward(kernel, args, caches):
         got = [model.decode(x[:, t : t + 3], cache, torch.arange(t, min(t + 3, 13)).expand(2, -1))
                for t in range(0, 13, 3)]  # fmt: skip
         assert_rel_close(torch.cat(got, dim=1), ref, 1e-9, f"{kind} cache")
+
+
+def test_token_embedding_starts_at_token_init_std_unless_tied():
+    big = dict(vocab_size=4000, dim=64, depth=1, num_heads=2)
+    assert abs(CausalLM(CausalLMConfig(**big)).token_embed.weight.std().item() - 1.0) < 0.05
+    low = CausalLM(CausalLMConfig(token_init_std=0.1, **big)).token_embed.weight.std().item()
+    assert abs(low - 0.1) < 0.005
+    tied = CausalLM(CausalLMConfig(tie_embeddings=True, **big)).token_embed.weight.std().item()
+    assert abs(tied - 0.02) < 0.002
+    with pytest.raises(ValueError, match=r"token_init_std must be a number > 0"):
+        CausalLMConfig(token_init_std=-1.0)

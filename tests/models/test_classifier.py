@@ -76,8 +76,10 @@ def test_padded_batch_equals_unpadded_sequences(attn_kernel, kernel_args, settin
         {"projection": "efficient"},
         {"projection": "super", "context_len": 16},
         {"token_embedding": "conv", "pos_embedding": "learned", "max_len": 16, "pooling": "mean"},
+        {"short_conv": 3},
+        {"short_conv": 4, "pooling": "mean"},
     ],
-    ids=["learned", "optimized", "efficient", "super", "conv-learned-mean"],
+    ids=["learned", "optimized", "efficient", "super", "conv-learned-mean", "short3", "short4"],
 )
 def test_padded_batch_equals_unpadded_sequences_other_settings(settings):
     model = classifier(kernel_args={"mode": "efficient"}, **settings)
@@ -182,6 +184,12 @@ def test_drop_path_rises_linearly():
         ({"pos_embedding": "learned"}, ValueError, r"'learned' needs max_len"),
         ({"kernel_args": {"t": object()}}, TypeError, r"kernel_args must be JSON-serialisable"),
         ({"qkv_bias": 1}, ValueError, r"qkv_bias must be a bool; got 1"),
+        ({"short_conv": -2}, ValueError, r"short_conv must be an int >= 0 \(taps\); got -2"),
+        (
+            {"short_conv": 3, "projection": "super", "context_len": 8},
+            ValueError,
+            r"short_conv needs projection 'standard', 'optimized' or 'efficient'",
+        ),
     ],
 )
 def test_bad_settings_are_refused_by_name(settings, error, match):
@@ -217,3 +225,12 @@ def test_super_projection_refuses_more_tokens_than_its_context():
     model(inputs_for(model, batch=1, length=5))
     with pytest.raises(ValueError, match=r"fixed context length of 6 tokens; got a sequence of 7"):
         model(inputs_for(model, batch=1, length=6))
+
+
+@pytest.mark.parametrize("std", [1.0, 0.02])
+def test_token_table_starts_at_token_init_std(std):
+    # (1 balances the unit-amplitude cosine positions; 0.02 was the earlier default)
+    model = classifier(vocab_size=4000, dim=48, token_init_std=std)
+    assert abs(model.embed.weight.std().item() - std) < 0.05 * std
+    with pytest.raises(ValueError, match=r"token_init_std must be a number > 0; got 0"):
+        classifier(token_init_std=0)

@@ -105,6 +105,39 @@ def test_padded_batch_equals_sequences_one_by_one(kernel_id, projection, causal)
         assert_rel_close(y[b, :n], alone[0], RTOL, f"sequence {b} (length {n})")
 
 
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("taps", [1, 2, 3, 4])
+@pytest.mark.parametrize("kernel_id", ["taylorshift-efficient", "softmax"])
+def test_short_conv_padded_batch_equals_sequences_one_by_one(kernel_id, taps, causal):
+    conv = make_attention(kernel_id, "standard", DIM, HEADS, short_conv=taps)
+    lengths = [7, 3, 9]
+    x = randn(3, 9, DIM, seed=1)
+    y = conv(x, attn_mask=padding(lengths, 9), is_causal=causal)
+    for b, n in enumerate(lengths):
+        alone = conv(x[b : b + 1, :n], is_causal=causal)
+        assert_rel_close(y[b, :n], alone[0], RTOL, f"sequence {b} (length {n})")
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_short_conv_mixes_the_tokens_it_should(causal):
+    # Taps (a, b, c) over channels: causal q'_i = a q_{i-2} + b q_{i-1} + c q_i, centred
+    # q'_i = a q_{i-1} + b q_i + c q_{i+1}; written out here from the projections.
+    module = Attention(DIM, HEADS, attn_kernel="softmax", short_conv=3).double()
+    x = randn(2, 6, DIM, seed=3)
+    with torch.no_grad():
+        q, k, v = module.q_proj(x), module.k_proj(x), module.v_proj(x)
+    mixed = []
+    for part, t in enumerate((q, k, v)):
+        w = module.conv.weight[part * DIM : (part + 1) * DIM, 0].detach()  # (dim, 3)
+        bias = module.conv.bias[part * DIM : (part + 1) * DIM].detach()
+        z = torch.zeros_like(t[:, :1])
+        padded = torch.cat([z, z, t], 1) if causal else torch.cat([z, t, z], 1)
+        mixed.append(sum(w[:, j] * padded[:, j : j + 6] for j in range(3)) + bias)
+    want = module.kernel(*(module._heads(t) for t in mixed), None, causal)
+    want = module.proj(want.transpose(1, 2).reshape(2, 6, DIM))
+    assert_rel_close(module(x, is_causal=causal), want, 1e-12, "output")
+
+
 # ---------------------------------------------------------------------------------------
 # super: the fixed context length.
 
@@ -322,6 +355,18 @@ CONSTRUCTOR_ERRORS = {
         r"context_len applies to projection='super' only; got context_len=8",
     ),
     "attn-drop": (dict(attn_drop=1.0), r"attn_drop must be in \[0, 1\); got 1\.0"),
+    "short-conv-negative": (
+        dict(short_conv=-1),
+        r"short_conv must be an int >= 0 \(taps\); got -1",
+    ),
+    "short-conv-float": (
+        dict(short_conv=2.0),
+        r"short_conv must be an int >= 0 \(taps\); got 2\.0",
+    ),
+    "short-conv-super": (
+        dict(short_conv=3, projection="super", context_len=8),
+        r"short_conv applies to projections 'standard', 'optimized' and 'efficient'",
+    ),
     "attn-kernel": (dict(attn_kernel="nope"), r"attn_kernel must be one of .*got 'nope'"),
 }
 

@@ -11,6 +11,7 @@ import pytest
 import torch
 from torch import nn
 
+from taylorshift import naive_taylor_shift_attention
 from taylorshift.nn import (
     Attention,
     AttentionKernel,
@@ -370,6 +371,88 @@ def test_bad_taylorshift_options_are_refused_by_name(kwargs, pattern):
     # Refused when the kernel is built, not at the first forward.
     with pytest.raises(ValueError, match=pattern):
         create_kernel("taylorshift", 3, 4, **kwargs)
+
+
+def test_log_temperature_learns_log_tau_and_computes_the_same():
+    plain = create_kernel("taylorshift", 3, 4, mode="direct", temperature=1.5).to(F64)
+    logged = create_kernel(
+        "taylorshift", 3, 4, mode="direct", temperature=1.5, log_temperature=True
+    ).to(F64)
+    assert [n for n, _ in logged.named_parameters()] == ["log_temperature"]
+    with torch.no_grad():
+        logged.log_temperature.copy_(torch.full((1, 3, 1, 1), math.log(1.5), dtype=F64))
+    q, k, v = qkv(6, 6)
+    assert_rel_close(logged(q, k, v), plain(q, k, v), 1e-14, "output")
+    # d/d(log τ) = τ · d/dτ
+    plain(q, k, v).pow(2).sum().backward()
+    logged(q, k, v).pow(2).sum().backward()
+    assert_rel_close(logged.log_temperature.grad, 1.5 * plain.temperature.grad, 1e-12, "grad")
+
+
+@pytest.mark.parametrize("learn", [True, False], ids=["learned", "fixed"])
+def test_log_temperature_fixed_is_a_buffer(learn):
+    kernel = create_kernel("taylorshift", 2, 4, log_temperature=True, learn_temperature=learn)
+    assert ("log_temperature" in dict(kernel.named_parameters())) == learn
+    assert ("log_temperature" in dict(kernel.named_buffers())) != learn
+
+
+@pytest.mark.parametrize(
+    "mode, mask_kind",
+    # (the efficient form takes key-padding masks only)
+    [("direct", m) for m in ("none", "padding", "general")]
+    + [("efficient", m) for m in ("none", "padding")],
+)
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_output_factor_off_gives_the_plain_weighted_mean(mode, mask_kind, causal):
+    # Without the factor each output row is Σ w v / Σ w: the reference with normalize=True
+    # divided by its own factor sqrt(n_i/d), n_i counted here from the mask.
+    b, h, n, d = 2, 3, 7, 4
+    kernel = create_kernel("taylorshift", h, d, mode=mode, output_factor=False).to(F64)
+    q, k, v = qkv(n, n, requires_grad=False)
+    g = torch.Generator().manual_seed(4)
+    mask = {
+        "none": None,
+        "padding": torch.tensor([[1, 1, 1, 1, 0, 0, 0], [0] * 7]).bool()[:, None, None, :],
+        "general": torch.rand(b, h, n, n, generator=g) > 0.3,
+    }[mask_kind]
+    allowed = torch.ones(n, n, dtype=torch.bool)
+    if causal:
+        allowed = allowed.tril()
+    if mask is not None:
+        allowed = allowed & mask
+    count = allowed.expand(b, h, n, n).sum(-1, keepdim=True).to(F64)
+    want = naive_taylor_shift_attention(q, k, v, mask, causal) / torch.sqrt(count.clamp(min=1) / d)
+    assert_rel_close(kernel(q, k, v, mask, causal), want, 1e-12, "output")
+
+
+def test_output_factor_off_decodes_like_the_parallel_form():
+    kernel = create_kernel("taylorshift", 2, 4, output_factor=False).to(F64).eval()
+    q, k, v = (t[:, :2] for t in qkv(9, 9, requires_grad=False))
+    padding = torch.ones(2, 9, dtype=torch.bool)
+    padding[1, 6:] = False  # a ragged batch, right-padded
+    want = kernel(q, k, v, padding[:, None, None, :], True)
+    cache = kernel.new_cache("state")
+    rows = [kernel.decode(q[..., :4, :], k[..., :4, :], v[..., :4, :], padding[:, :4], cache)]
+    for t in range(4, 9):
+        step = slice(t, t + 1)
+        rows.append(kernel.decode(q[..., step, :], k[..., step, :], v[..., step, :],
+                                  padding[:, step], cache))  # fmt: skip
+    got = torch.cat(rows, dim=-2)
+    assert_rel_close(got[0], want[0], 1e-12, "full row")
+    assert_rel_close(got[1, :, :6], want[1, :, :6], 1e-12, "ragged row")
+
+
+@pytest.mark.parametrize(
+    "kwargs, pattern",
+    [
+        ({"output_factor": "no"}, r"output_factor must be True or False; got 'no'"),
+        ({"log_temperature": 1}, r"log_temperature must be True or False; got 1"),
+        ({"log_temperature": True, "temperature": 0.0}, r"log_temperature needs a temperature > 0"),
+    ],
+)
+def test_bad_temperature_and_factor_options(kwargs, pattern):
+    with pytest.raises(ValueError, match=pattern):
+        create_kernel("taylorshift", 2, 4, **kwargs)
 
 
 # ---------------------------------------------------------------------------------------

@@ -74,6 +74,21 @@ def test_taylorshift_decode_equals_parallel(lengths, n_prompt, n, normalize):
     assert state.sums.shape == (B, H, feature_dim(D), DV + 1)
 
 
+@pytest.mark.parametrize("steps", [1, 3], ids=["token", "block"])
+def test_inplace_updates_the_given_state_and_default_keeps_it(steps):
+    q, k, v = _qkv(6 + steps)
+    _, state = taylor_shift_decode(q[:, :, :6], k[:, :, :6], v[:, :, :6])
+    new = (x[:, :, 6:] for x in (q, k, v))
+    kept = TaylorShiftState(state.sums.clone(), state.count.clone())
+    out, fresh = taylor_shift_decode(*new, state)
+    assert torch.equal(state.sums, kept.sums) and torch.equal(state.count, kept.count)
+    assert fresh is not state and int(fresh.count[0, 0]) == 6 + steps
+    out_inplace, same = taylor_shift_decode(*(x[:, :, 6:] for x in (q, k, v)), state, inplace=True)
+    assert same is state and torch.equal(state.count, fresh.count)
+    assert_rel_close(state.sums, fresh.sums, 1e-14, "state")
+    assert_rel_close(out_inplace, out, 1e-14, "output")
+
+
 def test_taylorshift_state_size_does_not_grow():
     q, k, v = _qkv(40)
     _, s1 = taylor_shift_decode(q[:, :, :10], k[:, :, :10], v[:, :, :10])

@@ -96,6 +96,8 @@ def test_typed_values_and_replace():
         ("model.mode", "fast", r"model\.mode must be one of auto, direct, efficient"),
         ("optim.lr.x", "1", r"optim\.lr is a number, not a table"),
         ("data.split_options.dev.num_samples", "1", r"split_options keys must be among"),
+        ("optim.lr_multipliers.temperature", "0", r"optim\.lr_multipliers must map .* 0"),
+        ("optim.lr_multipliers.temperature", "fast", r"optim\.lr_multipliers must map"),
     ],
 )
 def test_bad_overrides_name_the_key(key, value, match):

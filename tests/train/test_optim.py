@@ -83,6 +83,37 @@ def test_weight_decay_spares_biases_norms_and_cls():
     assert isinstance(build_optimizer(model, OptimConfig(name="lamb")), Lamb)
 
 
+def test_temperatures_are_never_decayed():
+    # τ is stored as (1, H, 1, 1): four dims, yet a per-head scalar, not a matrix.
+    for kernel_args in ({}, {"log_temperature": True}):
+        model = create_model("lm-tiny", kernel_args=kernel_args)
+        names = {id(p): n for n, p in model.named_parameters()}
+        decay, plain = param_groups(model, 0.1)
+        decayed = {names[id(p)].rsplit(".", 1)[-1] for p in decay["params"]}
+        assert not decayed & {"temperature", "log_temperature"}
+        kept = {names[id(p)].rsplit(".", 1)[-1] for p in plain["params"]}
+        assert kept & {"temperature", "log_temperature"}
+
+
+@pytest.mark.parametrize("name", ["lamb", "adamw"])
+def test_lr_multipliers_give_named_parameters_their_own_rate(name):
+    model = create_model("lm-tiny")
+    config = OptimConfig(name=name, lr=2e-3, lr_multipliers={"temperature": 10.0, "nothing": 3})
+    optimizer = build_optimizer(model, config)
+    groups = optimizer.param_groups
+    assert [g["lr"] for g in groups] == pytest.approx([2e-3, 2e-3, 2e-2])
+    tau = [p for n, p in model.named_parameters() if n.endswith(".temperature")]
+    assert len(tau) == 2 and {id(p) for p in groups[2]["params"]} == {id(p) for p in tau}
+    assert groups[2]["weight_decay"] == 0.0 and groups[2]["lr_multiplier_of"] == "temperature"
+    # the schedule scales every group alike
+    scheduler = build_scheduler(optimizer, OptimConfig(lr=2e-3, epochs=2, warmup_epochs=1), 4)
+    for _ in range(2):
+        optimizer.step()
+        scheduler.step()
+    assert groups[2]["lr"] == pytest.approx(10 * groups[0]["lr"])
+    assert sum(len(g["params"]) for g in groups) == len(list(model.parameters()))
+
+
 def test_warmup_cosine_values():
     f = WarmupCosine(warmup_steps=4, total_steps=12, min_ratio=0.1)
     assert [f(s) for s in range(4)] == [0.25, 0.5, 0.75, 1.0]

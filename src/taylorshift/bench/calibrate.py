@@ -15,33 +15,30 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import os
 import sys
 import time
 from pathlib import Path
 
 import torch
 
-from ..cliargs import positive_float, positive_int
+from ..cliargs import format_table, positive_float, positive_int
 from ..ops.taylor_shift import dispatch
 from ..ops.taylor_shift.interface import taylor_shift_attention
 from . import files, machine
-from .crossover import find_crossover
-from .measure import OK, time_call
+from .core import OK, PASSES, dtypes, parse_device
+from .crossover import Crossover, find_crossover
+from .measure import time_call
 
 HELP = "measure the direct/efficient crossover on this device and store it for mode='auto'"
 
-DTYPES = {
-    "float32": torch.float32,
-    "float16": torch.float16,
-    "bfloat16": torch.bfloat16,
-    "float64": torch.float64,
-}
+DTYPES = dtypes("float32", "float16", "bfloat16", "float64")
 DEFAULT_D = {"cpu": (16, 32, 64), "cuda": (16, 32, 64, 128)}
 QUICK_D = (8, 16)
 DEFAULT_DTYPES = {"cpu": ("float32",), "cuda": ("float32", "bfloat16", "float16")}
 CAUSAL = {"no": (False,), "yes": (True,), "both": (False, True)}
 PASS_CHOICES = {"forward": ("forward",), "train": ("train",), "both": ("forward", "train")}
+# The calibration file's pass names (dispatch.entry_key) in the benchmarks' vocabulary.
+PASS_NAME = dict(zip(("forward", "train"), PASSES, strict=True))
 # Grid: the op-count crossover times 2**k; quick uses fewer points and shorter timings.
 GRID_STEPS = range(-3, 4)
 QUICK_GRID_STEPS = range(-2, 3)
@@ -189,13 +186,7 @@ def direct_bytes(n: int, heads: int, passes: str) -> int:
 
 
 def memory_limit(device: torch.device) -> int:
-    if device.type == "cuda":
-        return int(MEMORY_SHARE * torch.cuda.get_device_properties(device).total_memory)
-    try:
-        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (AttributeError, ValueError, OSError):
-        total = 8 << 30
-    return int(MEMORY_SHARE * total)
+    return int(MEMORY_SHARE * (machine.memory_bytes(device) or 8 << 30))
 
 
 def default_grid(d: int, causal: bool, quick: bool) -> list[int]:
@@ -285,15 +276,7 @@ def _fmt_s(seconds: float | None) -> str:
 
 
 def _measured_text(entry: dict) -> str:
-    found = entry["crossover"]
-    status = found["status"]
-    if status == "crossed":
-        return f"≈ {found['n']:.0f}"
-    if status == "below":
-        return f"≤ {found['n_above']}"
-    if status == "above":
-        return f"> {found['n_below']}"
-    return "n/a"
+    return Crossover.from_dict(entry["crossover"]).describe()
 
 
 def summary_rows(entries: list[dict]) -> list[list[str]]:
@@ -306,7 +289,7 @@ def summary_rows(entries: list[dict]) -> list[list[str]]:
             [
                 e["dtype"],
                 "causal" if e["causal"] else "full",
-                "fwd+bwd" if e["pass"] == "train" else "fwd",
+                PASS_NAME[e["pass"]],
                 str(e["d"]),
                 _measured_text(e),
                 f"{theory:.0f}",
@@ -331,14 +314,6 @@ SUMMARY_HEADERS = (
     "stopped",
     "date",
 )
-
-
-def format_table(headers, rows) -> str:
-    cells = [list(headers), *rows]
-    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
-    lines = ["  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)) for r in cells]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
 
 
 def _sorted_entries(entries) -> list[dict]:
@@ -375,20 +350,9 @@ def clear(path: Path) -> int:
 
 
 def _parse_device(text: str, parser: argparse.ArgumentParser) -> torch.device:
-    try:
-        device = torch.device(text)
-    except (RuntimeError, ValueError):
-        parser.error(f"--device expected cpu, cuda or cuda:<index>; got {text!r}")
-    if device.type not in ("cpu", "cuda"):
-        parser.error(f"--device expected cpu, cuda or cuda:<index>; got {text!r}")
-    if device.type == "cuda":
-        if not torch.cuda.is_available():
-            parser.error(f"--device {text}: CUDA is not available on this machine")
-        count = torch.cuda.device_count()
-        if device.index is not None and device.index >= count:
-            parser.error(f"--device expected an index below {count}; got {text!r}")
-        if device.index is None:
-            device = torch.device("cuda", torch.cuda.current_device())
+    device = parse_device(text, parser)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())  # the key names one GPU
     return device
 
 
@@ -421,10 +385,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         now = time.perf_counter()
         share = (start + budget - now) / (len(cases) - i)
         grid = sorted(set(args.n)) if args.n else default_grid(d, causal, args.quick)
-        print(
-            f"{dtype} {'causal' if causal else 'full'} "
-            f"{'fwd+bwd' if passes == 'train' else 'fwd'} d={d}: N in {grid}"
-        )
+        print(f"{dtype} {'causal' if causal else 'full'} {PASS_NAME[passes]} d={d}: N in {grid}")
         entry = measure_case(
             d=d,
             grid=grid,

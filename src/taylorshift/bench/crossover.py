@@ -16,7 +16,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 
 __all__ = ["Crossover", "find_crossover"]
 
@@ -42,6 +42,11 @@ class Crossover:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Crossover:
+        """The crossover of :meth:`to_dict` (other keys of ``data`` are ignored)."""
+        return cls(**{f.name: data[f.name] for f in fields(cls) if f.name in data})
 
     def describe(self) -> str:
         """Short text for tables: '≈ 1234', '≤ 64', '> 4096' or 'n/a'."""

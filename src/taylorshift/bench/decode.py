@@ -20,8 +20,10 @@ import torch
 from ..cliargs import format_table, positive_int
 from ..models import CausalLM, CausalLMConfig
 from . import machine
+from .core import OK, dtypes, markdown_table, mib, parse_device
+from .figures import figure, log_axes
 from .files import write_csv, write_figure, write_json, write_text
-from .measure import OK, cuda_peak_memory, time_call
+from .measure import cuda_peak_memory, time_call
 
 HELP = (
     "decoding speed and memory vs context length: TaylorShift's constant-size state "
@@ -32,7 +34,7 @@ DEFAULT_CONTEXTS = (256, 1024, 4096, 16384)
 QUICK_CONTEXTS = (128, 512, 2048)
 # kernel:cache pairs; the same TaylorShift weights serve both of its caches
 DEFAULT_CASES = ("taylorshift:state", "taylorshift:kv", "softmax:kv", "linear:state")
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPES = dtypes("float32", "bfloat16", "float16")
 
 
 def parse_case(text: str) -> tuple[str, str]:
@@ -130,11 +132,28 @@ def run_sweep(args, device: torch.device, progress=None) -> list[dict]:
 
 
 def _mib(n: int | None) -> str:
-    return "" if n is None else f"{n / 2**20:.3f}"
+    return mib(n, digits=3, missing="")
 
 
 def report_markdown(result: dict) -> str:
     s = result["settings"]
+    rows = []
+    for r in result["rows"]:
+        if r["status"] != OK:
+            rows.append([r["kernel"], r["cache"], r["context"], r["status"], "", "", ""])
+            continue
+        rows.append(
+            [
+                r["kernel"],
+                r["cache"],
+                r["context"],
+                f"{r['tokens_per_s']:.1f}",
+                f"{r['step_s'] * 1e3:.3f}",
+                f"{r['prefill_s']:.3f}",
+                _mib(r["cache_bytes"]),
+            ]
+        )
+    headers = ["kernel", "cache", "context N", "tokens/s", "step ms", "prefill s", "cache MiB"]
     lines = [
         "# Decoding: constant-size state vs key/value cache",
         "",
@@ -144,28 +163,14 @@ def report_markdown(result: dict) -> str:
         "",
         f"Command: `{result['command']}`",
         "",
-        "| kernel | cache | context N | tokens/s | step ms | prefill s | cache MiB |",
-        "|---|---|---|---|---|---|---|",
+        markdown_table(headers, rows),
     ]
-    for r in result["rows"]:
-        if r["status"] != OK:
-            lines.append(f"| {r['kernel']} | {r['cache']} | {r['context']} | {r['status']} "
-                         "| | | |")  # fmt: skip
-            continue
-        lines.append(
-            f"| {r['kernel']} | {r['cache']} | {r['context']} | {r['tokens_per_s']:.1f} | "
-            f"{r['step_s'] * 1e3:.3f} | {r['prefill_s']:.3f} | {_mib(r['cache_bytes'])} |"
-        )
     return "\n".join(lines) + "\n"
 
 
 def make_figure(result: dict):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (ax_t, ax_m) = plt.subplots(1, 2, figsize=(11, 4.2))
+    fig = figure(11, 4.2)
+    ax_t, ax_m = fig.subplots(1, 2)
     cases = list(dict.fromkeys((r["kernel"], r["cache"]) for r in result["rows"]))
     for kernel, cache in cases:
         pts = [r for r in result["rows"]
@@ -177,15 +182,26 @@ def make_figure(result: dict):
         ax_t.plot(xs, [r["tokens_per_s"] for r in pts], marker="o", label=label)
         ax_m.plot(xs, [r["cache_bytes"] / 2**20 for r in pts], marker="o", label=label)
     for ax, ylabel in ((ax_t, "tokens / s (one decoding step)"), (ax_m, "cache MiB (all layers)")):
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
+        log_axes(ax)
         ax.set_xlabel("context length N")
         ax.set_ylabel(ylabel)
         ax.grid(True, which="both", alpha=0.3)
     ax_t.legend()
     fig.suptitle("Decoding: TaylorShift state vs key/value cache")
-    fig.tight_layout()
     return fig
+
+
+def write_outputs(results: dict, out: str | Path, *, plots: bool = True) -> list[Path]:
+    """decode.json, decode.csv, decode.md and (``plots``) decode.png, written atomically."""
+    out = Path(out)
+    written = [
+        write_json(out / "decode.json", results),
+        write_csv(out / "decode.csv", results["rows"]),
+        write_text(out / "decode.md", report_markdown(results)),
+    ]
+    if plots:
+        written.append(write_figure(out / "decode.png", make_figure(results)))
+    return written
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -222,14 +238,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     if args.dim % args.heads:
         parser.error(f"--dim must be divisible by --heads; got {args.dim} and {args.heads}")
-    if args.device.startswith("cuda") and not torch.cuda.is_available():
-        parser.error(f"--device {args.device}: CUDA is not available here")
     if args.quick:
         args.dim, args.depth = min(args.dim, 128), min(args.depth, 2)
         args.heads = min(args.heads, 4)
     args.context = sorted(set(args.context or (QUICK_CONTEXTS if args.quick else DEFAULT_CONTEXTS)))
     args.cases = list(dict.fromkeys(args.cases or [parse_case(c) for c in DEFAULT_CASES]))
-    device = torch.device(args.device)
+    device = parse_device(args.device, parser)
 
     def progress(kernel, cache, n):
         print(f"  {kernel} ({cache}) N={n}", file=sys.stderr, flush=True)
@@ -248,14 +262,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         | {"cases": [f"{k}:{c}" for k, c in args.cases]},
         "rows": rows,
     }
-    out = args.out
-    written = [
-        write_json(out / "decode.json", result),
-        write_csv(out / "decode.csv", rows),
-        write_text(out / "decode.md", report_markdown(result)),
-    ]
-    if not args.no_plot:
-        written.append(write_figure(out / "decode.png", make_figure(result)))
+    written = write_outputs(result, args.out, plots=not args.no_plot)
     table_rows = [
         (
             f"{r['kernel']}:{r['cache']}",

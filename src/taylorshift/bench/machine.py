@@ -1,4 +1,10 @@
-"""What a result was measured on: hardware, versions, the SDPA backend, the command."""
+"""What a result was measured on: hardware, versions, the SDPA backend, the command.
+
+The one description of a machine for every benchmark. It builds on
+``taylorshift.ops.taylor_shift.dispatch`` (the CPU model, and the device key under which
+``taylorshift bench calibrate`` stores a crossover), so that a result and a calibration name
+the same device alike; the op layer does not import the benchmarks.
+"""
 
 from __future__ import annotations
 
@@ -13,11 +19,17 @@ from pathlib import Path
 import torch
 
 import taylorshift
-from taylorshift.ops.taylor_shift.dispatch import cpu_model
+from taylorshift.bench.core import GIB
+from taylorshift.ops.taylor_shift.dispatch import cpu_model, device_key
 
-__all__ = ["command_line", "machine_info", "sdpa_backend"]
-
-GIB = 1 << 30
+__all__ = [
+    "command_line",
+    "cpu_flags",
+    "load_average",
+    "machine_info",
+    "memory_bytes",
+    "sdpa_backend",
+]
 
 
 def _git_revision() -> str | None:
@@ -53,21 +65,58 @@ def _optional_version(name: str) -> str | None:
     return getattr(module, "__version__", "unknown")
 
 
+def cpu_flags() -> str:
+    """The CPU's vector-instruction flags (avx*, amx*, fma*) from /proc/cpuinfo, sorted and
+    space-separated ("" where unknown)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    flags = line.split(":", 1)[1].split()
+                    return " ".join(sorted(f for f in flags if f.startswith(("avx", "amx", "fma"))))
+    except OSError:
+        pass
+    return ""
+
+
+def load_average() -> tuple[float, float, float] | None:
+    """The 1, 5 and 15 minute load averages (the machine may be shared), or None."""
+    try:
+        return os.getloadavg()
+    except (AttributeError, OSError):
+        return None
+
+
+def memory_bytes(device: torch.device | str = "cpu") -> int | None:
+    """The memory of the device: the GPU's, or the machine's RAM (None where unknown)."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).total_memory
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
 def machine_info(device: torch.device | str = "cpu") -> dict:
     """Hardware and software of this run, as a flat JSON-able dict."""
     device = torch.device(device)
+    ram = memory_bytes("cpu")
     info = {
         "device": str(device),
+        "device_key": device_key(device),
         "cpu_model": cpu_model(),
+        "cpu_flags": cpu_flags(),
         "logical_cpus": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
-        "memory_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / GIB, 1)
-        if hasattr(os, "sysconf")
-        else None,
+        "memory_gib": None if ram is None else round(ram / GIB, 1),
         "platform": platform.platform(),
         "python": sys.version.split()[0],
         "torch": torch.__version__,
         "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "torch_parallel": torch.__config__.parallel_info().splitlines()[-1].strip(),
+        "mkl": torch.backends.mkl.is_available(),
+        "mkldnn": torch.backends.mkldnn.is_available(),
         "taylorshift": taylorshift.__version__,
         "triton": _optional_version("triton"),
         "git_revision": _git_revision(),
@@ -81,8 +130,16 @@ def machine_info(device: torch.device | str = "cpu") -> dict:
             gpu_capability=f"{props.major}.{props.minor}",
             cuda=torch.version.cuda,
             cudnn=torch.backends.cudnn.version(),
+            nccl=_nccl_version(),
         )
     return info
+
+
+def _nccl_version() -> str | None:
+    try:
+        return ".".join(map(str, torch.cuda.nccl.version()))
+    except (AttributeError, RuntimeError):
+        return None
 
 
 def sdpa_backend(query, key, value, *, is_causal: bool = False) -> str:

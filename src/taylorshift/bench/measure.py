@@ -33,6 +33,8 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
+from .core import ERROR_CHARS, OK, OOM, is_oom, status_of
+
 __all__ = [
     "MemoryResult",
     "TimeResult",
@@ -42,17 +44,6 @@ __all__ = [
     "run_recipe",
     "time_call",
 ]
-
-OK = "ok"
-OOM = "oom"
-
-
-def is_oom(err: BaseException) -> bool:
-    """Whether an exception means "out of memory" (CUDA, CPU allocator or Python)."""
-    if isinstance(err, (MemoryError, torch.OutOfMemoryError)):
-        return True
-    text = str(err).lower()
-    return any(s in text for s in ("out of memory", "can't allocate memory", "failed to allocate"))
 
 
 @dataclass
@@ -132,10 +123,9 @@ def time_call(
         reps = max(min_reps, min(max_reps, math.ceil(target_s / max(estimate, 1e-7))))
         times = [timed(fn) for _ in range(reps)]
     except (RuntimeError, MemoryError) as err:
-        status = OOM if is_oom(err) else f"error: {type(err).__name__}"
         if device.type == "cuda":
             torch.cuda.empty_cache()  # leave the failed point's cached blocks to the next one
-        return TimeResult(status=status, clock=clock, error=str(err)[:300])
+        return TimeResult(status=status_of(err), clock=clock, error=str(err)[:ERROR_CHARS])
     q1, _, q3 = statistics.quantiles(times, n=4) if len(times) > 1 else (times[0],) * 3
     return TimeResult(
         status=OK,
@@ -183,9 +173,10 @@ def cuda_peak_memory(fn: Callable[[], object], device: torch.device | str) -> Me
         peak = torch.cuda.max_memory_allocated(device)
         del out
     except (RuntimeError, MemoryError) as err:
-        status = OOM if is_oom(err) else f"error: {type(err).__name__}"
         torch.cuda.empty_cache()
-        return MemoryResult(status=status, method="cuda max_memory_allocated", error=str(err)[:300])
+        return MemoryResult(
+            status=status_of(err), method="cuda max_memory_allocated", error=str(err)[:ERROR_CHARS]
+        )
     return MemoryResult(
         status=OK,
         peak_extra_bytes=peak - before,
@@ -298,7 +289,7 @@ def measure_memory(
         killed = proc.returncode in (-9, 137)  # the kernel's OOM killer sends SIGKILL
         oom = killed or any(is_oom(RuntimeError(line)) for line in tail)
         status = OOM if oom else f"error: rc={proc.returncode}"
-        return MemoryResult(status=status, method=method, error=" | ".join(tail)[:300])
+        return MemoryResult(status=status, method=method, error=" | ".join(tail)[:ERROR_CHARS])
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     return MemoryResult(status=OK, method=method, **result)
 

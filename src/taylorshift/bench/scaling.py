@@ -29,12 +29,15 @@ from __future__ import annotations
 import argparse
 import math
 import sys
+import warnings
 from pathlib import Path
 
 import torch
 
 from ..cliargs import positive_int
 from . import files, machine
+from .core import INSTALL_HINT, dtypes, markdown_table, missing_modules
+from .figures import figure, log_axes
 
 HELP = (
     "mean norms of the efficient form's intermediates vs N and d, with and without the "
@@ -59,7 +62,7 @@ PAPER_TEXT = {
 }
 VARIANTS = ("plain", "normalised")
 VALUES = ("sphere", "gaussian")
-DTYPES = {"float64": torch.float64, "float32": torch.float32}
+DTYPES = dtypes("float64", "float32")
 FLOAT16_MAX = 65504.0
 DEFAULT_N = (1, 4, 16, 64, 256, 1024, 4096, 16384, 65536)
 DEFAULT_D = (8, 16, 32, 64)
@@ -289,12 +292,6 @@ def _num(x: float | None) -> str:
     return f"{x:.3g}"
 
 
-def _md_table(headers, rows) -> str:
-    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
-    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
-    return "\n".join(lines)
-
-
 def _overflow_text(n: float | None) -> str:
     return "never (does not grow with N)" if n is None else f"{n:,.0f}"
 
@@ -332,7 +329,7 @@ def report_markdown(result: dict) -> str:
                         for name in INTERMEDIATES
                     ]
                 )
-            out += [_md_table(["N", *[LABELS[x] for x in INTERMEDIATES]], table), ""]
+            out += [markdown_table(["N", *[LABELS[x] for x in INTERMEDIATES]], table), ""]
     n_last = ns[-1]
     out += [
         f"## Against the paper's Table 1 (plain, N = {n_last})",
@@ -356,7 +353,9 @@ def report_markdown(result: dict) -> str:
                 ]
             )
     out += [
-        _md_table(["intermediate", "d", "measured", "ours", "paper", "measured / paper"], table),
+        markdown_table(
+            ["intermediate", "d", "measured", "ours", "paper", "measured / paper"], table
+        ),
         "",
         "## float16 overflow",
         "",
@@ -378,7 +377,7 @@ def report_markdown(result: dict) -> str:
         for r in result["overflow"]
     ]
     out += [
-        _md_table(
+        markdown_table(
             ["variant", "intermediate", "d", f"max |x| at N={n_last}", "exponent", "overflow N"],
             table,
         ),
@@ -390,12 +389,10 @@ def report_markdown(result: dict) -> str:
 def make_figure(result: dict):
     """Figure 5's layout: one log-log panel per d, a colour per intermediate, solid plain,
     dashed normalised, dotted our prediction; the float16 maximum as a grey line."""
-    from matplotlib.figure import Figure
-
     rows, ds = result["rows"], result["settings"]["d"]
     cols = min(4, len(ds))
     nrows = math.ceil(len(ds) / cols)
-    fig = Figure(figsize=(4.2 * cols, 3.4 * nrows + 1.2), layout="constrained")
+    fig = figure(4.2 * cols, 3.4 * nrows + 1.2)
     axes = fig.subplots(nrows, cols, squeeze=False).ravel()
     colours = dict(zip(INTERMEDIATES, ("C0", "C1", "C2", "C3", "C4"), strict=True))
     for ax, d in zip(axes, ds, strict=False):
@@ -417,8 +414,7 @@ def make_figure(result: dict):
                 )
                 ax.plot(ns, [p[2] for p in pts], ":", color=colours[name], linewidth=0.8)
         ax.axhline(FLOAT16_MAX, color="grey", linewidth=0.8)
-        ax.set_xscale("log")
-        ax.set_yscale("log")
+        log_axes(ax, x_base=10)
         ax.set_title(f"d = {d}")
         ax.set_xlabel("N")
         ax.set_ylabel("mean norm")
@@ -435,14 +431,25 @@ def make_figure(result: dict):
     return fig
 
 
-def write_outputs(result: dict, out: Path, plot: bool) -> list[Path]:
+def write_outputs(
+    results: dict, out: str | Path, plots: bool = True, *, plot: bool | None = None
+) -> list[Path]:
+    """results.json, results.csv, report.md and (``plots``) scaling.png, written atomically."""
+    if plot is not None:
+        warnings.warn(
+            "write_outputs(..., plot=) is now write_outputs(..., plots=)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        plots = plot
+    out = Path(out)
     written = [
-        files.write_json(out / "results.json", result),
-        files.write_csv(out / "results.csv", result["rows"]),
-        files.write_text(out / "report.md", report_markdown(result)),
+        files.write_json(out / "results.json", results),
+        files.write_csv(out / "results.csv", results["rows"]),
+        files.write_text(out / "report.md", report_markdown(results)),
     ]
-    if plot:
-        written.append(files.write_figure(out / "scaling.png", make_figure(result)))
+    if plots:
+        written.append(files.write_figure(out / "scaling.png", make_figure(results)))
     return written
 
 
@@ -504,16 +511,13 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     big = [d for d in args.d or () if d > MAX_D]
     if big:
         parser.error(f"--d expected head dims of at most {MAX_D}; got {', '.join(map(str, big))}")
-    if not args.no_plot:
-        try:
-            import matplotlib  # noqa: F401
-        except ImportError:
-            print(
-                "bench scaling draws its figure with matplotlib, which is not installed: "
-                "pip install 'taylorshift[bench]' (or pass --no-plot)",
-                file=sys.stderr,
-            )
-            return 1
+    if not args.no_plot and missing_modules("matplotlib"):
+        print(
+            "bench scaling draws its figure with matplotlib, which is not installed: "
+            f"{INSTALL_HINT} (or pass --no-plot)",
+            file=sys.stderr,
+        )
+        return 1
     ns = sorted(set(args.n or (QUICK_N if args.quick else DEFAULT_N)))
     ds = sorted(set(args.d or (QUICK_D if args.quick else DEFAULT_D)))
     seeds = args.seeds or (2 if args.quick else 3)
@@ -540,7 +544,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         "rows": rows,
         "overflow": overflow_table(rows),
     }
-    written = write_outputs(result, args.out, plot=not args.no_plot)
+    written = write_outputs(result, args.out, plots=not args.no_plot)
     print(f"Wrote {', '.join(str(p) for p in written)}")
     print()
     print("float16 overflow (N from which the largest entry passes 65504):")

@@ -22,7 +22,7 @@ from ..models.vocab import BYTE_PAD_ID, BYTE_VOCAB_SIZE
 from ._common import check_int, check_optional_int, check_split, require_path
 from .text import encode_bytes
 
-__all__ = ["LMTextDataset", "decode_bytes", "encode_text"]
+__all__ = ["ByteWindows", "LMTextDataset", "decode_bytes", "encode_text"]
 
 
 def encode_text(text: str) -> torch.Tensor:
@@ -51,7 +51,32 @@ def _check_fraction(name: str, value: object) -> float:
     return float(value)
 
 
-class LMTextDataset(Dataset):
+class ByteWindows(Dataset):
+    """Next-byte windows of a uint8 tensor ``data``: item i is ``(data[s : s + seq_len],
+    data[s + 1 : s + seq_len + 1])`` as long tensors, ``s = i * stride``; bytes after the last
+    full window are not used. Subclasses set ``seq_len`` and ``stride``, then call
+    ``_set_data``."""
+
+    seq_len: int
+    stride: int
+
+    def _set_data(self, data: torch.Tensor) -> None:
+        self.data = data
+        self.vocab_size, self.pad_id = BYTE_VOCAB_SIZE, BYTE_PAD_ID
+        self._len = (len(self.data) - self.seq_len - 1) // self.stride + 1
+
+    def __len__(self) -> int:
+        return self._len
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if not -self._len <= index < self._len:
+            raise IndexError(f"index must be in [0, {self._len}), got {index}")
+        start = (index % self._len) * self.stride
+        window = self.data[start : start + self.seq_len + 1].long()
+        return window[:-1], window[1:]
+
+
+class LMTextDataset(ByteWindows):
     """Windows of a text file's bytes: ``(tokens (seq_len,) long, targets (seq_len,) long)``,
     targets = the next byte of each token.
 
@@ -111,16 +136,4 @@ class LMTextDataset(Dataset):
                 f"{share.get(split, test_fraction):g} of {total}); lower seq_len or use a "
                 f"longer file or a larger share"
             )
-        self.data = torch.frombuffer(bytearray(raw[start:end]), dtype=torch.uint8)
-        self.vocab_size, self.pad_id = BYTE_VOCAB_SIZE, BYTE_PAD_ID
-        self._len = (len(self.data) - seq_len - 1) // self.stride + 1
-
-    def __len__(self) -> int:
-        return self._len
-
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        if not -self._len <= index < self._len:
-            raise IndexError(f"index must be in [0, {self._len}), got {index}")
-        start = (index % self._len) * self.stride
-        window = self.data[start : start + self.seq_len + 1].long()
-        return window[:-1], window[1:]
+        self._set_data(torch.frombuffer(bytearray(raw[start:end]), dtype=torch.uint8))

@@ -22,12 +22,14 @@ from ..models.vocab import (
 from ._common import check_split
 from .cifar import CifarPixelDataset
 from .collate import collate_images, collate_lm, collate_tokens
+from .digits import DigitsDataset
 from .images import ImageFolderDataset
 from .imdb import ImdbByteDataset
 from .listops import ListOpsDataset, ListOpsTSV
 from .lm_text import LMTextDataset
 from .recall import RECALL_PAD_ID, RecallDataset
 from .text import TextFileDataset
+from .text_bytes import TextBytesDataset
 
 __all__ = ["TaskSpec", "get_task", "list_tasks", "register_task"]
 
@@ -55,6 +57,9 @@ class TaskSpec:
         description: one line for listings.
         builder: ``builder(split, **options)`` makes the dataset (a dataset class or a
             function); its keyword-only arguments are the task's options.
+        byte_tokens: the tokens are bytes of text, so language-model scores are also given
+            in bits per byte (``loss / ln 2``) beside the count baselines of
+            ``taylorshift.data.text_bytes.count_baselines``.
     """
 
     name: str
@@ -65,6 +70,7 @@ class TaskSpec:
     kind: str
     description: str = ""
     builder: Callable[..., Dataset] = field(default=None, repr=False, compare=False)  # type: ignore
+    byte_tokens: bool = False
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -191,7 +197,16 @@ for _spec in (
     ),
     TaskSpec(
         "lm", None, BYTE_VOCAB_SIZE, 256, BYTE_PAD_ID, "lm",
-        "byte-level language model on your text file", LMTextDataset,
+        "byte-level language model on your text file", byte_tokens=True, builder=LMTextDataset,
+    ),
+    TaskSpec(
+        "text-bytes", None, BYTE_VOCAB_SIZE, 256, BYTE_PAD_ID, "lm",
+        "byte-level language model on Python's standard library source (no download)",
+        byte_tokens=True, builder=TextBytesDataset,
+    ),
+    TaskSpec(
+        "digits", 10, PIXEL_VOCAB_SIZE, 1024, 0, "tokens",
+        "scikit-learn's handwritten digits as 1024 gray pixels (no download)", DigitsDataset,
     ),
 ):  # fmt: skip
     register_task(_spec)

@@ -67,14 +67,14 @@ class SequenceParallelKernel(TaylorShiftKernel):
         group_place(group)
         self._group = _SharedHandle(group)
 
-    def attend(self, q, k, v, attn_mask, is_causal):
+    def _attention(self, q, k, v, attn_mask, is_causal):
         return sequence_parallel_taylor_shift(
             q,
             k,
             v,
             attn_mask,
             is_causal,
-            temperature=self.temperature if self.normalize else 1.0,
+            temperature=self.tau,
             normalize=self.normalize,
             group=self.group,
         )
@@ -140,13 +140,26 @@ def _converted(kernel: AttentionKernel, path: str, group) -> SequenceParallelKer
             f"{path} has Taylor order {kernel.order}; sequence parallelism uses the efficient "
             "form, which supports order 2 only"
         )
+    if not kernel.output_factor:
+        raise ValueError(
+            f"{path} has output_factor=False; the sequence-parallel form keeps the paper's "
+            "output factor (its counts span the ranks): convert a kernel with the factor"
+        )
     new = SequenceParallelKernel(
         kernel.num_heads,
         kernel.head_dim,
         attn_drop=kernel.attn_drop,
-        learn_temperature=isinstance(kernel.temperature, nn.Parameter),
         normalize=kernel.normalize,
         group=group,
     )
-    new.temperature = kernel.temperature  # the same tensor: parameter or buffer as before
+    # Take over the kernel's own temperature tensor (parameter or buffer, τ or log τ), so
+    # parameters, state_dict keys and checkpoints are unchanged.
+    name = "log_temperature" if kernel.log_temperature_param else "temperature"
+    del new.temperature
+    new.log_temperature_param = kernel.log_temperature_param
+    value = getattr(kernel, name)
+    if isinstance(value, nn.Parameter):
+        setattr(new, name, value)
+    else:
+        new.register_buffer(name, value)
     return new.train(kernel.training)

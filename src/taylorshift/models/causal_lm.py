@@ -24,6 +24,7 @@ from .encoder import (
     ModelConfigBase,
     _flag,
     _positive_int,
+    _positive_number,
     check_padding_mask,
     check_trunk,
     init_linear_layers,
@@ -53,10 +54,17 @@ class CausalLMConfig(ModelConfigBase):
             context length and cannot decode token by token).
         pos_embedding: ``"cosine"`` (any length) or ``"learned"`` (up to ``max_len``).
         max_len: the longest sequence of ``pos_embedding="learned"``.
+        token_init_std: standard deviation of the token embedding at initialisation,
+            N(0, std²): 1 (default) matches the unit amplitude of the cosine position
+            embedding; 0.02 (the earlier default) lets positions drown token identity
+            (docs/accuracy.md). Tied embeddings start at 0.02 whatever this says (the head's
+            logits would start far too large).
         tie_embeddings: the LM head reuses the token embedding matrix (off by default: in
             one unrecorded trial, a tied 1-block width-32 model stayed at the unigram loss
             over 200 steps of byte-level text where the untied one learned).
         dropout, attn_drop, drop_path: as ``EncoderConfig``.
+        short_conv: taps of the causal short convolution on q, k, v in every attention layer
+            (``taylorshift.nn.Attention``); 0: none. Decoding carries its last inputs.
     """
 
     vocab_size: int = 258
@@ -72,9 +80,11 @@ class CausalLMConfig(ModelConfigBase):
     pos_embedding: str = "cosine"
     max_len: int = 2048
     tie_embeddings: bool = False
+    token_init_std: float = 1.0
     dropout: float = 0.0
     attn_drop: float = 0.0
     drop_path: float = 0.0
+    short_conv: int = 0
 
     def __post_init__(self) -> None:
         self.validate()
@@ -84,6 +94,7 @@ class CausalLMConfig(ModelConfigBase):
         for name in ("vocab_size", "max_len"):
             _positive_int(name, getattr(self, name))
         _flag("tie_embeddings", self.tie_embeddings)
+        _positive_number("token_init_std", self.token_init_std)
         check_trunk(self, DECODE_PROJECTIONS)
 
 
@@ -130,9 +141,12 @@ class CausalLM(nn.Module):
 
     @torch.no_grad()
     def reset_parameters(self) -> None:
-        """Linear and embedding weights ~ N(0, 0.02²) truncated, biases 0; the output
-        projections of attention and MLP scaled by 1/sqrt(2 · depth) (GPT-2's rule)."""
+        """Linear weights ~ N(0, 0.02²) truncated, biases 0, the token embedding ~
+        N(0, token_init_std²) (0.02 when tied to the head); the output projections of
+        attention and MLP scaled by 1/sqrt(2 · depth) (GPT-2's rule)."""
         init_linear_layers(self)
+        if not self.config.tie_embeddings:
+            nn.init.normal_(self.token_embed.weight, std=self.config.token_init_std)
         residual_std = 0.02 / (2 * self.config.depth) ** 0.5
         for block in self.blocks:
             nn.init.trunc_normal_(block.attn.proj.weight, std=residual_std)
@@ -144,8 +158,12 @@ class CausalLM(nn.Module):
             raise ValueError(f"{name} must be token ids of shape (B, N); got {got}")
         if tokens.is_floating_point() or tokens.dtype == torch.bool:
             raise TypeError(f"{name} must be integer token ids; got {tokens.dtype}")
-        if tokens.numel() and (
-            int(tokens.min()) < 0 or int(tokens.max()) >= self.config.vocab_size
+        # (torch.compile cannot branch on values while tracing: the range check is eager-only;
+        # a compiled graph fails in the embedding instead)
+        if (
+            tokens.numel()
+            and not torch.compiler.is_compiling()
+            and (int(tokens.min()) < 0 or int(tokens.max()) >= self.config.vocab_size)
         ):
             raise ValueError(
                 f"{name} must be ids in [0, vocab_size={self.config.vocab_size}); got values in "

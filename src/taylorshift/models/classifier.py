@@ -14,6 +14,7 @@ from .encoder import (
     EncoderConfig,
     _choice,
     _positive_int,
+    _positive_number,
     check_padding_mask,
 )
 from .registry import register_model_class
@@ -34,15 +35,22 @@ class ClassifierConfig(EncoderConfig):
         in_features: features per position (``"linear"``, or ``"conv"`` on features).
         max_len: longest sequence; required by ``pos_embedding="learned"`` (cosine
             embeddings take any length and do not enforce it).
+        token_init_std: standard deviation of the token ids' embedding table at
+            initialisation, N(0, std²). 1 (default, ``nn.Embedding``'s own) matches the unit
+            amplitude of the cosine position embedding; 0.02 (GPT-2's and the earlier
+            default) lets the positions drown the tokens' identity, which left small models
+            unable to match tokens (docs/accuracy.md). Learned positions start at 0.02.
     """
 
     token_embedding: str = "vocab"
     vocab_size: int | None = None
     in_features: int | None = None
     max_len: int | None = None
+    token_init_std: float = 1.0
 
     def validate(self) -> None:
         super().validate()
+        _positive_number("token_init_std", self.token_init_std)
         _choice("token_embedding", self.token_embedding, TOKEN_EMBEDDINGS)
         _positive_int("vocab_size", self.vocab_size, allow_none=True)
         _positive_int("in_features", self.in_features, allow_none=True)
@@ -111,6 +119,13 @@ class TransformerClassifier(EncoderClassifier):
         self.conv = ConvTokenEmbedding(config.dim, **fk) if conv else None
         self.reset_parameters()
 
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        """The encoder's initialisation, then the token table ~ N(0, token_init_std²)."""
+        super().reset_parameters()
+        if isinstance(getattr(self, "embed", None), nn.Embedding):
+            nn.init.normal_(self.embed.weight, std=self.config.token_init_std)
+
     def _check_inputs(self, inputs: Tensor, padding_mask: Tensor | None) -> None:
         cfg = self.config
         if cfg.vocab_size is not None:
@@ -135,8 +150,10 @@ class TransformerClassifier(EncoderClassifier):
         if padding_mask is not None:
             keep = padding_mask if inputs.dim() == 2 else padding_mask[..., None]
             inputs = inputs.masked_fill(~keep, 0)
-        if self.config.vocab_size is not None and inputs.device.type == "cpu" and inputs.numel():
-            # (on accelerators an out-of-range id trips a device-side assert instead of a sync)
+        # (on accelerators an out-of-range id trips a device-side assert instead of a sync;
+        # a graph traced by torch.compile cannot branch on values and leaves it to the lookup)
+        checked = inputs.device.type == "cpu" and not torch.compiler.is_compiling()
+        if self.config.vocab_size is not None and checked and inputs.numel():
             low, high = int(inputs.min()), int(inputs.max())
             if low < 0 or high >= self.config.vocab_size:
                 raise ValueError(

@@ -38,6 +38,11 @@ def _choice(name: str, value: Any, choices: tuple[str, ...]) -> None:
         raise ValueError(f"{name} must be one of {list(choices)}; got {value!r}")
 
 
+def _positive_number(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ValueError(f"{name} must be a number > 0; got {value!r}")
+
+
 def _probability(name: str, value: Any) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
         raise ValueError(f"{name} must be a number in [0, 1); got {value!r}")
@@ -124,6 +129,8 @@ class EncoderConfig(ModelConfigBase):
             output projection and in the MLP).
         attn_drop: attention dropout; its meaning depends on the kernel (``taylorshift.nn``).
         drop_path: stochastic depth of the last block; it rises linearly from 0 at the first.
+        short_conv: taps of the short convolution on q, k, v over the sequence in every
+            attention layer (``taylorshift.nn.Attention``; centred in encoders); 0: none.
     """
 
     num_classes: int = 10
@@ -142,6 +149,7 @@ class EncoderConfig(ModelConfigBase):
     dropout: float = 0.0
     attn_drop: float = 0.0
     drop_path: float = 0.0
+    short_conv: int = 0
 
     def __post_init__(self) -> None:
         self.validate()
@@ -174,6 +182,11 @@ def check_trunk(config: Any, projections: tuple[str, ...]) -> None:
     _choice("pos_embedding", config.pos_embedding, POS_EMBEDDINGS)
     for name in ("dropout", "attn_drop", "drop_path"):
         _probability(name, getattr(config, name))
+    taps = config.short_conv
+    if isinstance(taps, bool) or not isinstance(taps, int) or taps < 0:
+        raise ValueError(f"short_conv must be an int >= 0 (taps); got {taps!r}")
+    if taps and config.projection == "super":
+        raise ValueError("short_conv needs projection 'standard', 'optimized' or 'efficient'")
     check_kernel_args(config.kernel_args)
 
 
@@ -205,6 +218,7 @@ def transformer_blocks(config, *, context_len=None, device=None, dtype=None) -> 
             kernel_args=dict(config.kernel_args),
             projection=config.projection,
             context_len=context_len,
+            short_conv=config.short_conv,
             device=device,
             dtype=dtype,
         )

@@ -19,6 +19,16 @@ projection     what it learns                                 parameters (with b
 shorter one of length N uses the top-left N × N block of W_A and the first N biases (the
 same as padding the values with zeros to ℓ and reading the first N rows). Padded keys'
 values are zeroed before W_A mixes them.
+
+``short_conv = k`` (any projection but ``super``) adds a depthwise convolution of k taps
+over the sequence to the queries, keys and values, after their projections and before the
+heads are split (channel by channel, with a bias; PyTorch's default Conv1d initialisation).
+It gives every token its k − 1 predecessors (causal: left-aligned) or its neighbours
+(non-causal: centred) before attention, the local precision that a Taylor kernel's flat
+weights lack (docs/accuracy.md; Based and Mamba use such short convolutions for the same
+reason). Tokens masked as key padding are zeroed before the convolution, so padding never
+leaks into real tokens and a padded batch equals its sequences run alone. Decoding keeps
+the last k − 1 projected tokens of each row in the cache (``conv``).
 """
 
 from __future__ import annotations
@@ -26,6 +36,7 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .kernels import create_kernel
@@ -87,6 +98,8 @@ class Attention(nn.Module):
         projection: ``standard``, ``optimized``, ``efficient`` or ``super`` (module docstring).
         context_len: ℓ, the fixed context length of ``super``.
         context_dim: width of ``context`` for cross-attention (default ``dim``).
+        short_conv: taps of the depthwise convolution on q, k and v over the sequence (see
+            the module docs); 0 (default) has none.
     """
 
     def __init__(
@@ -108,9 +121,17 @@ class Attention(nn.Module):
         projection: str = "standard",
         context_len: int | None = None,
         context_dim: int | None = None,
+        short_conv: int = 0,
     ):
         super().__init__()
         self.head_dim = _check_dims(dim, num_heads)
+        if isinstance(short_conv, bool) or not isinstance(short_conv, int) or short_conv < 0:
+            raise ValueError(f"short_conv must be an int >= 0 (taps); got {short_conv!r}")
+        if short_conv and projection == "super":
+            raise ValueError(
+                "short_conv applies to projections 'standard', 'optimized' and 'efficient'; "
+                "got projection='super' (its W_A mixes the values over tokens already)"
+            )
         if projection not in PROJECTIONS:
             raise ValueError(f"projection must be one of {PROJECTIONS}; got {projection!r}")
         context_dim = dim if context_dim is None else context_dim
@@ -156,6 +177,11 @@ class Attention(nn.Module):
         self.norm = norm_layer(dim, **fk) if scale_norm else nn.Identity()
         self.proj = nn.Linear(dim, dim, bias=proj_bias, **fk)
         self.proj_drop = nn.Dropout(proj_drop)
+        self.short_conv = short_conv
+        # One depthwise filter per channel of q, k and v (in that order, dim channels each).
+        self.conv = (
+            nn.Conv1d(3 * dim, 3 * dim, short_conv, groups=3 * dim, **fk) if short_conv else None
+        )
 
     def _reset_alignment(self) -> None:
         # Start at the identity (plus a small perturbation): values pass through unmixed.
@@ -208,18 +234,74 @@ class Attention(nn.Module):
                 f"got {tuple(context.shape)}"
             )
         mask = padding_to_mask(attn_mask, x.shape[0], source.shape[1])
-        q = self._heads(self.q_proj(x))
-        k = self._heads(source if self.k_proj is None else self.k_proj(source))
-        v = self._heads(source if self.v_proj is None else self.v_proj(source))
+        q, k, v = self.heads_in(x, source, mask, is_causal, self_attention=context is None)
+        y = self.kernel(q, k, v, mask, is_causal)  # (B, H, N, d)
+        y = y.transpose(1, 2).reshape(x.shape[0], x.shape[1], self.dim)
+        return self.proj_drop(self.proj(self.norm(y)))
+
+    def heads_in(
+        self,
+        x: Tensor,
+        source: Tensor,
+        mask: Tensor | None,
+        is_causal: bool,
+        self_attention: bool = True,
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """The kernel's inputs: q (B, H, N, d), k and v (B, H, M, d) from x (B, N, dim) and
+        source (B, M, context_dim) — projections, short convolution, W_A, q/k norms. ``mask``
+        as ``padding_to_mask`` gives it. (Also what tools that inspect attention read.)"""
+        q = self.q_proj(x)
+        k = source if self.k_proj is None else self.k_proj(source)
+        v = source if self.v_proj is None else self.v_proj(source)
+        if self.conv is not None:
+            q, k, v = self._local_mix(q, k, v, mask, is_causal, self_attention)
+        q, k, v = self._heads(q), self._heads(k), self._heads(v)
         if self.projection == "super":
             # A key is padding when no query attends to it: zero its value before W_A
             # mixes it into the others (whatever form the mask came in).
             key_mask = None if mask is None else mask.any(dim=-2, keepdim=True)  # (B,1|H,1,Nk)
             v = self._align(v, key_mask, is_causal)
-        q, k = self.q_norm(q), self.k_norm(k)
-        y = self.kernel(q, k, v, mask, is_causal)  # (B, H, N, d)
-        y = y.transpose(1, 2).reshape(x.shape[0], x.shape[1], self.dim)
-        return self.proj_drop(self.proj(self.norm(y)))
+        return self.q_norm(q), self.k_norm(k), v
+
+    def _local_mix(
+        self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool,
+        self_attention: bool,
+    ) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
+        """The short convolution over the sequence of q (B, N, dim) and k, v (B, M, dim)."""
+        real = None  # (B, M, 1): which tokens are real, when the mask is key padding
+        if mask is not None and mask.shape[-2] == 1 and mask.shape[-3] == 1:
+            real = mask[:, 0, 0, :, None].to(k.dtype)
+        weight, bias = self.conv.weight, self.conv.bias
+        taps = self.short_conv
+        left = taps - 1 if causal else (taps - 1) // 2
+        dim = self.dim
+
+        def mix(t: Tensor, part: int, zero: Tensor | None) -> Tensor:
+            if zero is not None:
+                t = t * zero
+            t = F.pad(t.transpose(1, 2), (left, taps - 1 - left))
+            sl = slice(part * dim, (part + 1) * dim)
+            return F.conv1d(t, weight[sl], bias[sl], groups=dim).transpose(1, 2)
+
+        return mix(q, 0, real if self_attention else None), mix(k, 1, real), mix(v, 2, real)
+
+    def _local_mix_step(self, q: Tensor, k: Tensor, v: Tensor, cache, mask: Tensor | None):
+        """The causal short convolution of T new tokens after the cached ones (decoding)."""
+        qkv = torch.cat([q, k, v], dim=-1)  # (B, T, 3 dim)
+        if mask is not None:
+            qkv = qkv * mask[..., None].to(qkv.dtype)
+        b, t, c = qkv.shape
+        past = cache.conv
+        if past is None:
+            past = qkv.new_zeros((b, self.short_conv - 1, c))
+        seq = torch.cat([past, qkv], dim=1)  # (B, k - 1 + T, 3 dim)
+        out = F.conv1d(seq.transpose(1, 2), self.conv.weight, self.conv.bias, groups=c)
+        # The last k - 1 real tokens of each row (right padding: real tokens come first).
+        real = t if mask is None else mask.sum(1)
+        keep = torch.arange(self.short_conv - 1, device=qkv.device)
+        index = (torch.as_tensor(real, device=qkv.device).view(-1, 1) + keep).expand(b, -1)
+        cache.conv = seq.gather(1, index[..., None].expand(-1, -1, c))
+        return out.transpose(1, 2).split(self.dim, dim=-1)
 
     def new_cache(self, kind: str = "auto"):
         """An empty decoding cache for ``decode`` (see ``AttentionKernel.new_cache``)."""
@@ -241,9 +323,12 @@ class Attention(nn.Module):
         """
         if x.dim() != 3 or x.shape[-1] != self.dim:
             raise ValueError(f"x must be (B, T, dim={self.dim}); got shape {tuple(x.shape)}")
-        q = self._heads(self.q_proj(x))
-        k = self._heads(x if self.k_proj is None else self.k_proj(x))
-        v = self._heads(x if self.v_proj is None else self.v_proj(x))
+        q = self.q_proj(x)
+        k = x if self.k_proj is None else self.k_proj(x)
+        v = x if self.v_proj is None else self.v_proj(x)
+        if self.conv is not None:
+            q, k, v = self._local_mix_step(q, k, v, cache, key_padding_mask)
+        q, k, v = self._heads(q), self._heads(k), self._heads(v)
         q, k = self.q_norm(q), self.k_norm(k)
         y = self.kernel.decode(q, k, v, key_padding_mask, cache)
         y = y.transpose(1, 2).reshape(x.shape[0], x.shape[1], self.dim)
@@ -261,7 +346,7 @@ class TaylorShiftAttention(Attention):
         order: even Taylor order.
         temperature: initial value of the learnable per-head temperature τ.
         normalize: the paper's normalisation (default) or plain scaled scores.
-        projection, context_len, context_dim: as ``Attention``.
+        projection, context_len, context_dim, short_conv: as ``Attention``.
 
     ``attn_drop`` drops whole keys (see ``taylorshift.nn.kernels``), the same way in the
     direct and the efficient form.
@@ -288,6 +373,7 @@ class TaylorShiftAttention(Attention):
         projection: str = "standard",
         context_len: int | None = None,
         context_dim: int | None = None,
+        short_conv: int = 0,
     ):
         super().__init__(
             dim,
@@ -311,4 +397,5 @@ class TaylorShiftAttention(Attention):
             projection=projection,
             context_len=context_len,
             context_dim=context_dim,
+            short_conv=short_conv,
         )

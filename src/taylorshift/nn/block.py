@@ -54,7 +54,7 @@ class Block(nn.Module):
         drop_path: stochastic-depth probability of both residual branches.
         norm_layer: the norm before attention and MLP (default ``nn.LayerNorm``).
         act_layer: the MLP activation (default ``nn.GELU``).
-        attn_kernel, kernel_args, projection, context_len: as ``Attention``.
+        attn_kernel, kernel_args, projection, context_len, short_conv: as ``Attention``.
         device, dtype: where and in which dtype parameters are created.
     """
 
@@ -76,6 +76,7 @@ class Block(nn.Module):
         kernel_args: dict | None = None,
         projection: str = "standard",
         context_len: int | None = None,
+        short_conv: int = 0,
         device=None,
         dtype=None,
     ):
@@ -98,6 +99,7 @@ class Block(nn.Module):
             kernel_args=kernel_args,
             projection=projection,
             context_len=context_len,
+            short_conv=short_conv,
             **fk,
         )
         self.drop_path = DropPath(drop_path)

@@ -28,6 +28,7 @@ class KVCache:
     values: Tensor | None = None
     mask: Tensor | None = None
     padded: bool = False  # some cached token is padding (checked once per given mask)
+    conv: Tensor | None = None  # a layer's short convolution: its last k - 1 inputs
 
     def extend(
         self, key: Tensor, value: Tensor, key_padding_mask: Tensor | None
@@ -49,7 +50,8 @@ class KVCache:
 
     @property
     def nbytes(self) -> int:
-        return sum(t.nbytes for t in (self.keys, self.values, self.mask) if t is not None)
+        parts = (self.keys, self.values, self.mask, self.conv)
+        return sum(t.nbytes for t in parts if t is not None)
 
 
 @dataclass
@@ -57,7 +59,9 @@ class StateCache:
     """A kernel's constant-size causal state (None before the first token)."""
 
     state: Any = None
+    conv: Tensor | None = None  # a layer's short convolution: its last k - 1 inputs
 
     @property
     def nbytes(self) -> int:
-        return 0 if self.state is None else self.state.nbytes
+        conv = 0 if self.conv is None else self.conv.nbytes
+        return conv + (0 if self.state is None else self.state.nbytes)

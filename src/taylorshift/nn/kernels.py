@@ -29,6 +29,7 @@ from ..ops.holt import holt_attention
 from ..ops.linear_attention import linear_attention, linear_attention_decode
 from ..ops.taylor_shift import taylor_shift_attention, taylor_shift_decode
 from ..ops.taylor_shift.checks import check_options
+from ..ops.taylor_shift.features import attended_counts
 from .cache import CACHE_KINDS, KVCache, StateCache
 
 _KERNELS: dict[str, type[AttentionKernel]] = {}
@@ -169,6 +170,13 @@ class TaylorShiftKernel(AttentionKernel):
         temperature: initial τ of every head.
         learn_temperature: τ is a parameter (True) or a fixed buffer.
         normalize: the paper's normalisation (True) or plain ``1/sqrt(d)`` scores.
+        log_temperature: learn log τ (the parameter ``log_temperature``, τ = its exp) in
+            place of τ itself, so an optimizer step changes τ by a factor, not an amount,
+            and τ stays positive.
+        output_factor: keep the paper's output factor sqrt(n_i/d) of ``normalize=True``
+            (default); False divides it out again, so each output is the plain weighted
+            mean of the values (docs/accuracy.md measures both). No effect with
+            ``normalize=False``, which has no factor.
     """
 
     def __init__(
@@ -182,6 +190,8 @@ class TaylorShiftKernel(AttentionKernel):
         temperature=1.0,
         learn_temperature=True,
         normalize=True,
+        log_temperature=False,
+        output_factor=True,
     ):
         super().__init__(num_heads, head_dim, attn_drop=attn_drop)
         check_options(normalize, order, mode)
@@ -190,12 +200,34 @@ class TaylorShiftKernel(AttentionKernel):
                 f"temperature applies to the normalised form only; got temperature="
                 f"{temperature} with normalize=False"
             )
+        for name, flag in (("log_temperature", log_temperature), ("output_factor", output_factor)):
+            if not isinstance(flag, bool):
+                raise ValueError(f"{name} must be True or False; got {flag!r}")
+        if log_temperature and not float(temperature) > 0:
+            raise ValueError(
+                f"log_temperature needs a temperature > 0; got temperature={temperature}"
+            )
         self.mode, self.order, self.normalize = mode, order, normalize
+        self.output_factor = output_factor or not normalize
         tau = torch.full((1, num_heads, 1, 1), float(temperature))
-        if learn_temperature and normalize:
+        self.log_temperature_param = log_temperature and normalize
+        if self.log_temperature_param:
+            log_tau = tau.log()
+            if learn_temperature:
+                self.log_temperature = nn.Parameter(log_tau)
+            else:
+                self.register_buffer("log_temperature", log_tau)
+        elif learn_temperature and normalize:
             self.temperature = nn.Parameter(tau)
         else:
             self.register_buffer("temperature", tau)
+
+    @property
+    def tau(self) -> Tensor | float:
+        """τ as the op takes it: (1, H, 1, 1), or 1.0 with ``normalize=False``."""
+        if not self.normalize:
+            return 1.0
+        return self.log_temperature.exp() if self.log_temperature_param else self.temperature
 
     @property
     def has_state(self) -> bool:  # type: ignore[override]
@@ -205,30 +237,61 @@ class TaylorShiftKernel(AttentionKernel):
         return f" with order={self.order}" if self.order != 2 else ""
 
     def decode_state(self, q, k, v, key_padding_mask, cache):
+        # (the state is updated in place: keep the count before the block for the factor)
+        before = None if cache.state is None or self.output_factor else cache.state.count.clone()
         out, cache.state = taylor_shift_decode(
             q,
             k,
             v,
             cache.state,
             key_padding_mask,
-            temperature=self.temperature if self.normalize else 1.0,
+            temperature=self.tau,
             normalize=self.normalize,
+            inplace=True,  # the cache owns its state: no new tensor per token
         )
-        return out
+        if self.output_factor:
+            return out
+        # n of new token t: the keys before the block plus the real ones up to t.
+        real = torch.ones(q.shape[0], q.shape[-2], device=q.device, dtype=torch.float32)
+        if key_padding_mask is not None:
+            real = key_padding_mask.to(torch.float32)
+        count = real.cumsum(-1)[:, None, :, None]  # (B, 1, T, 1)
+        if before is not None:
+            count = count + before[:, :, None, None].to(torch.float32)
+        return self._without_factor(out, count)
 
     def attend(self, q, k, v, attn_mask, is_causal):
-        temperature = self.temperature if self.normalize else 1.0
+        y = self._attention(q, k, v, attn_mask, is_causal)
+        if self.output_factor:
+            return y
+        b, h, nq, _ = q.shape
+        nk = k.shape[-2]
+        mask = attn_mask
+        if mask is not None:
+            while mask.dim() < 4:
+                mask = mask.unsqueeze(0)
+            mask = mask.expand(b, h, mask.shape[2], nk)
+        count = attended_counts(mask, is_causal, b, h, nq, nk, q.device)
+        return self._without_factor(y, count)
+
+    def _attention(self, q, k, v, attn_mask, is_causal) -> Tensor:
         return taylor_shift_attention(
             q,
             k,
             v,
             attn_mask,
             is_causal,
-            temperature=temperature,
+            temperature=self.tau,
             normalize=self.normalize,
             order=self.order,
             mode=self.mode,
         )
+
+    def _without_factor(self, y: Tensor, count: Tensor) -> Tensor:
+        """y / sqrt(n/d): undo the output factor (rows with n = 0 are zero already)."""
+        dtype = torch.float64 if y.dtype == torch.float64 else torch.float32
+        inverse = torch.rsqrt(count.to(dtype).clamp(min=1.0) / self.head_dim)
+        return (y * inverse).to(y.dtype)
 
 
 def _rows_with_keys(mask: Tensor | None) -> Tensor | None:

@@ -19,6 +19,7 @@ import contextlib
 import json
 import math
 import os
+import platform
 import random
 import time
 import warnings
@@ -33,6 +34,7 @@ from torch.utils.data import DataLoader, Dataset, Subset
 
 from ..atomic import write_atomic
 from ..data import IGNORE_INDEX, TaskSpec, get_task
+from ..data.text_bytes import count_baselines
 from ..models import CausalLM, create_model, load_model, load_weights
 from .checkpoint import (
     CONFIG_FILE,
@@ -312,7 +314,23 @@ def evaluate(
     }
     if spec.kind == "lm":
         result["perplexity"] = math.exp(min(result["loss"], 700.0))
+    if spec.byte_tokens:
+        result["bits_per_byte"] = result["loss"] / math.log(2.0)
     return result
+
+
+def byte_baselines(spec: TaskSpec, train_set: Dataset, dataset: Dataset) -> dict | None:
+    """Unigram and bigram bits per byte of ``dataset``'s whole split counted on
+    ``train_set``'s (tasks with byte tokens whose datasets hold their bytes as ``data``; a
+    ``Subset`` of ``data.train_limit`` / ``eval_limit`` counts its whole split), else None."""
+    train_set = getattr(train_set, "dataset", train_set)
+    dataset = getattr(dataset, "dataset", dataset)
+    train_bytes, target = getattr(train_set, "data", None), getattr(dataset, "data", None)
+    if not spec.byte_tokens or not isinstance(train_bytes, Tensor):
+        return None
+    if not isinstance(target, Tensor):
+        return None
+    return count_baselines(train_bytes, target)
 
 
 # Training
@@ -458,6 +476,8 @@ def _train(config: TrainConfig, resume: bool, dist_info: Dist, device: torch.dev
         parameters=sum(p.numel() for p in model.parameters()),
         device=str(device),
         amp=str(amp_dtype).replace("torch.", "") if amp_dtype else "off",
+        python=platform.python_version(),
+        torch=torch.__version__,
         resumed_from=step if existing is not None else None,
         model=model.config.to_dict(),
         config=config.to_dict(),
@@ -482,11 +502,22 @@ def _train(config: TrainConfig, resume: bool, dist_info: Dist, device: torch.dev
             sequence=seq,
         )
         metrics.log("eval", step, epoch=epoch, split=split_name, **result)
+        bpb = f" bits/byte {result['bits_per_byte']:.3f}" if "bits_per_byte" in result else ""
         say(
             f"step {step} epoch {epoch}: {split_name} accuracy {result['accuracy']:.4f} "
-            f"loss {result['loss']:.4f} ({result['samples']} samples)"
+            f"loss {result['loss']:.4f}{bpb} ({result['samples']} samples)"
         )
         return result
+
+    def log_baselines(split_name: str, dataset: Dataset) -> None:
+        counts = byte_baselines(spec, train_set, dataset)
+        if counts is None:
+            return
+        metrics.log("baseline", step, split=split_name, **counts)
+        say(
+            f"{split_name} count baselines: unigram {counts['unigram_bpb']:.3f}, bigram "
+            f"{counts['bigram_bpb']:.3f} bits/byte (a model must beat the bigram)"
+        )
 
     def checkpoint() -> Path:
         rng = dist_info.all_gather_object(capture_rng())
@@ -550,6 +581,8 @@ def _train(config: TrainConfig, resume: bool, dist_info: Dist, device: torch.dev
     reset_window()
     lr = optimizer.param_groups[0]["lr"]
     collate = spec.collate(data.pad_to_multiple)
+    if existing is None:
+        log_baselines(data.eval_split, eval_set)
     try:
         while step < stop_at:
             sampler.set_epoch(epoch, batch_in_epoch)
@@ -624,6 +657,7 @@ def _train(config: TrainConfig, resume: bool, dist_info: Dist, device: torch.dev
         test_result = None
         if data.test_split is not None and step == total_steps:
             test_set = _build_split(config, spec, data.test_split)
+            log_baselines(data.test_split, test_set)
             test_result = run_eval(data.test_split, test_set)
         metrics.log("end", step, epoch=epoch, best_accuracy=best_accuracy)
     finally:

@@ -101,27 +101,56 @@ class Lamb(torch.optim.Optimizer):
         return loss
 
 
-def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
-    """Two groups: matrices and convolution kernels (decayed), everything else (not).
+# Per-head scalars that happen to be stored with 4 dims, (1, H, 1, 1): never decayed.
+_NO_DECAY_NAMES = ("temperature", "log_temperature")
 
-    Biases, LayerNorm weights, the CLS token and learned position tables (all parameters
-    with fewer than 2 dimensions, or named ``cls_token`` / ``pos_embed``) are not decayed.
+
+def param_groups(
+    model: nn.Module, weight_decay: float, lr_multipliers: dict[str, float] | None = None
+) -> list[dict]:
+    """Parameter groups: matrices and convolution kernels (decayed), everything else (not),
+    and one undecayed group per entry of ``lr_multipliers`` that matches.
+
+    Biases, LayerNorm weights, the CLS token, learned position tables and TaylorShift
+    temperatures (parameters with fewer than 2 dimensions, or named ``cls_token`` /
+    ``pos_embed`` / ``temperature`` / ``log_temperature``) are not decayed. A parameter
+    whose name ends in a key of ``lr_multipliers`` (its last dotted part equal to the key,
+    e.g. ``"temperature"``) gets its own group with ``lr`` = the optimizer's × the value and
+    no weight decay; such groups carry the key as ``"lr_multiplier_of"``.
     """
+    multipliers = dict(lr_multipliers or {})
     decay, no_decay = [], []
+    scaled: dict[str, list[nn.Parameter]] = {key: [] for key in multipliers}
     for name, p in model.named_parameters():
         if not p.requires_grad:
             continue
-        plain = p.ndim < 2 or name.endswith(".bias") or "cls_token" in name or "pos_embed" in name
+        last = name.rsplit(".", 1)[-1]
+        if last in scaled:
+            scaled[last].append(p)
+            continue
+        plain = (
+            p.ndim < 2
+            or name.endswith(".bias")
+            or "cls_token" in name
+            or "pos_embed" in name
+            or last in _NO_DECAY_NAMES
+        )
         (no_decay if plain else decay).append(p)
     groups = [{"params": decay, "weight_decay": weight_decay}]
     if no_decay:
         groups.append({"params": no_decay, "weight_decay": 0.0})
-    return groups
+    return groups + [
+        {"params": ps, "weight_decay": 0.0, "lr_multiplier_of": key, "lr_scale": multipliers[key]}
+        for key, ps in scaled.items()
+        if ps
+    ]
 
 
 def build_optimizer(model: nn.Module, config: OptimConfig) -> torch.optim.Optimizer:
-    """LAMB or AdamW over ``param_groups(model, config.weight_decay)``."""
-    groups = param_groups(model, config.weight_decay)
+    """LAMB or AdamW over ``param_groups(model, config.weight_decay, config.lr_multipliers)``."""
+    groups = param_groups(model, config.weight_decay, config.lr_multipliers)
+    for group in groups:
+        group["lr"] = config.lr * group.pop("lr_scale", 1.0)
     kwargs = {"lr": config.lr, "betas": tuple(config.betas), "eps": config.eps}
     if config.name == "lamb":
         return Lamb(groups, **kwargs)

@@ -135,7 +135,9 @@ def check_inputs(
     if attn_mask is not None:
         mask = _check_mask(attn_mask, b, h, nq, nk, q.device)
         # A mask whose rows are all equal is a key-padding mask, whatever its shape says.
-        if mask.shape[2] == 1 or nq <= 1 or bool((mask == mask[:, :, :1, :]).all()):
+        # (torch.compile cannot branch on the data while tracing: there a full-shape mask
+        # counts as varying, and key padding should come as (B, H, 1, Nk).)
+        if mask.shape[2] == 1 or nq <= 1 or _rows_equal(mask):
             key_mask = mask[:, :, 0, :]
         else:
             varies = True
@@ -145,12 +147,26 @@ def check_inputs(
                 f"mode='efficient' supports order=2 only; got order={order} (use mode='direct')"
             )
         if varies:
+            traced = (
+                " (under torch.compile every mask of shape (B, H, Nq, Nk) counts as varying: "
+                "give key padding as (B, H, 1, Nk))"
+                if torch.compiler.is_compiling()
+                else ""
+            )
             raise ValueError(
                 "attn_mask varies over queries, which mode='efficient' cannot express (it "
                 "supports key-padding masks of shape (B, H, 1, Nk) and is_causal); got "
-                f"attn_mask of shape {_shape(attn_mask)}; use mode='direct' for general masks"
+                f"attn_mask of shape {_shape(attn_mask)}; use mode='direct' for general "
+                f"masks{traced}"
             )
     return Problem(b, h, nq, nk, d, v.shape[3], mask, key_mask, varies)
+
+
+def _rows_equal(mask: Tensor) -> bool:
+    """Whether every query row of a (B, H, Nq, Nk) mask is the same (key padding)."""
+    if torch.compiler.is_compiling():
+        return False
+    return bool((mask == mask[:, :, :1, :]).all())
 
 
 def _check_temperature_and_scale(

@@ -26,9 +26,17 @@ import torch
 from torch import Tensor
 
 from .checks import check_inputs
-from .efficient import query_factor
+from .efficient import finish_outputs, query_factor
 from .efficient_causal import DEFAULT_CAUSAL_CHUNK, causal_forward
-from .features import compute_dtype, feature_dim, score_factor
+from .features import (
+    compute_dtype,
+    feature_dim,
+    features,
+    scaled_key,
+    scaled_query,
+    score_factor,
+    state_weights,
+)
 
 
 @dataclass
@@ -93,6 +101,7 @@ def taylor_shift_decode(
     scale: float | None = None,
     normalize: bool = True,
     chunk_size: int | None = None,
+    inplace: bool = False,
 ) -> tuple[Tensor, TaylorShiftState]:
     """Causal TaylorShift for T new tokens after the tokens summed in ``state``.
 
@@ -107,9 +116,17 @@ def taylor_shift_decode(
         temperature: τ, a float or a tensor broadcastable to (B, H, 1, 1).
         scale, normalize: as ``taylor_shift_attention``.
         chunk_size: tokens per chunk of the causal sweep (prefill); default 256.
+        inplace: update ``state`` itself and return it (no new (B, H, D, dv + 1) tensor per
+            step, as a decoding loop that never looks back wants; the layer caches do this).
+            By default ``state`` is left as it was.
 
     Returns:
         (out (B, H, T, dv) in the dtype of ``query``, the state after the block).
+
+    One new token (T = 1, the decoding loop) takes a short path: the state is updated with
+    the token first, ``S += φ(k')ᵀ [v, 1]`` (one batched rank-1 update), then read out,
+    ``y' = (c ⊙ φ(q')) S``, which includes the token's attention to itself; a dozen tensor
+    operations in all. Longer blocks (a prompt) run the chunked causal sweep.
     """
     mask = key_padding_mask
     if mask is not None:
@@ -139,6 +156,8 @@ def taylor_shift_decode(
     factor = score_factor(temperature, scale, normalize, d)
     tau = query_factor(factor, 0.0, cd, b, h) if isinstance(factor, Tensor) else float(factor)
     key_mask = problem.key_mask
+    if query.shape[2] == 1:
+        return _decode_one(query, key, value, state, key_mask, tau, normalize, inplace)
     out, _, _, sums = causal_forward(
         query,
         key,
@@ -151,4 +170,33 @@ def taylor_shift_decode(
         state.count,
     )
     added = query.shape[2] if key_mask is None else key_mask.sum(-1)
+    if inplace:
+        state.sums.copy_(sums)
+        state.count.add_(added)
+        return out, state
     return out, TaylorShiftState(sums, state.count + added)
+
+
+def _decode_one(query, key, value, state, key_mask, tau, normalize, inplace):
+    """One token per row: rank-1 state update, then the readout (see ``taylor_shift_decode``)."""
+    b, h, _, d = query.shape
+    dv = value.shape[-1]
+    sums, count = state.sums, state.count
+    cd = sums.dtype
+    k = scaled_key(key.to(cd), normalize)
+    v = torch.cat([value.to(cd), torch.ones_like(value[..., :1], dtype=cd)], dim=-1)
+    added = 1.0
+    if key_mask is not None:  # (B, H, 1): a padded token joins no sum
+        real = key_mask.to(cd)
+        v = v * real.unsqueeze(-1)
+        added = real.squeeze(-1)
+    if not inplace:
+        sums, count = sums.clone(), count.clone()
+    n = sums.shape[-2]
+    # S += φ(k')ᵀ [v, 1], batched over (B, H): (BH, D, 1) @ (BH, 1, dv + 1)
+    sums.view(b * h, n, dv + 1).baddbmm_(features(k).view(b * h, n, 1), v.reshape(b * h, 1, dv + 1))
+    count.add_(added)
+    q = scaled_query(query.to(cd), tau, normalize)
+    y_prime = (features(q) * state_weights(d, cd, query.device).squeeze(-1)) @ sums
+    out, _ = finish_outputs(y_prime, count.unsqueeze(-1), normalize, d)
+    return out.to(query.dtype), state if inplace else TaylorShiftState(sums, count)

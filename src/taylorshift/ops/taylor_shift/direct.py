@@ -1,6 +1,13 @@
-"""Direct TaylorShift, O(N² d): materialise the (Nq, Nk) weights, as the paper's direct form.
+"""Direct TaylorShift, O(N² d): the (Nq, Nk) weights, block by block, never all at once.
 
 Any even order, any bool mask, causal. Sums run in float32 (float64 for float64 input).
+
+One autograd function does the attention itself (scores -> weights -> normalised output)
+on the scaled query and key; the normalisation of q and k and the temperature stay in
+autograd around it (O(N d)). The forward walks blocks of (batches, query rows) small enough
+to stay in cache and keeps only the output and its row sums; the backward recomputes each
+block's weights instead of storing the (B, H, Nq, Nk) matrix, as flash attention does
+(docs/direct-form.md has the algebra). Causal blocks stop at their last attended key.
 """
 
 from __future__ import annotations
@@ -8,14 +15,18 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from .efficient import finish_outputs, grad_outputs
 from .features import (
+    attended_counts,
     compute_dtype,
-    output_factor,
     scaled_key,
     scaled_query,
     score_factor,
-    taylor_weight,
 )
+
+# Entries of one block's (b, H, rows, keys) score matrix: 2^18 float32 values are 1 MiB,
+# so a block's scores, weights and their gradient stay in a core's L2 cache.
+BLOCK_ENTRIES = 1 << 18
 
 
 def allowed_keys(
@@ -27,6 +38,140 @@ def allowed_keys(
         causal = torch.ones(nq, nk, dtype=torch.bool, device=device).tril()
         allowed = causal if allowed is None else allowed & causal
     return allowed
+
+
+def _taylor_(s: Tensor, order: int) -> Tensor:
+    """w(s) = Σ_{n<=order} sⁿ/n! by Horner's rule, into a new tensor (s is kept)."""
+    w = s / order + 1.0
+    for n in range(order - 1, 0, -1):
+        w.mul_(s).div_(n).add_(1.0)
+    return w
+
+
+def _blocks(b: int, h: int, nq: int, nk: int) -> list[tuple[int, int, int, int]]:
+    """(b0, b1, i0, i1) blocks covering (B, Nq), each at most BLOCK_ENTRIES scores (or one
+    query row of one batch entry)."""
+    per_row = h * max(nk, 1)
+    rows = max(1, min(nq, BLOCK_ENTRIES // per_row))
+    batches = max(1, min(b, BLOCK_ENTRIES // (per_row * nq))) if rows == nq else 1
+    return [
+        (b0, min(b0 + batches, b), i0, min(i0 + rows, nq))
+        for b0 in range(0, b, batches)
+        for i0 in range(0, nq, rows)
+    ]
+
+
+def _block_mask(mask: Tensor | None, b0: int, b1: int, i0: int, i1: int) -> Tensor | None:
+    if mask is None:
+        return None
+    rows = slice(i0, i1) if mask.shape[2] > 1 else slice(None)
+    return mask[b0:b1, :, rows]
+
+
+def _block_weights(
+    q: Tensor, k: Tensor, mask: Tensor | None, causal_from: int | None, order: int
+) -> tuple[Tensor, Tensor]:
+    """Scores and masked weights of one block: q (b, H, r, d), k (b, H, n, d) -> (b, H, r, n)."""
+    s = q @ k.transpose(-2, -1)
+    w = _taylor_(s, order)
+    if causal_from is not None:
+        w.tril_(causal_from)
+    if mask is not None:
+        w.mul_(mask)
+    return s, w
+
+
+def _block_inputs(q, k, v, mask, is_causal, b0, b1, i0, i1):
+    """The slices of one block: keys stop at the block's last row when causal."""
+    end = min(i1, k.shape[2]) if is_causal else k.shape[2]
+    m = _block_mask(mask, b0, b1, i0, i1)
+    return (
+        q[b0:b1, :, i0:i1],
+        k[b0:b1, :, :end],
+        v[b0:b1, :, :end],
+        None if m is None else m[..., :end],
+        end,
+    )
+
+
+def weighted_sums(
+    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool, order: int = 2
+) -> Tensor:
+    """Σ_j w(q_i · k_j) v_j over the attended pairs, block by block: (B, H, Nq, c).
+
+    q (B, H, Nq, d) and k (B, H, Nk, d) already scaled; v (B, H, Nk, c); ``mask`` None or
+    bool (B, H, Nq or 1, Nk). No autograd: see ``weighted_sums_grad``.
+    """
+    b, h, nq, _ = q.shape
+    out = q.new_empty((b, h, nq, v.shape[-1]))
+    for b0, b1, i0, i1 in _blocks(b, h, nq, k.shape[2]):
+        qb, kb, vb, mb, _ = _block_inputs(q, k, v, mask, is_causal, b0, b1, i0, i1)
+        _, w = _block_weights(qb, kb, mb, i0 if is_causal else None, order)
+        out[b0:b1, :, i0:i1] = w @ vb
+    return out
+
+
+def weighted_sums_grad(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    grad: Tensor,
+    mask: Tensor | None,
+    is_causal: bool,
+    order: int = 2,
+    need: tuple[bool, bool, bool] = (True, True, True),
+) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
+    """Gradients (q, k, v) of Σ_i grad_i · ``weighted_sums(q, k, v, ...)``_i, recomputing
+    each block's weights: ∂v_j = Σ_i w_ij g_i, ∂s_ij = (g_i · v_j) w'(s_ij) on attended
+    pairs, ∂q_i = Σ_j ∂s_ij k_j, ∂k_j = Σ_i ∂s_ij q_i (docs/direct-form.md)."""
+    need_q, need_k, need_v = need
+    b, h, nq, _ = q.shape
+    dq = torch.zeros_like(q) if need_q else None
+    dk = torch.zeros_like(k) if need_k else None
+    dv = torch.zeros_like(v) if need_v else None
+    for b0, b1, i0, i1 in _blocks(b, h, nq, k.shape[2]):
+        qb, kb, vb, mb, end = _block_inputs(q, k, v, mask, is_causal, b0, b1, i0, i1)
+        gb = grad[b0:b1, :, i0:i1]
+        causal_from = i0 if is_causal else None
+        s, w = _block_weights(qb, kb, mb, causal_from, order)
+        if need_v:
+            dv[b0:b1, :, :end] += w.transpose(-2, -1) @ gb
+        if need_q or need_k:
+            ds = gb @ vb.transpose(-2, -1)
+            ds.mul_(_taylor_(s, order - 1) if order > 1 else 1.0)
+            if causal_from is not None:
+                ds.tril_(causal_from)
+            if mb is not None:
+                ds.mul_(mb)
+            if need_q:
+                dq[b0:b1, :, i0:i1] = ds @ kb
+            if need_k:
+                dk[b0:b1, :, :end] += ds.transpose(-2, -1) @ qb
+    return dq, dk, dv
+
+
+class _DirectAttention(torch.autograd.Function):
+    """y = (w(q kᵀ) ⊙ allowed) v / rowsum · sqrt(n/d) on scaled q (B, H, Nq, d), k, v."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, mask, is_causal, order, count, normalize):
+        # [v, 1]: the numerator and the row sums (denominators) in one pass
+        ones = torch.ones_like(v[..., :1])
+        y_prime = weighted_sums(q, k, torch.cat([v, ones], dim=-1), mask, is_causal, order)
+        out, den = finish_outputs(y_prime, count, normalize, q.shape[-1])
+        ctx.save_for_backward(q, k, v, mask, count, out, den)
+        ctx.is_causal, ctx.order, ctx.normalize = is_causal, order, normalize
+        return out
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_out):
+        q, k, v, mask, count, out, den = ctx.saved_tensors
+        g = grad_outputs(grad_out, out, den, count, ctx.normalize, q.shape[-1])
+        vp = torch.cat([v, torch.ones_like(v[..., :1])], dim=-1)
+        need = ctx.needs_input_grad[:3]
+        dq, dk, dvp = weighted_sums_grad(q, k, vp, g, mask, ctx.is_causal, ctx.order, need)
+        return dq, dk, None if dvp is None else dvp[..., :-1], None, None, None, None, None
 
 
 def direct_taylor_shift(
@@ -41,28 +186,18 @@ def direct_taylor_shift(
     order: int,
 ) -> Tensor:
     """Direct form on validated inputs; ``mask`` broadcasts to (B, H, Nq, Nk). -> (B, H, Nq, dv)."""
-    d = query.shape[-1]
-    nq, nk = query.shape[-2], key.shape[-2]
+    b, h, nq, d = query.shape
+    nk = key.shape[-2]
     cd = compute_dtype(query.dtype)
     factor = score_factor(temperature, scale, normalize, d)
     if isinstance(factor, Tensor):
         factor = factor.to(cd)
     q = scaled_query(query.to(cd), factor, normalize)
     k = scaled_key(key.to(cd), normalize)
-
-    w = taylor_weight(q @ k.transpose(-2, -1), order)  # (B, H, Nq, Nk)
-    allowed = allowed_keys(mask, is_causal, nq, nk, query.device)
-    if allowed is None:
-        count = torch.full((nq, 1), float(nk), dtype=cd, device=query.device)
-    else:
-        w = w.masked_fill(~allowed, 0.0)
-        count = allowed.sum(dim=-1, keepdim=True).to(cd)
-
-    denominator = w.sum(dim=-1, keepdim=True)
-    # A query with no attended key has w = 0 on its row: divide by 1 to keep it (and its
-    # gradient) at exactly zero instead of 0/0.
-    y = (w @ value.to(cd)) / torch.where(count > 0, denominator, 1.0)
-    f = output_factor(count, normalize, d)
-    if f is not None:
-        y = y * f
+    if mask is not None:
+        while mask.dim() < 4:
+            mask = mask.unsqueeze(0)
+        mask = mask.expand(b, h, mask.shape[2], nk)
+    count = attended_counts(mask, is_causal, b, h, nq, nk, query.device).to(cd)[..., 0]
+    y = _DirectAttention.apply(q, k, value.to(cd), mask, is_causal, order, count, normalize)
     return y.to(query.dtype)

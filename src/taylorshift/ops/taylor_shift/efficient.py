@@ -20,6 +20,7 @@ from .features import (
     feature_dim,
     features,
     quadratic_grad,
+    scaled_input_grad,
     scaled_key,
     scaled_query,
     score_factor,
@@ -43,6 +44,16 @@ def default_chunk_size(batch_heads: int, d: int, dv: int) -> int:
     width = max(feature_dim(d), d * (dv + 1))
     c = CHUNK_ELEMENTS // max(1, batch_heads * width)
     return max(MIN_CHUNK, min(MAX_CHUNK, c))
+
+
+def balanced_chunk(n: int, chunk: int) -> int:
+    """At most ``chunk`` tokens per chunk, as few chunks as that allows, of equal size: 256
+    tokens under a 252 limit run as 2 × 128, not 252 + a 4-token remainder whose fixed
+    costs cost as much as the big chunk's."""
+    if n <= chunk:
+        return max(n, 1)
+    pieces = -(-n // chunk)
+    return -(-n // pieces)
 
 
 def query_factor(temperature: Tensor | None, factor: float, dtype: torch.dtype, b: int, h: int):
@@ -133,52 +144,33 @@ class EfficientTaylorShiftFunction(torch.autograd.Function):
         count = key_count(key_mask, nk, cd, query.device)
         g_y = grad_outputs(grad_out.to(cd), out.to(cd), den, count, normalize, d)
 
-        gq = torch.zeros_like(query, dtype=cd) if need_q else None
-        gt = torch.zeros((b, h, 1, 1), dtype=cd, device=query.device) if need_t else None
+        tau = query_factor(temperature, ctx.factor, cd, b, h)
+        gq = gt = None
+        if need_q or need_t:
+            g_scaled = torch.empty((b, h, nq, d), dtype=cd, device=query.device)
         g_state = torch.zeros_like(state)  # gradient w.r.t. the weighted state
         for i0 in range(0, nq, chunk):
             i1 = min(i0 + chunk, nq)
             g_chunk = g_y[:, :, i0:i1]
-            q_in, t_in, q = scaled_query_leaf(
-                query[:, :, i0:i1], temperature, ctx.factor, normalize, cd, need_q, need_t
-            )
+            q = scaled_query(query[:, :, i0:i1].to(cd), tau, normalize)
             if need_q or need_t:
-                g_q = state_input_grad(q.detach(), g_chunk, weighted)
-                inputs = [x for x, need in ((q_in, need_q), (t_in, need_t)) if need]
-                grads = list(torch.autograd.grad(q, inputs, g_q))
-                if need_q:
-                    gq[:, :, i0:i1] = grads.pop(0)
-                if need_t:
-                    gt += grads.pop(0)
-            g_state += features(q.detach()).transpose(-2, -1) @ g_chunk
+                g_scaled[:, :, i0:i1] = state_input_grad(q, g_chunk, weighted)
+            g_state += features(q).transpose(-2, -1) @ g_chunk
+        if need_q or need_t:
+            gq, gt = scaled_input_grad(query.to(cd), g_scaled, tau, normalize)
 
         g_state *= weights  # now the gradient w.r.t. the unweighted state
         gk, gv = key_side_grads(key, value, key_mask, g_state, normalize, chunk, need_k, need_v)
         return (
-            None if gq is None else gq.to(query.dtype),
+            gq.to(query.dtype) if need_q else None,
             gk,
             gv,
-            None if gt is None else gt.sum_to_size(temperature.shape).to(temperature.dtype),
+            gt.sum_to_size(temperature.shape).to(temperature.dtype) if need_t else None,
             None,
             None,
             None,
             None,
         )
-
-
-def scaled_query_leaf(query_chunk, temperature, factor, normalize, dtype, need_q, need_t):
-    """q' of one chunk built from fresh leaves, to differentiate the cheap map q -> q'.
-
-    Returns (q leaf, temperature leaf (B, H, 1, 1) or None, q').
-    """
-    b, h = query_chunk.shape[:2]
-    with torch.enable_grad():
-        q_in = query_chunk.to(dtype).detach().requires_grad_(need_q)
-        t_in = None
-        if temperature is not None:
-            t_in = query_factor(temperature, 0.0, dtype, b, h).detach().requires_grad_(need_t)
-        q = scaled_query(q_in, factor if t_in is None else t_in, normalize)
-    return q_in, t_in, q
 
 
 def state_input_grad(x: Tensor, g: Tensor, state: Tensor) -> Tensor:
@@ -215,27 +207,27 @@ def key_side_grads(
     """Gradients of key and value from the gradient of S = Σ_j φ(k'_j)ᵀ v'_j (B, H, D, dv+1).
 
     ∂/∂v'_j = φ(k'_j) g_state and ∂/∂k'_j = ``state_input_grad(k'_j, v'_j, g_state)``; the
-    map k -> k' (normalisation) is differentiated by autograd on one chunk at a time.
+    map k -> k' (normalisation) is differentiated by ``scaled_input_grad``.
     """
     if not (need_k or need_v):
         return None, None
     nk, dv = key.shape[2], value.shape[3]
     cd = g_state.dtype
-    gk = torch.zeros_like(key, dtype=cd) if need_k else None
-    gv = torch.zeros_like(value, dtype=cd) if need_v else None
+    g_scaled = torch.empty_like(key, dtype=cd) if need_k else None
+    gv = torch.empty_like(value, dtype=cd) if need_v else None
     for j0 in range(0, nk, chunk):
         j1 = min(j0 + chunk, nk)
         mask = None if key_mask is None else key_mask[:, :, j0:j1]
-        with torch.enable_grad():
-            k_in = key[:, :, j0:j1].to(cd).detach().requires_grad_(need_k)
-            k = scaled_key(k_in, normalize)
+        k = scaled_key(key[:, :, j0:j1].to(cd), normalize)
         if need_v:
-            g = (features(k.detach()) @ g_state)[..., :dv]
+            g = (features(k) @ g_state)[..., :dv]
             gv[:, :, j0:j1] = g if mask is None else g * mask.unsqueeze(-1)
         if need_k:
             v = values_with_ones(value[:, :, j0:j1].to(cd), mask)
-            g_k = state_input_grad(k.detach(), v, g_state)
-            (gk[:, :, j0:j1],) = torch.autograd.grad(k, k_in, g_k)
+            g_scaled[:, :, j0:j1] = state_input_grad(k, v, g_state)
+    gk = None
+    if need_k:
+        gk, _ = scaled_input_grad(key.to(cd), g_scaled, 1.0, normalize)
     return (
         None if gk is None else gk.to(key.dtype),
         None if gv is None else gv.to(value.dtype),
@@ -254,7 +246,10 @@ def efficient_taylor_shift(
 ) -> Tensor:
     """Non-causal efficient form on validated inputs; key_mask is (B, H, Nk) bool or None."""
     b, h, _, d = query.shape
-    chunk = chunk_size or default_chunk_size(b * h, d, value.shape[-1])
+    nk = key.shape[2]
+    chunk = chunk_size or balanced_chunk(
+        max(nk, query.shape[2]), default_chunk_size(b * h, d, value.shape[-1])
+    )
     factor = score_factor(temperature, scale, normalize, d)
     t = factor if isinstance(factor, Tensor) else None
     f = 0.0 if t is not None else float(factor)

@@ -11,6 +11,10 @@ Query i attends key j iff j <= i (upper-left aligned, as SDPA), also when Nq != 
 Backward runs two sweeps so that no prefix state is ever stored or obtained by subtraction:
 a forward sweep rebuilds S_<i0 and gives the query-side and intra-chunk gradients; a reverse
 sweep accumulates G_>c = Σ_{c' > c} φ(q'_c')ᵀ ∂Y'_c' and gives the key-side gradients.
+Every gradient is written by hand (the intra-chunk block as in the direct form,
+docs/direct-form.md; the normalisation by ``scaled_input_grad``), so backward records no
+autograd graph and torch.compile traces it whole. A state nobody reads is never built: the
+first chunk has no prefix and the last chunk's keys feed no later query.
 """
 
 from __future__ import annotations
@@ -18,22 +22,22 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from .direct import weighted_sums, weighted_sums_grad
 from .efficient import (
     finish_outputs,
     grad_outputs,
     query_factor,
-    scaled_query_leaf,
     state_input_grad,
 )
 from .features import (
     compute_dtype,
     feature_dim,
     features,
+    scaled_input_grad,
     scaled_key,
     scaled_query,
     score_factor,
     state_weights,
-    taylor_weight,
     values_with_ones,
 )
 
@@ -51,16 +55,6 @@ def causal_count(key_mask: Tensor | None, nq: int, nk: int, dtype: torch.dtype, 
     return seen[..., rows.clamp(max=nk - 1)].to(dtype)
 
 
-def _intra_chunk(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-    """The causal block of one chunk, directly: (B, H, C, dv + 1).
-
-    q (B, H, C, d); k, v (B, H, Ck, d / dv + 1), Ck <= C keys at the same positions.
-    """
-    w = taylor_weight(q @ k.transpose(-2, -1), 2)  # (B, H, C, Ck)
-    causal = torch.ones(w.shape[-2:], dtype=torch.bool, device=w.device).tril()
-    return w.masked_fill(~causal, 0.0) @ v
-
-
 def causal_forward(
     query: Tensor,
     key: Tensor,
@@ -71,8 +65,13 @@ def causal_forward(
     chunk: int,
     initial_state: Tensor | None = None,
     initial_count: Tensor | None = None,
-) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    final_state: bool = True,
+) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
     """The chunked causal sweep, without autograd: (out, den, count, final state).
+
+    ``final_state=False`` skips the keys that no query of the block reads through the
+    state (the last chunk's, and any after the last query) and returns None for it: a
+    training forward needs no final state, and a single chunk then costs the direct form.
 
     ``initial_state`` (B, H, D, dv + 1), unweighted sums Σ φ(k'_j)ᵀ [v_j, 1] over keys that
     precede the whole block (every query attends them), and ``initial_count`` (B, H), how
@@ -88,10 +87,8 @@ def causal_forward(
     count = causal_count(key_mask, nq, nk, cd, query.device)
     if initial_count is not None:
         count = initial_count.to(cd).unsqueeze(-1) + count  # (B, H, Nq)
-    if initial_state is None:
-        state = query.new_zeros((b, h, feature_dim(d), dv + 1), dtype=cd)
-    else:
-        state = initial_state.detach().to(cd)  # never written in place: sums make new ones
+    # None: no key summed yet (the prefix part of a chunk is then zero and skipped)
+    state = None if initial_state is None else initial_state.detach().to(cd)
     out = torch.empty((b, h, nq, dv), dtype=query.dtype, device=query.device)
     den = torch.empty((b, h, nq), dtype=cd, device=query.device)
     for i0 in range(0, max(nq, nk), chunk):
@@ -105,17 +102,25 @@ def causal_forward(
         if i0 < nq:
             q1 = min(i1, nq)
             q = scaled_query(query[:, :, i0:q1].to(cd), tau, normalize)
-            # φ(q) (c ⊙ S): weight the features or the state, whichever is smaller
-            if q1 - i0 < dv + 1:
-                y_prime = (features(q) * weights.squeeze(-1)) @ state
-            else:
-                y_prime = features(q) @ (state * weights)
+            y_prime = None
+            if state is not None:
+                # φ(q) (c ⊙ S): weight the features or the state, whichever is smaller
+                if q1 - i0 < dv + 1:
+                    y_prime = (features(q) * weights.squeeze(-1)) @ state
+                else:
+                    y_prime = features(q) @ (state * weights)
             if k is not None:
-                y_prime = y_prime + _intra_chunk(q, k[:, :, : q1 - i0], v[:, :, : q1 - i0])
+                intra = weighted_sums(q, k[:, :, : q1 - i0], v[:, :, : q1 - i0], None, True)
+                y_prime = intra if y_prime is None else y_prime + intra
+            if y_prime is None:  # no key before or inside the chunk
+                y_prime = q.new_zeros((b, h, q1 - i0, dv + 1))
             y, den[:, :, i0:q1] = finish_outputs(y_prime, count[..., i0:q1], normalize, d)
             out[:, :, i0:q1] = y.to(out.dtype)
-        if k is not None:
-            state = state + features(k).transpose(-2, -1) @ v
+        if k is not None and (final_state or i1 < nq):
+            step = features(k).transpose(-2, -1) @ v
+            state = step if state is None else state + step
+    if final_state and state is None:
+        state = query.new_zeros((b, h, feature_dim(d), dv + 1), dtype=cd)
     return out, den, count, state
 
 
@@ -144,8 +149,9 @@ class CausalEfficientTaylorShiftFunction(torch.autograd.Function):
         cd = compute_dtype(query.dtype)
         tau = query_factor(temperature, factor, cd, b, h)
         out, den, count, _ = causal_forward(
-            query, key, value, tau, normalize, key_mask, chunk, initial_state, initial_count
-        )
+            query, key, value, tau, normalize, key_mask, chunk, initial_state, initial_count,
+            final_state=False,
+        )  # fmt: skip
         ctx.save_for_backward(
             query, key, value, temperature, key_mask, out, den, count, initial_state
         )
@@ -163,103 +169,93 @@ class CausalEfficientTaylorShiftFunction(torch.autograd.Function):
         nk, dv = key.shape[2], value.shape[3]
         cd = den.dtype
         weights = state_weights(d, cd, query.device)
+        tau = query_factor(temperature, ctx.factor, cd, b, h)
         g_y = grad_outputs(grad_out.to(cd), out.to(cd), den, count, normalize, d)
+        need_qt = need_q or need_t
+        # Gradients w.r.t. the scaled q' and k' and w.r.t. v' = [v, 1] (masked rows zero),
+        # mapped back through the normalisation at the end.
+        gq = torch.zeros((b, h, nq, d), dtype=cd, device=query.device) if need_qt else None
+        gk = torch.zeros((b, h, nk, d), dtype=cd, device=query.device) if need_k else None
+        gv = torch.zeros((b, h, nk, dv + 1), dtype=cd, device=query.device) if need_v else None
+        span = max(nq, nk)
 
-        gq = torch.zeros_like(query, dtype=cd) if need_q else None
-        gk = torch.zeros_like(key, dtype=cd) if need_k else None
-        gv = torch.zeros_like(value, dtype=cd) if need_v else None
-        gt = torch.zeros((b, h, 1, 1), dtype=cd, device=query.device) if need_t else None
-
-        # Forward sweep: rebuild the prefix state; gradients through the query side and
-        # the intra-chunk block.
-        if initial is None:
-            state = query.new_zeros((b, h, feature_dim(d), dv + 1), dtype=cd)
-        else:
-            state = initial.to(cd).clone()
-        for i0 in range(0, nq, chunk):
-            i1 = min(i0 + chunk, nq)
+        def chunk_keys(i0: int, i1: int) -> tuple[Tensor, Tensor, int]:
             j1 = min(i1, nk)
-            g_chunk = g_y[:, :, i0:i1]
-            q_in, t_in, q = scaled_query_leaf(
-                query[:, :, i0:i1], temperature, ctx.factor, normalize, cd, need_q, need_t
-            )
-            outputs, grad_outputs_ = [], []
-            if q.requires_grad:  # the prefix part, differentiated by hand
-                outputs.append(q)
-                grad_outputs_.append(state_input_grad(q.detach(), g_chunk, state * weights))
-            k_in = v_in = k = v = None
-            if i0 < nk:
-                mask = None if key_mask is None else key_mask[:, :, i0:j1]
-                with torch.enable_grad():
-                    k_in = key[:, :, i0:j1].to(cd).detach().requires_grad_(need_k)
-                    v_in = value[:, :, i0:j1].to(cd).detach().requires_grad_(need_v)
-                    k = scaled_key(k_in, normalize)
-                    v = values_with_ones(v_in, mask)
-                    intra = _intra_chunk(q, k, v)
-                if intra.requires_grad:
-                    outputs.append(intra)
-                    grad_outputs_.append(g_chunk)
-            wanted = [
-                (x, name)
-                for x, name, need in (
-                    (q_in, "q", need_q),
-                    (t_in, "t", need_t),
-                    (k_in, "k", need_k),
-                    (v_in, "v", need_v),
-                )
-                if need and x is not None
-            ]
-            if outputs and wanted:
-                grads = torch.autograd.grad(
-                    outputs, [x for x, _ in wanted], grad_outputs_, allow_unused=True
-                )
-                for (_, name), g in zip(wanted, grads, strict=True):
-                    if g is None:
-                        continue
-                    if name == "q":
-                        gq[:, :, i0:i1] += g
-                    elif name == "t":
-                        gt += g
-                    elif name == "k":
-                        gk[:, :, i0:j1] += g
-                    else:
-                        gv[:, :, i0:j1] += g
-            if k is not None:
-                state += features(k.detach()).transpose(-2, -1) @ v.detach()
+            mask = None if key_mask is None else key_mask[:, :, i0:j1]
+            k = scaled_key(key[:, :, i0:j1].to(cd), normalize)
+            return k, values_with_ones(value[:, :, i0:j1].to(cd), mask), j1
 
-        # Reverse sweep: the gradient of the state that chunk c feeds, from later queries;
-        # after chunk 0 it is the gradient of the initial state.
+        # Forward sweep: rebuild the prefix state; gradients through the query side of the
+        # prefix part and through the intra-chunk block (the direct form, by hand).
+        state = None if initial is None else initial.to(cd)
+        for i0 in range(0, span, chunk):
+            i1 = min(i0 + chunk, span)
+            k = v = None
+            if i0 < nk:
+                k, v, _ = chunk_keys(i0, i1)
+            if i0 < nq and (need_qt or need_k or need_v):
+                q1 = min(i1, nq)
+                q = scaled_query(query[:, :, i0:q1].to(cd), tau, normalize)
+                g_chunk = g_y[:, :, i0:q1]
+                if need_qt and state is not None:
+                    gq[:, :, i0:q1] += state_input_grad(q, g_chunk, state * weights)
+                if k is not None:
+                    # the intra-chunk block is the direct form's weighted sum (masked keys
+                    # have v' = 0, so they get no weight and give no gradient)
+                    ck = min(q1 - i0, k.shape[2])
+                    need = (need_qt, need_k, need_v)
+                    iq, ik, iv = weighted_sums_grad(
+                        q, k[:, :, :ck], v[:, :, :ck], g_chunk, None, True, 2, need
+                    )
+                    if need_qt:
+                        gq[:, :, i0:q1] += iq
+                    if need_k:
+                        gk[:, :, i0 : i0 + ck] += ik
+                    if need_v:
+                        gv[:, :, i0 : i0 + ck] += iv
+            if k is not None and i1 < nq:  # later queries attend this chunk via the state
+                step = features(k).transpose(-2, -1) @ v
+                state = step if state is None else state + step
+
+        # Reverse sweep: G_>c, the gradient of the state that chunk c feeds from later
+        # queries, gives the key-side gradients; after chunk 0 it is the initial state's.
         g_initial = None
         if need_k or need_v or need_s:
-            g_state = torch.zeros_like(state)  # w.r.t. the weighted state
-            tau = query_factor(temperature, ctx.factor, cd, b, h)
-            for i0 in reversed(range(0, nq, chunk)):
-                i1 = min(i0 + chunk, nq)
-                if i0 < nk:
-                    j1 = min(i1, nk)
-                    mask = None if key_mask is None else key_mask[:, :, i0:j1]
+            g_state = None  # w.r.t. the weighted state
+            for i0 in reversed(range(0, span, chunk)):
+                i1 = min(i0 + chunk, span)
+                if i0 < nk and g_state is not None and (need_k or need_v):
+                    k, v, j1 = chunk_keys(i0, i1)
                     g_s = g_state * weights
-                    with torch.enable_grad():
-                        k_in = key[:, :, i0:j1].to(cd).detach().requires_grad_(need_k)
-                        k = scaled_key(k_in, normalize)
                     if need_v:
-                        g = (features(k.detach()) @ g_s)[..., :dv]
-                        gv[:, :, i0:j1] += g if mask is None else g * mask.unsqueeze(-1)
+                        gv[:, :, i0:j1] += features(k) @ g_s
                     if need_k:
-                        v = values_with_ones(value[:, :, i0:j1].to(cd), mask)
-                        g_k = state_input_grad(k.detach(), v, g_s)
-                        (g,) = torch.autograd.grad(k, k_in, g_k)
-                        gk[:, :, i0:j1] += g
-                q = scaled_query(query[:, :, i0:i1].to(cd), tau, normalize)
-                g_state += features(q).transpose(-2, -1) @ g_y[:, :, i0:i1]
+                        gk[:, :, i0:j1] += state_input_grad(k, v, g_s)
+                if i0 < nq:
+                    q1 = min(i1, nq)
+                    q = scaled_query(query[:, :, i0:q1].to(cd), tau, normalize)
+                    step = features(q).transpose(-2, -1) @ g_y[:, :, i0:q1]
+                    g_state = step if g_state is None else g_state + step
             if need_s:
-                g_initial = (g_state * weights).to(initial.dtype)
+                if g_state is None:
+                    g_initial = torch.zeros_like(initial)
+                else:
+                    g_initial = (g_state * weights).to(initial.dtype)
 
+        g_query = g_tau = g_key = g_value = None
+        if need_qt:
+            g_query, g_tau = scaled_input_grad(query.to(cd), gq, tau, normalize)
+        if need_k:
+            g_key, _ = scaled_input_grad(key.to(cd), gk, 1.0, normalize)
+        if need_v:
+            g_value = gv[..., :dv]
+            if key_mask is not None:
+                g_value = g_value * key_mask.unsqueeze(-1)
         return (
-            None if gq is None else gq.to(query.dtype),
-            None if gk is None else gk.to(key.dtype),
-            None if gv is None else gv.to(value.dtype),
-            None if gt is None else gt.sum_to_size(temperature.shape).to(temperature.dtype),
+            g_query.to(query.dtype) if need_q else None,
+            g_key.to(key.dtype) if need_k else None,
+            g_value.to(value.dtype) if need_v else None,
+            g_tau.sum_to_size(temperature.shape).to(temperature.dtype) if need_t else None,
             None,
             None,
             None,

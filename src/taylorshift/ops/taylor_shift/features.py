@@ -47,6 +47,28 @@ def scaled_key(k: Tensor, normalize: bool) -> Tensor:
     return k
 
 
+def scaled_input_grad(
+    x: Tensor, grad: Tensor, factor: Tensor | float, normalize: bool
+) -> tuple[Tensor, Tensor | None]:
+    """The backward of x' = factor · x/max(‖x‖, eps) (normalize) or factor · x.
+
+    x, grad (…, N, d) in the compute dtype; factor a float or a tensor broadcasting to
+    (…, 1, 1). Returns ∂L/∂x and, for a tensor factor, ∂L/∂factor summed over tokens and
+    features, (…, 1, 1). Written by hand so that backward passes need no autograd (and
+    torch.compile can trace them): for ‖x‖ > eps, ∂x = (g − x̂ (x̂·g)) / ‖x‖ with
+    g = factor · grad and x̂ = x/‖x‖; below eps the norm is the constant eps, ∂x = g / eps.
+    """
+    if not normalize:
+        return grad * factor, None
+    norm = torch.linalg.vector_norm(x, dim=-1, keepdim=True)
+    floor = norm.clamp_min(NORM_EPS)
+    unit = x / floor
+    g_factor = (grad * unit).sum((-2, -1), keepdim=True) if isinstance(factor, Tensor) else None
+    g = grad * factor
+    along = torch.where(norm > NORM_EPS, (unit * g).sum(-1, keepdim=True), 0.0)
+    return (g - along * unit) / floor, g_factor
+
+
 def taylor_weight(s: Tensor, order: int) -> Tensor:
     """w(s) = Σ_{n=0..order} sⁿ/n!, by Horner's rule (positive for even order)."""
     w = torch.ones_like(s)
@@ -62,14 +84,49 @@ def output_factor(count: Tensor, normalize: bool, d: int) -> Tensor | None:
     return torch.sqrt(count / d)
 
 
+def attended_counts(
+    mask: Tensor | None, is_causal: bool, b: int, h: int, nq: int, nk: int, device
+) -> Tensor:
+    """n_i, the keys query i attends, float32 (B or 1, H or 1, Nq, 1).
+
+    ``mask``: None or a bool mask (B, H, Nq or 1, Nk) (True = attend), combined with causal
+    (key j for query i only if j <= i) when ``is_causal``.
+    """
+    if nk == 0:
+        return torch.zeros((1, 1, nq, 1), device=device)
+    if mask is None:
+        if not is_causal:
+            return torch.full((1, 1, 1, 1), float(nk), device=device).expand(1, 1, nq, 1)
+        rows = torch.arange(1, nq + 1, device=device).clamp(max=nk)
+        return rows.to(torch.float32).view(1, 1, nq, 1)
+    if not is_causal:
+        return mask.sum(-1, keepdim=True, dtype=torch.float32).expand(b, h, nq, 1)
+    if mask.shape[2] == 1:  # key padding: a running count over the keys
+        running = mask[:, :, 0, :].cumsum(-1, dtype=torch.float32)  # (B, H, Nk)
+        index = torch.arange(nq, device=device).clamp(max=nk - 1)
+        return running[..., index].unsqueeze(-1)
+    causal = torch.ones(nq, nk, dtype=torch.bool, device=device).tril()
+    return (mask & causal).sum(-1, keepdim=True, dtype=torch.float32)
+
+
 @lru_cache(maxsize=64)
 def _pair_index_cpu(d: int) -> tuple[Tensor, Tensor]:
     a, b = torch.triu_indices(d, d)
     return a, b
 
 
+@lru_cache(maxsize=64)
+def _flat_pair_index(d: int, device: torch.device) -> Tensor:
+    """a · d + b for the pairs of ``pair_index``: positions in a flattened (d, d) product."""
+    a, b = _pair_index_cpu(d)
+    return (a * d + b).to(device)
+
+
 def pair_index(d: int, device: torch.device) -> tuple[Tensor, Tensor]:
     """Index pairs (a, b) with a <= b, in the order of ``features``: row a holds b = a..d-1."""
+    if torch.compiler.is_compiling():  # traced: built in the graph, not read from a cache
+        a, b = torch.triu_indices(d, d, device=device)
+        return a, b
     a, b = _pair_index_cpu(d)
     return a.to(device), b.to(device)
 
@@ -88,16 +145,20 @@ def features(x: Tensor) -> Tensor:
     backward passes go through ``quadratic_grad`` instead, which needs no features.
     """
     d = x.shape[-1]
-    out = torch.empty((*x.shape[:-1], feature_dim(d)), dtype=x.dtype, device=x.device)
-    p = d * (d + 1) // 2
-    if x.numel() <= GATHER_MAX_TOKENS * d:
-        # Few tokens (a decoding step): one gathered multiply beats d small ones; the
-        # products are the same, so both paths agree bitwise.
+    if torch.compiler.is_compiling():
+        # Traced by torch.compile: out-of-place products that the compiler fuses into one
+        # kernel (the eager paths below write into slices, which it cannot trace).
         a, b = pair_index(d, x.device)
-        torch.mul(x.index_select(-1, a), x.index_select(-1, b), out=out[..., :p])
-        out[..., p : p + d] = x
-        out[..., -1] = 1.0
-        return out
+        quad = x.index_select(-1, a) * x.index_select(-1, b)
+        return torch.cat([quad, x, torch.ones_like(x[..., :1])], dim=-1)
+    if x.numel() <= GATHER_MAX_TOKENS * d:
+        # Few tokens (a decoding step): the outer product, then its upper triangle picked by
+        # one index, beats d small multiplies (and two gathers, 2x, benchmarks/decode_cpu);
+        # the products are the same, so every path agrees bitwise.
+        outer = (x.unsqueeze(-1) * x.unsqueeze(-2)).flatten(-2)  # (..., N, d²)
+        quad = outer[..., _flat_pair_index(d, x.device)]
+        return torch.cat([quad, x, torch.ones_like(x[..., :1])], dim=-1)
+    out = torch.empty((*x.shape[:-1], feature_dim(d)), dtype=x.dtype, device=x.device)
     # Row a of the upper triangle, x_a · x[a:], as one contiguous slice of the output:
     # for long chunks d strided multiplies beat a gather of the pairs several times over on
     # the CPU (benchmarks/features_cpu).

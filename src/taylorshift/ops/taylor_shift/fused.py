@@ -13,7 +13,18 @@ A call goes to a fused kernel when all of these hold, else it stays on the PyTor
   mask. Masks that vary over queries stay on the PyTorch path;
 - causal efficient only: its first version keeps every chunk's prefix state at once (about
   3 · B·H · Nk/C · D · (dv + 2) float32 at the peak), so calls whose states would exceed
-  ``CAUSAL_STATE_BUDGET`` bytes stay on the memory-lean PyTorch form.
+  ``CAUSAL_STATE_BUDGET`` bytes stay on the memory-lean PyTorch form;
+- the kernel has not failed before in this process for the same shape class.
+
+A kernel that fails to compile or launch (out of shared memory, an architecture or a Triton
+version it does not support) must not break the call: ``run_guarded`` catches the failure,
+logs one warning naming the kernel, the shape class (device, dtype, d, dv, causal, mask)
+and the reason, and the caller computes the same answer with the PyTorch form; that shape
+class then stays on PyTorch for the rest of the process. On a GPU, the first call of a shape
+class that autograd records also runs the kernel's backward once on a tiny input
+(``probe_backward``), so that a backward kernel that cannot compile is found while the
+forward can still fall back. A real out-of-memory error is not a kernel failure and is
+raised as usual.
 """
 
 from __future__ import annotations
@@ -31,6 +42,10 @@ from .checks import Problem
 from .features import feature_dim
 
 logger = logging.getLogger("taylorshift.dispatch")
+
+# Shape classes whose kernel failed in this process -> the reason (see run_guarded).
+FAILED: dict[tuple, str] = {}
+_PROBED: set[tuple] = set()
 
 TRITON_ENV = "TAYLORSHIFT_TRITON"
 MAX_HEAD_DIM = 128
@@ -57,11 +72,89 @@ def _setting() -> str:
     return value if value in ("auto", "off", "interpret") else "auto"
 
 
+def shape_class(kernel: str, query: Tensor, problem: Problem, is_causal: bool) -> tuple:
+    """What a kernel's compilation depends on: (kernel, device, dtype, d, dv, causal, mask)."""
+    return (
+        kernel,
+        str(query.device),
+        str(query.dtype).replace("torch.", ""),
+        problem.head_dim,
+        problem.value_dim,
+        is_causal,
+        problem.key_mask is not None,
+    )
+
+
+def _describe(key: tuple) -> str:
+    kernel, device, dtype, d, dv, causal, masked = key
+    return (
+        f"{kernel} on {device}, {dtype}, d={d}, dv={dv}, "
+        f"{'causal' if causal else 'non-causal'}, {'key padding' if masked else 'no mask'}"
+    )
+
+
+def kernel_failure(err: BaseException) -> bool:
+    """Whether ``err`` is a kernel that could not compile or launch (not an out-of-memory
+    error, not a bad argument of the caller's)."""
+    return isinstance(err, Exception) and not isinstance(err, (torch.OutOfMemoryError, TypeError))
+
+
+def disable(key: tuple, err: BaseException) -> None:
+    """Keep ``key``'s shape class on the PyTorch form from now on; warn once."""
+    if key in FAILED:
+        return
+    reason = f"{type(err).__name__}: {str(err).strip().splitlines()[0] if str(err).strip() else ''}"
+    FAILED[key] = reason[:500]
+    logger.warning(
+        "Triton kernel failed (%s): %s; this shape class uses the PyTorch form from now on "
+        "(same result)",
+        _describe(key),
+        FAILED[key],
+    )
+
+
+def run_guarded(key: tuple, call: Callable[[], Tensor]) -> Tensor | None:
+    """``call()``, or None when the kernel fails (then ``disable(key, ...)``)."""
+    try:
+        return call()
+    except Exception as err:
+        if not kernel_failure(err):
+            raise
+        disable(key, err)
+        return None
+
+
+def probe_backward(key: tuple, fused: Callable[..., Tensor], mode: str, query: Tensor) -> bool:
+    """Run ``fused``'s forward and backward once on a tiny input of ``key``'s shape class
+    (a GPU's first call of it under autograd); False (and the class disabled) if it fails."""
+    if key in _PROBED or not query.is_cuda:
+        return key not in FAILED
+    _PROBED.add(key)
+    _, _, _, d, dv, causal, masked = key
+    n = 17
+    shape = (1, 1, n)
+    with torch.enable_grad():
+        q, k = (torch.randn(*shape, d, device=query.device, dtype=query.dtype) for _ in range(2))
+        v = torch.randn(*shape, dv, device=query.device, dtype=query.dtype)
+        for t in (q, k, v):
+            t.requires_grad_()
+        mask = torch.ones(1, 1, n, dtype=torch.bool, device=query.device) if masked else None
+        args = (q, k, v, mask, causal) if mode == "direct" else (q, k, v, mask)
+
+        def call() -> Tensor:
+            out = fused(*args, 1.0, None, True)
+            torch.autograd.grad(out.float().sum(), (q, k, v))
+            return out
+
+        return run_guarded(key, call) is not None
+
+
 def fused_form(
     query: Tensor, problem: Problem, mode: str, is_causal: bool, order: int
 ) -> Callable[..., Tensor] | None:
     """The fused kernel for this call (a function with the signature of the matching
-    PyTorch form, see ``interface``), or None to use the PyTorch form."""
+    PyTorch form, see ``interface``), or None to use the PyTorch form. Its name for the
+    failure bookkeeping is ``kernel_of(fn)``."""
     setting = _setting()
     if setting == "off" or not (query.is_cuda or setting == "interpret"):
         return None
@@ -71,22 +164,38 @@ def fused_form(
         return None
     if problem.n_query == 0 or problem.n_key == 0 or problem.mask_varies_over_queries:
         return None
-    if mode == "efficient" and not is_causal:
-        from ..triton.efficient import triton_efficient_taylor_shift
-
-        logger.debug("fused: triton efficient (non-causal)")
-        return triton_efficient_taylor_shift
-    if mode == "efficient" and causal_state_bytes(problem) > CAUSAL_STATE_BUDGET:
+    kernel = kernel_name(mode, is_causal)
+    if kernel is None:
+        return None
+    if shape_class(kernel, query, problem, is_causal) in FAILED:
+        logger.debug("fused: none (%s failed before in this shape class)", kernel)
+        return None
+    if kernel == "triton efficient (causal)" and causal_state_bytes(problem) > CAUSAL_STATE_BUDGET:
         logger.debug("fused: none (causal chunk states over budget; PyTorch causal form)")
         return None
+    logger.debug("fused: %s", kernel)
+    return load_kernel(kernel)
+
+
+def kernel_name(mode: str, is_causal: bool) -> str | None:
+    """The name of the fused kernel of a form (the key of ``load_kernel``), or None."""
     if mode == "efficient":
+        return "triton efficient (causal)" if is_causal else "triton efficient (non-causal)"
+    if mode == "direct":
+        return "triton direct"
+    return None
+
+
+def load_kernel(kernel: str) -> Callable[..., Tensor]:
+    """The function of the fused kernel ``kernel`` (imports Triton)."""
+    if kernel == "triton efficient (non-causal)":
+        from ..triton.efficient import triton_efficient_taylor_shift
+
+        return triton_efficient_taylor_shift
+    if kernel == "triton efficient (causal)":
         from ..triton.efficient_causal import triton_causal_efficient_taylor_shift
 
-        logger.debug("fused: triton efficient (causal)")
         return triton_causal_efficient_taylor_shift
-    if mode == "direct":
-        from ..triton.direct import triton_direct_taylor_shift
+    from ..triton.direct import triton_direct_taylor_shift
 
-        logger.debug("fused: triton direct (%s)", "causal" if is_causal else "non-causal")
-        return triton_direct_taylor_shift
-    return None
+    return triton_direct_taylor_shift

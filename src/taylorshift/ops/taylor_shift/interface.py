@@ -10,7 +10,7 @@ from .direct import direct_taylor_shift
 from .dispatch import choose_mode
 from .efficient import efficient_taylor_shift
 from .efficient_causal import causal_efficient_taylor_shift
-from .fused import fused_form
+from .fused import fused_form, kernel_name, probe_backward, run_guarded, shape_class
 
 
 def taylor_shift_attention(
@@ -72,7 +72,7 @@ def taylor_shift_attention(
         query, key, value, attn_mask, is_causal, temperature, scale, normalize, order, mode
     )
     if mode == "auto":
-        mode = choose_mode(
+        mode = _choose_mode(
             problem.n_query,
             problem.n_key,
             problem.head_dim,
@@ -85,16 +85,29 @@ def taylor_shift_attention(
             backward=_backward_follows(query, key, value, temperature),
         )
     fused = fused_form(query, problem, mode, is_causal, order)
-    if fused is not None and mode == "direct":
-        return fused(query, key, value, problem.key_mask, is_causal, temperature, scale, normalize)
     if fused is not None:
-        return fused(query, key, value, problem.key_mask, temperature, scale, normalize)
+        # A kernel that cannot compile or launch here falls back to the PyTorch form below
+        # (warned once, remembered per shape class; ops/taylor_shift/fused.py).
+        kernel = shape_class(kernel_name(mode, is_causal), query, problem, is_causal)
+        backward = _backward_follows(query, key, value, temperature)
+        if not backward or probe_backward(kernel, fused, mode, query):
+            args = (query, key, value, problem.key_mask)
+            args += (is_causal,) if mode == "direct" else ()
+            out = run_guarded(kernel, lambda: fused(*args, temperature, scale, normalize))
+            if out is not None:
+                return out
     if mode == "direct":
         return direct_taylor_shift(
             query, key, value, problem.mask, is_causal, temperature, scale, normalize, order
         )
     form = causal_efficient_taylor_shift if is_causal else efficient_taylor_shift
     return form(query, key, value, problem.key_mask, temperature, scale, normalize)
+
+
+# torch.compile runs the choice once while tracing and keeps its answer in the graph (it
+# depends on shapes, dtype and device only, which the graph is specialised on anyway), so
+# the calibration file is read outside the traced code.
+_choose_mode = torch.compiler.assume_constant_result(choose_mode)
 
 
 def _backward_follows(*inputs: object) -> bool:

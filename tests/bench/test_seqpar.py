@@ -1,16 +1,22 @@
-"""The bytes-per-layer formulas of taylorshift.distributed.bench, by hand, and its tables."""
+"""`taylorshift bench seqpar`: the bytes-per-layer formulas by hand, the tables, the command
+line (a tiny gloo run), and the old module path."""
 
 from __future__ import annotations
 
+import json
+import sys
+
 import pytest
 
-from taylorshift.distributed.bench import (
+from taylorshift.bench.seqpar import (
     bytes_per_rank,
     crossover_tokens,
+    measure,
     measured_table,
     paper_table,
     state_elements,
 )
+from taylorshift.cli import main
 
 
 def test_state_size_is_features_times_values_and_ones():
@@ -59,3 +65,47 @@ def test_tables_render():
     table = measured_table(rows, "cpu")
     assert "| fwd | no | 64 | 20.0 | 10.0 (2.00×) | 1.00 |" in table
     assert "| fwd+bwd | no | 64 | 40.0 | 40.0 (1.00×) | 1.00 |" in table
+
+
+def test_paper_table_on_the_command_line(capsys):
+    assert main(["bench", "seqpar", "--paper"]) == 0
+    assert "| 64 | 544.6 KiB | 4 | 4,096 |" in capsys.readouterr().out
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="spawns gloo processes")
+def test_cli_measures_one_and_two_processes(tmp_path, capsys):
+    out = tmp_path / "results.json"
+    argv = ["--procs", "2", "--lengths", "64", "--repeats", "1", "--causal", "no"]
+    assert main(["bench", "seqpar", *argv, "--out", str(out)]) == 0
+    assert "| fwd | no | 64 |" in capsys.readouterr().out
+    result = json.loads(out.read_text())
+    assert result["command"].startswith("taylorshift bench seqpar --procs 2")
+    assert result["backend"] == "gloo" and result["machine"]["device"] == "cpu"
+    assert result["settings"]["causal"] == [False] and result["settings"]["procs"] == [2]
+    assert [(r["ranks"], r["n"]) for r in result["rows"]] == [(1, 64), (2, 64)]
+    assert all(r["forward_s"] > 0 and r["forward_backward_s"] > 0 for r in result["rows"])
+
+
+def test_old_module_keeps_its_names_and_points_to_the_command(capsys):
+    from taylorshift.distributed import bench as old
+
+    assert old.bytes_per_rank is bytes_per_rank and old.measure is measure
+    assert old.main(["--paper"]) == 0
+    captured = capsys.readouterr()
+    assert "is now `taylorshift bench seqpar`" in captured.err
+    assert "| 64 | 544.6 KiB | 4 | 4,096 |" in captured.out
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--procs", "0"], "argument --procs: expected a positive integer, got 0"),
+        (["--causal", "maybe"], "argument --causal: invalid choice: 'maybe'"),
+    ],
+    ids=["procs", "causal"],
+)
+def test_cli_errors(argv, message, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["bench", "seqpar", *argv])
+    assert exc.value.code == 2
+    assert message in capsys.readouterr().err

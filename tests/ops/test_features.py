@@ -1,0 +1,81 @@
+"""The feature map and the hand-written normalisation backward shared by the forms."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+from taylorshift.ops.taylor_shift import features as F_
+from taylorshift.ops.taylor_shift.features import (
+    features,
+    scaled_input_grad,
+    scaled_key,
+    scaled_query,
+    state_weights,
+)
+
+F64 = torch.float64
+
+
+def plain_features(x: torch.Tensor) -> torch.Tensor:
+    """φ(x) = [x_a x_b for a <= b (row by row), x, 1], written out pair by pair."""
+    d = x.shape[-1]
+    pairs = [x[..., a] * x[..., b] for a, b in itertools.combinations_with_replacement(range(d), 2)]
+    return torch.cat([torch.stack(pairs, -1), x, torch.ones_like(x[..., :1])], -1)
+
+
+@pytest.mark.parametrize("tokens", [1, 5, 64, 65, 300], ids=lambda n: f"N{n}")
+@pytest.mark.parametrize("d", [1, 3, 16])
+def test_every_path_gives_the_plain_features_bitwise(tokens, d):
+    # up to 64 tokens (B·H·N, here B·H = 1) the outer-product path, above it the slices
+    x = torch.randn(1, 1, tokens, d, generator=torch.Generator().manual_seed(d))
+    assert torch.equal(features(x), plain_features(x))
+
+
+def test_the_paths_agree_bitwise_across_the_switch(monkeypatch):
+    x = torch.randn(2, 3, 7, 6)
+    small = features(x)
+    monkeypatch.setattr(F_, "GATHER_MAX_TOKENS", 0)
+    assert torch.equal(features(x), small)
+
+
+def test_weighted_features_give_the_taylor_weight():
+    g = torch.Generator().manual_seed(0)
+    q, k = torch.randn(4, 5, dtype=F64, generator=g), torch.randn(6, 5, dtype=F64, generator=g)
+    c = state_weights(5, F64, q.device).squeeze(-1)
+    s = q @ k.T
+    torch.testing.assert_close((features(q) * c) @ features(k).T, 1 + s + s * s / 2)
+
+
+@pytest.mark.parametrize("normalize", [True, False], ids=["normalize", "plain"])
+@pytest.mark.parametrize("tensor_factor", [True, False], ids=["tau-tensor", "float"])
+def test_scaled_input_grad_matches_autograd(normalize, tensor_factor):
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(2, 3, 7, 4, dtype=F64, generator=g)
+    x[0, 1, 2] = 0.0  # a zero vector: its norm is floored at eps
+    x[1, 2, 3] = 1e-14  # below the floor, not zero
+    x.requires_grad_()
+    if tensor_factor and normalize:
+        factor = torch.rand(1, 3, 1, 1, dtype=F64, generator=g).add(0.5).requires_grad_()
+    else:
+        factor = 0.7
+    grad = torch.randn(2, 3, 7, 4, dtype=F64, generator=g)
+    out = scaled_query(x, factor, normalize)
+    inputs = [x, factor] if isinstance(factor, torch.Tensor) else [x]
+    want = torch.autograd.grad(out, inputs, grad)
+    got_x, got_factor = scaled_input_grad(
+        x.detach(), grad, factor if not inputs[1:] else factor.detach(), normalize
+    )
+    torch.testing.assert_close(got_x, want[0], rtol=1e-12, atol=1e-12)
+    if len(inputs) == 2:
+        torch.testing.assert_close(
+            got_factor.sum_to_size(factor.shape), want[1], rtol=1e-12, atol=0
+        )
+    else:
+        assert got_factor is None
+    # keys: factor 1
+    out = scaled_key(x, normalize)
+    (want_k,) = torch.autograd.grad(out, x, grad)
+    torch.testing.assert_close(scaled_input_grad(x.detach(), grad, 1.0, normalize)[0], want_k)

@@ -1,0 +1,99 @@
+"""A fused kernel that fails to compile or launch never breaks the call: one warning naming
+the kernel, the shape class and the reason, the PyTorch form's answer, and that shape class
+stays on PyTorch afterwards. Failures are made on purpose by replacing the kernel."""
+
+from __future__ import annotations
+
+import logging
+import types
+
+import pytest
+import torch
+
+from taylorshift import naive_taylor_shift_attention, taylor_shift_attention
+from taylorshift.ops.taylor_shift import fused
+from tests.helpers import assert_rel_close
+
+
+class OutOfResources(RuntimeError):
+    """Stands in for triton.runtime.errors.OutOfResources."""
+
+
+@pytest.fixture
+def failing_kernel(monkeypatch):
+    """Route CPU calls to a 'kernel' that raises like a launch out of shared memory."""
+    monkeypatch.setattr(fused, "triton_importable", lambda: True)
+    monkeypatch.setenv(fused.TRITON_ENV, "interpret")
+    monkeypatch.setattr(fused, "FAILED", {})
+    monkeypatch.setattr(fused, "_PROBED", set())
+    calls = []
+
+    def kernel(*args, **kwargs):
+        calls.append(args[0].shape)
+        raise OutOfResources(
+            "out of resource: shared memory, Required: 232448, Hardware limit: 232448"
+        )
+
+    monkeypatch.setattr(fused, "load_kernel", lambda name: kernel)
+    return calls
+
+
+@pytest.mark.parametrize(
+    "mode, causal", [("efficient", False), ("efficient", True), ("direct", True)]
+)
+def test_a_failing_kernel_falls_back_once_with_one_warning(failing_kernel, caplog, mode, causal):
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 3, 9, 4, generator=g) for _ in range(3))
+    with caplog.at_level(logging.WARNING, logger="taylorshift.dispatch"):
+        first = taylor_shift_attention(q, k, v, is_causal=causal, mode=mode)
+        second = taylor_shift_attention(q, k, v, is_causal=causal, mode=mode)
+    want = naive_taylor_shift_attention(q.double(), k.double(), v.double(), is_causal=causal)
+    assert_rel_close(first, want, 1e-5)
+    assert torch.equal(first, second)
+    assert len(failing_kernel) == 1  # tried once, then the shape class stays on PyTorch
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1
+    message = warnings[0].getMessage()
+    assert "Triton kernel failed (triton" in message and "d=4, dv=4" in message
+    assert ("causal" if causal else "non-causal") in message
+    assert "OutOfResources: out of resource: shared memory" in message
+    # another shape class tries the kernel again
+    taylor_shift_attention(q[..., :2], k[..., :2], v[..., :2], is_causal=causal, mode=mode)
+    assert len(failing_kernel) == 2
+
+
+def test_out_of_memory_is_not_a_kernel_failure(monkeypatch):
+    monkeypatch.setattr(fused, "FAILED", {})
+
+    def oom():
+        raise torch.OutOfMemoryError("CUDA out of memory")
+
+    with pytest.raises(torch.OutOfMemoryError):
+        fused.run_guarded(("k",) * 7, oom)
+    assert fused.FAILED == {}
+
+
+def test_a_backward_kernel_that_fails_is_found_by_the_probe(monkeypatch, caplog):
+    # On a GPU the first call under autograd runs forward and backward on a tiny input.
+    monkeypatch.setattr(fused, "FAILED", {})
+    monkeypatch.setattr(fused, "_PROBED", set())
+
+    class ForwardOnly(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, q, k, v):
+            return q @ k.transpose(-2, -1) @ v
+
+        @staticmethod
+        def backward(ctx, grad):
+            raise OutOfResources("out of resource: shared memory (backward)")
+
+    def kernel(q, k, v, mask, temperature, scale, normalize):
+        return ForwardOnly.apply(q, k, v)
+
+    gpu_like = types.SimpleNamespace(is_cuda=True, device=torch.device("cpu"), dtype=torch.float32)
+    key = ("triton efficient (non-causal)", "cuda:0", "float32", 4, 4, False, False)
+    with caplog.at_level(logging.WARNING, logger="taylorshift.dispatch"):
+        assert fused.probe_backward(key, kernel, "efficient", gpu_like) is False
+        assert fused.probe_backward(key, kernel, "efficient", gpu_like) is False  # remembered
+    assert "backward" in fused.FAILED[key]
+    assert sum(r.levelno == logging.WARNING for r in caplog.records) == 1

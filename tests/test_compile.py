@@ -1,0 +1,150 @@
+"""torch.compile(fullgraph=True): the op in every mode, the modules and the models trace as
+one graph, forward and backward, and compute what eager mode computes.
+
+Most cases use the ``aot_eager`` backend (Dynamo and AOTAutograd trace the whole graph,
+forward and backward, without generating code: a graph break fails ``fullgraph=True``
+the same way, in a fraction of the time); one case compiles with Inductor, the default
+backend, end to end.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from taylorshift import taylor_shift_attention
+from taylorshift.models import create_model
+from taylorshift.nn import Attention, TaylorShiftAttention
+from tests.helpers import assert_rel_close, key_padding
+
+B, H, N, D = 2, 3, 37, 8
+
+
+@pytest.fixture(autouse=True)
+def fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def _inputs(seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(B, H, N, D, generator=g, requires_grad=True) for _ in range(3)]
+
+
+def _grads(fn, tensors):
+    out = fn(*tensors)
+    return (out, *torch.autograd.grad(out.square().sum(), tensors))
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("mode", ["direct", "efficient", "auto"])
+def test_op_compiles_whole_and_matches_eager(mode, causal):
+    # (key padding throughout; the models' cases below run without a mask)
+    mask = key_padding(B, N)
+    tau = torch.full((1, H, 1, 1), 1.7, requires_grad=True)
+
+    def op(q, k, v, t):
+        return taylor_shift_attention(
+            q, k, v, mask, causal, temperature=t, mode=mode
+        )  # fmt: skip
+
+    tensors = [*_inputs(), tau]
+    compiled = torch.compile(op, backend="aot_eager", fullgraph=True)
+    for name, got, want in zip(
+        ["out", "dq", "dk", "dv", "dtau"],
+        _grads(compiled, tensors),
+        _grads(op, tensors),
+        strict=True,
+    ):
+        assert_rel_close(got, want, 1e-5, name, atol=1e-7)
+
+
+def test_op_with_plain_scores_compiles():
+    def op(q, k, v):
+        return taylor_shift_attention(q, k, v, is_causal=True, normalize=False, mode="efficient")
+
+    tensors = _inputs(1)
+    compiled = torch.compile(op, backend="aot_eager", fullgraph=True)
+    for got, want in zip(_grads(compiled, tensors), _grads(op, tensors), strict=True):
+        assert_rel_close(got, want, 1e-5, atol=1e-7)
+
+
+def test_full_shape_key_padding_mask_takes_the_direct_form_when_traced():
+    # Tracing cannot look at the values, so a (B, H, Nq, Nk) mask counts as varying: auto
+    # picks direct (same result), and efficient asks for (B, H, 1, Nk) key padding.
+    mask = key_padding(B, N).expand(B, H, N, N)
+    q, k, v = _inputs(2)
+    eager = taylor_shift_attention(q, k, v, mask, mode="auto")
+    traced = torch.compile(
+        lambda q, k, v: taylor_shift_attention(q, k, v, mask, mode="auto"),
+        backend="aot_eager",
+        fullgraph=True,
+    )
+    assert_rel_close(traced(q, k, v), eager, 1e-5, atol=1e-7)
+    efficient = torch.compile(
+        lambda q, k, v: taylor_shift_attention(q, k, v, mask, mode="efficient"),
+        backend="aot_eager",
+        fullgraph=True,
+    )
+    with pytest.raises(Exception, match=r"under torch\.compile every mask of shape"):
+        efficient(q, k, v)
+
+
+@pytest.mark.parametrize("short_conv", [0, 3], ids=["plain", "short-conv"])
+def test_modules_compile_whole(short_conv):
+    torch.manual_seed(0)
+    x = torch.randn(2, 19, 12, requires_grad=True)
+    pad = torch.ones(2, 19, dtype=torch.bool)
+    pad[1, 11:] = False
+    for module in (
+        TaylorShiftAttention(12, 3, mode="efficient", short_conv=short_conv),
+        Attention(12, 3, attn_kernel="softmax", short_conv=short_conv),
+    ):
+        compiled = torch.compile(module, backend="aot_eager", fullgraph=True)
+        for causal in (False, True):
+            got = compiled(x, attn_mask=pad, is_causal=causal)
+            want = module(x, attn_mask=pad, is_causal=causal)
+            assert_rel_close(got, want, 1e-5, atol=1e-7)
+            (g_got,) = torch.autograd.grad(got.sum(), x)
+            (g_want,) = torch.autograd.grad(want.sum(), x)
+            assert_rel_close(g_got, g_want, 1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize(
+    "name, settings",
+    [
+        ("lm-tiny", {}),
+        ("lm-tiny", {"short_conv": 4, "kernel_args": {"mode": "efficient"}}),
+        ("listops-small", {"kernel_args": {"mode": "direct"}}),
+        ("listops-small", {"kernel_args": {"mode": "efficient"}, "pooling": "mean"}),
+    ],
+    ids=["lm", "lm-conv-efficient", "listops-direct", "listops-efficient-mean"],
+)
+def test_models_compile_whole_forward_and_backward(name, settings):
+    torch.manual_seed(0)
+    model = create_model(name, **settings).eval()  # no drop path: both runs draw nothing
+    tokens = torch.randint(0, 20, (2, 33))
+    mask = torch.ones(2, 33, dtype=torch.bool)
+    mask[0, 25:] = False
+    args = (tokens,) if name.startswith("lm") else (tokens, mask)
+    compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
+    got, want = compiled(*args), model(*args)
+    assert_rel_close(got, want, 1e-5, atol=1e-7)
+    params = [p for p in model.parameters() if p.requires_grad]
+    g_got = torch.autograd.grad(got.square().mean(), params)
+    g_want = torch.autograd.grad(want.square().mean(), params)
+    for a, e in zip(g_got, g_want, strict=True):
+        assert_rel_close(a, e, 1e-4, atol=1e-7)
+
+
+@pytest.mark.slow
+def test_inductor_compiles_the_efficient_form_end_to_end():
+    q, k, v = _inputs(3)
+
+    def op(q, k, v):
+        return taylor_shift_attention(q, k, v, is_causal=True, mode="efficient")
+
+    compiled = torch.compile(op, fullgraph=True)
+    for got, want in zip(_grads(compiled, [q, k, v]), _grads(op, [q, k, v]), strict=True):
+        assert_rel_close(got, want, 1e-5, atol=1e-7)

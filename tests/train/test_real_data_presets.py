@@ -1,0 +1,57 @@
+"""The real-data presets train from a fresh folder with no ``--data``: digits-cpu and
+text-bytes-cpu, which reports bits per byte beside its count baselines."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from taylorshift.cli import main
+from taylorshift.train import resolve_config, train
+from taylorshift.train.metrics import read_metrics
+
+pytest.importorskip("sklearn", reason="the digits task reads scikit-learn's bundled copy")
+
+
+@pytest.mark.parametrize(
+    "preset, task, model",
+    [("digits-cpu", "digits", "cifar-pixel-small"), ("text-bytes-cpu", "text-bytes", "lm-tiny")],
+)
+def test_presets_train_from_a_fresh_folder_without_data(tmp_path, capsys, preset, task, model):
+    out = tmp_path / "run"
+    argv = ["train", "--preset", preset, "--out", str(out), "--max-steps", "2", "--no-progress",
+            "--set", "run.threads=1"]  # fmt: skip
+    assert main(argv) == 0
+    saved = json.loads((out / "config.json").read_text())
+    assert (saved["data"]["task"], saved["model"]["name"]) == (task, model)
+    assert "path" not in saved["data"]["options"]
+    assert (out / "checkpoints" / "latest").read_text().strip() == "step-00000002"
+    # --task alone starts from the task's CPU preset
+    assert resolve_config(overrides={"data.task": task}).model.name == model
+
+
+def test_text_bytes_reports_bits_per_byte_beside_count_baselines(tmp_path, capsys):
+    config = resolve_config(
+        "text-bytes-cpu",
+        overrides={
+            "run.out_dir": str(tmp_path / "run"),
+            "run.progress": False,
+            "run.threads": 1,
+            "run.max_steps": 3,
+            "run.eval_every": 3,
+            "data.eval_limit": 8,
+            "model.overrides.dim": 32,
+            "model.overrides.num_heads": 2,
+        },
+    )
+    result = train(config)
+    assert math.isclose(result.eval["bits_per_byte"], result.eval["loss"] / math.log(2))
+    records = read_metrics(tmp_path / "run")
+    baseline = next(r for r in records if r["event"] == "baseline")
+    assert baseline["split"] == "val"
+    assert 2.0 < baseline["bigram_bpb"] < baseline["unigram_bpb"] < 8.0
+    captured = capsys.readouterr()
+    out = captured.out + captured.err
+    assert "count baselines: unigram" in out and "bits/byte" in out
