@@ -156,7 +156,8 @@ class _DirectAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, mask, is_causal, order, count, normalize):
         # [v, 1]: the numerator and the row sums (denominators) in one pass
-        ones = torch.ones_like(v[..., :1])
+        # (v.new_ones, not ones_like(v[..., :1]): dv may be 0)
+        ones = v.new_ones((*v.shape[:-1], 1))
         y_prime = weighted_sums(q, k, torch.cat([v, ones], dim=-1), mask, is_causal, order)
         out, den = finish_outputs(y_prime, count, normalize, q.shape[-1])
         ctx.save_for_backward(q, k, v, mask, count, out, den)
@@ -168,7 +169,7 @@ class _DirectAttention(torch.autograd.Function):
     def backward(ctx, grad_out):
         q, k, v, mask, count, out, den = ctx.saved_tensors
         g = grad_outputs(grad_out, out, den, count, ctx.normalize, q.shape[-1])
-        vp = torch.cat([v, torch.ones_like(v[..., :1])], dim=-1)
+        vp = torch.cat([v, v.new_ones((*v.shape[:-1], 1))], dim=-1)
         need = ctx.needs_input_grad[:3]
         dq, dk, dvp = weighted_sums_grad(q, k, vp, g, mask, ctx.is_causal, ctx.order, need)
         return dq, dk, None if dvp is None else dvp[..., :-1], None, None, None, None, None
