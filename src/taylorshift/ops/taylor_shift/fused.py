@@ -182,7 +182,7 @@ def kernel_name(mode: str, is_causal: bool) -> str | None:
     if mode == "efficient":
         return "triton efficient (causal)" if is_causal else "triton efficient (non-causal)"
     if mode == "direct":
-        return "triton direct"
+        return "triton direct (causal)" if is_causal else "triton direct (non-causal)"
     return None
 
 
