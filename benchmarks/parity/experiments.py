@@ -1,6 +1,7 @@
 """The accuracy comparison of benchmarks/parity: its runs, how to run them, their summary.
 
     python benchmarks/parity/experiments.py list [GROUP ...]            # the commands
+    (a GROUP is a name of GROUPS, or TASK:VARIANT for one pair; runs go in the order given)
     python benchmarks/parity/experiments.py run RUNS [GROUP ...] --jobs 2
     python benchmarks/parity/experiments.py summarize RUNS [--out DIR]
 
@@ -162,11 +163,22 @@ def state(folder: Path) -> str:
     return "unfinished"
 
 
+def _pairs(group: str) -> list[tuple[str, str]]:
+    """A group's (task, variant) pairs; ``TASK:VARIANT`` names a single pair."""
+    if group in GROUPS:
+        return GROUPS[group]
+    task, _, variant = group.partition(":")
+    if task in TASKS and variant in VARIANTS:
+        return [(task, variant)]
+    raise SystemExit(
+        f"a group must be one of {', '.join(GROUPS)} or TASK:VARIANT with TASK in "
+        f"{', '.join(TASKS)} and VARIANT in {', '.join(VARIANTS)}; got {group!r}"
+    )
+
+
 def planned(groups: list[str]) -> list[tuple[str, str, int]]:
-    unknown = [g for g in groups if g not in GROUPS]
-    if unknown:
-        raise SystemExit(f"groups must be among {', '.join(GROUPS)}; got {', '.join(unknown)}")
-    pairs = dict.fromkeys(p for g in groups or list(GROUPS) for p in GROUPS[g])
+    """The runs of ``groups`` in the order given (a pair's seeds together), each once."""
+    pairs = dict.fromkeys(p for g in groups or list(GROUPS) for p in _pairs(g))
     return [(t, v, s) for t, v in pairs for s in SEEDS]
 
 

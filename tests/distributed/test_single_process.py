@@ -67,6 +67,16 @@ def test_one_process_equals_the_plain_op(causal, normalize, initialized, request
         assert_rel_close(g, g_ref, RTOL, f"grad {name}")
 
 
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_padded_key_content_never_matters(causal, group_of_one):
+    q, k, v = random_qkv(2, 3, 11, 11, 4, 5, requires_grad=False)
+    mask = key_padding(2, 11, seed=2, empty_row=False)
+    k_bad, v_bad = (torch.where(mask[:, :, 0, :, None], x, float("nan")) for x in (k, v))
+    y = sequence_parallel_taylor_shift(q, k, v, mask, causal, group=group_of_one)
+    y_bad = sequence_parallel_taylor_shift(q, k_bad, v_bad, mask, causal, group=group_of_one)
+    assert_rel_close(y_bad, y, RTOL, "output")
+
+
 def test_a_destroyed_group_is_refused(tmp_path):
     store = dist.FileStore(str(tmp_path / "store"), 1)
     dist.init_process_group("gloo", store=store, rank=0, world_size=1)

@@ -74,6 +74,21 @@ def test_taylorshift_decode_equals_parallel(lengths, n_prompt, n, normalize):
     assert state.sums.shape == (B, H, feature_dim(D), DV + 1)
 
 
+@pytest.mark.parametrize("n_prompt", [1, 5], ids=["token", "block"])
+def test_padded_token_content_never_reaches_the_state(n_prompt):
+    # NaN in the keys and values of padded prompt tokens: the state and the real tokens'
+    # outputs equal those of the same prompt with ordinary content there.
+    q, k, v = _qkv(n_prompt)
+    mask = _prompt_mask((0, n_prompt - 1, n_prompt), n_prompt)
+    k_bad, v_bad = (torch.where(mask[:, None, :, None], x, float("nan")) for x in (k, v))
+    out, state = taylor_shift_decode(q, k, v, None, mask)
+    out_bad, state_bad = taylor_shift_decode(q, k_bad, v_bad, None, mask)
+    assert torch.isfinite(state_bad.sums).all()
+    assert_rel_close(state_bad.sums, state.sums, 1e-14, "state")
+    real = mask[:, None, :, None].expand_as(out)
+    assert_rel_close(out_bad[real], out[real], 1e-14, "outputs of real tokens")
+
+
 @pytest.mark.parametrize("steps", [1, 3], ids=["token", "block"])
 def test_inplace_updates_the_given_state_and_default_keeps_it(steps):
     q, k, v = _qkv(6 + steps)

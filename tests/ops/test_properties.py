@@ -349,3 +349,38 @@ def test_efficient_equals_direct(data, chunk):
         assert_close(y, y_direct, **FORMS_AGREE, msg=lambda m, n=name: f"{n} output: {m}")
         for x, g, g_ref in zip("qkvt", _grads(y, inputs, g_out), g_direct, strict=False):
             assert_close(g, g_ref, **FORMS_AGREE, msg=lambda m, n=name, x=x: f"{n} grad {x}: {m}")
+
+
+# ---- (g) the content of a masked key never matters -----------------------------------------
+
+
+@pytest.mark.parametrize("poison", [float("nan"), float("inf"), -float("inf"), 1e30])
+@pytest.mark.parametrize("form", ["direct", "efficient"])
+@PROPERTY
+@given(data=st.data())
+def test_masked_key_content_never_matters(form, poison, data):
+    # A padded key or value holding NaN, Inf or a huge number: outputs and gradients equal
+    # those of ordinary content there, and the masked positions' gradients are zero.
+    p = data.draw(problems(general_mask=form == "direct", requires_grad=True))
+    if p.mask is None:
+        p.mask = torch.rand(p.k.shape[0], 1, 1, p.k.shape[2], generator=p.gen, dtype=F64) < 0.6
+    b, h, nk = p.k.shape[0], p.k.shape[1], p.k.shape[2]
+    # keys that no query attends: the only positions whose content may be anything
+    unused = ~p.mask.expand(b, h, p.q.shape[2], nk).any(-2)[..., None]  # (B, H, Nk, 1)
+    k_bad = torch.where(unused, poison, p.k.detach()).requires_grad_()
+    v_bad = torch.where(unused, poison, p.v.detach()).requires_grad_()
+    extra = [t for t in [p.kwargs.get("temperature")] if isinstance(t, torch.Tensor)]
+
+    y = attend(form, p.q, p.k, p.v, p.mask, p.causal, **p.kwargs)
+    y_bad = attend(form, p.q, k_bad, v_bad, p.mask, p.causal, **p.kwargs)
+    assert_close(y_bad, y, **EXACT)
+    g_out = randn(p.gen, *y.shape)
+    grads = torch.autograd.grad(y, [p.q, p.k, p.v, *extra], g_out, allow_unused=True)
+    grads_bad = torch.autograd.grad(y_bad, [p.q, k_bad, v_bad, *extra], g_out, allow_unused=True)
+    for name, g, g_bad in zip("qkvt"[: len(grads)], grads, grads_bad, strict=True):
+        g = torch.zeros(()) if g is None else g
+        g_bad = torch.zeros(()) if g_bad is None else g_bad
+        if name in "kv":
+            assert not g_bad.masked_select(unused).any(), f"grad {name} at a masked key"
+            g = torch.where(unused, 0.0, g)  # (the reference's masked gradient, zero too)
+        assert_close(g_bad, g, **EXACT, msg=lambda m, n=name: f"grad {n}: {m}")

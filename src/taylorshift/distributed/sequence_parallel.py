@@ -37,6 +37,7 @@ from ..ops.taylor_shift.efficient_causal import (
     causal_efficient_taylor_shift,
     causal_forward,
 )
+from ..ops.taylor_shift.features import drop_masked_content
 from .collectives import ExclusivePrefixOverRanks, SumOverRanks, group_place
 
 
@@ -103,6 +104,7 @@ def sequence_parallel_taylor_shift(
         query, key, value, None, is_causal, temperature, scale, normalize, 2, "efficient"
     )
     key_mask = _key_padding(key_padding_mask, problem.batch, problem.heads, problem.n_key, query)
+    key, value = drop_masked_content(key, value, key_mask)
     if is_causal and problem.n_query != problem.n_key:
         raise ValueError(
             "is_causal=True needs the queries and keys of the same positions on each rank: "

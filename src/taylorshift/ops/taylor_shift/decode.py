@@ -30,6 +30,7 @@ from .efficient import finish_outputs, query_factor
 from .efficient_causal import DEFAULT_CAUSAL_CHUNK, causal_forward
 from .features import (
     compute_dtype,
+    drop_masked_content,
     feature_dim,
     features,
     scaled_key,
@@ -156,6 +157,7 @@ def taylor_shift_decode(
     factor = score_factor(temperature, scale, normalize, d)
     tau = query_factor(factor, 0.0, cd, b, h) if isinstance(factor, Tensor) else float(factor)
     key_mask = problem.key_mask
+    key, value = drop_masked_content(key, value, key_mask)
     if query.shape[2] == 1:
         return _decode_one(query, key, value, state, key_mask, tau, normalize, inplace)
     out, _, _, sums = causal_forward(

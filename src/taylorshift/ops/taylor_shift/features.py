@@ -215,3 +215,18 @@ def values_with_ones(v: Tensor, key_mask: Tensor | None) -> Tensor:
     if key_mask is not None:
         vp = vp * key_mask.unsqueeze(-1).to(vp.dtype)
     return vp
+
+
+def drop_masked_content(key: Tensor, value: Tensor, keep: Tensor | None) -> tuple[Tensor, Tensor]:
+    """Keys and values with every masked position replaced by zeros; ``keep`` (B, H, Nk) bool
+    (broadcastable), True = some query attends the key, or None (nothing masked).
+
+    A masked key's weight is zero, but 0 · NaN is NaN: a NaN or Inf in a padded key or value
+    would still reach the sums of the efficient forms (and the matmul of the direct one).
+    Replacing, not multiplying, makes the content of a masked position irrelevant to every
+    form, its gradient included (zero).
+    """
+    if keep is None:
+        return key, value
+    keep = keep.unsqueeze(-1)
+    return torch.where(keep, key, 0.0), torch.where(keep, value, 0.0)

@@ -10,6 +10,7 @@ from .direct import direct_taylor_shift
 from .dispatch import choose_mode
 from .efficient import efficient_taylor_shift
 from .efficient_causal import causal_efficient_taylor_shift
+from .features import drop_masked_content
 from .fused import fused_form, kernel_name, probe_backward, run_guarded, shape_class
 
 
@@ -48,7 +49,8 @@ def taylor_shift_attention(
         value: (B, H, Nk, dv).
         attn_mask: optional bool tensor broadcastable to (B, H, Nq, Nk), True = attend (as
             SDPA). Float (additive) masks are refused: they have no meaning for a polynomial.
-            Masked keys leave every key-side sum, the constant term included.
+            Masked keys leave every key-side sum, the constant term included; the content
+            of a key no query attends (and its value's) never matters, NaN or Inf included.
         is_causal: query i attends key j only if j <= i (upper-left aligned, as SDPA). Unlike
             SDPA it combines with ``attn_mask`` (logical and), as padded causal batches need.
         temperature: τ, a float or a tensor broadcastable to (B, H, 1, 1) (per-head, may
@@ -84,6 +86,12 @@ def taylor_shift_attention(
             dtype=query.dtype,
             backward=_backward_follows(query, key, value, temperature),
         )
+    # A masked key's content must not matter (a NaN in padding would poison the sums):
+    # keys no query attends become zeros before any form sees them.
+    if problem.key_mask is not None:
+        key, value = drop_masked_content(key, value, problem.key_mask)
+    elif problem.mask is not None:
+        key, value = drop_masked_content(key, value, problem.mask.any(-2))
     fused = fused_form(query, problem, mode, is_causal, order)
     if fused is not None:
         # A kernel that cannot compile or launch here falls back to the PyTorch form below
