@@ -191,3 +191,19 @@ def test_eval_command_errors(tmp_path, capsys):
     with pytest.raises(SystemExit) as info:
         main(["eval", "--checkpoint", str(tmp_path)])
     assert info.value.code == 2 and "no checkpoint at" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("task", ["text-csv", "listops-tsv"])
+def test_a_single_data_file_is_not_also_the_evaluation_split(tmp_path, task):
+    # One file given as `path` would be train, val and test at once: refused by name.
+    if task == "text-csv":
+        data = tmp_path / "all.csv"
+        data.write_text("text,label\n" + "".join(f"row {i},{i % 2}\n" for i in range(8)))
+    else:
+        data = tmp_path / "all.tsv"
+        data.write_text("Source\tTarget\n" + "".join(f"[MAX {i} 1 ]\t{i}\n" for i in range(8)))
+    config = tiny_config(
+        tmp_path / "run", data__task=task, data__options={"path": str(data)}, data__split_options={}
+    )
+    with pytest.raises(ConfigError, match=r"must be a folder with one file per split.*single file"):
+        train(config)

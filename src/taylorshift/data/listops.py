@@ -579,6 +579,7 @@ class ListOpsTSV(Dataset):
         check_split(split)
         folder = require_path("listops-tsv", path)
         self.path = split_file("listops-tsv", folder, split, [f"basic_{split}.tsv"])
+        self.single_file = folder.is_file()  # the same file serves any split asked for
         self.max_len = check_optional_int("max_len", max_len, 1)
         self.sources: list[str] = []
         self.labels: list[int] = []

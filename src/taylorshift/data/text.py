@@ -154,6 +154,7 @@ class TextFileDataset(Dataset):
             raise ValueError(f"delimiter must be one character, got {delimiter!r}")
         self.max_len = check_optional_int("max_len", max_len, 1)
         self.path = split_file(task, root, split, [f"{n}.{fmt}" for n in _SPLIT_NAMES[split]])
+        self.single_file = root.is_file()  # the same file serves any split asked for
         texts, raw = _load(self.path, fmt, text_column, label_column, delimiter)
         if labels is not None:
             if isinstance(labels, (str, bytes)) or not isinstance(labels, Sequence) or not labels:

@@ -118,6 +118,13 @@ def _build_split(config: TrainConfig, spec: TaskSpec, split: str) -> Dataset:
     if isinstance(options.get("operators"), list):
         options["operators"] = tuple(options["operators"])
     dataset = spec.build(split, **options)
+    if split != "train" and getattr(dataset, "single_file", False):
+        # One file read as every split would score the model on its own training data.
+        raise ConfigError(
+            f"data path of task {spec.name!r} must be a folder with one file per split when "
+            f"training or evaluating on split {split!r}; got the single file "
+            f"{str(dataset.path)!r}, which would be the train split as well (docs/data.md)"
+        )
     limit = config.data.train_limit if split == "train" else config.data.eval_limit
     if limit is not None and limit < len(dataset):
         kept = {k: getattr(dataset, k, None) for k in ("num_classes", "vocab_size")}
