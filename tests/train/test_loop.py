@@ -207,3 +207,21 @@ def test_a_single_data_file_is_not_also_the_evaluation_split(tmp_path, task):
     )
     with pytest.raises(ConfigError, match=r"must be a folder with one file per split.*single file"):
         train(config)
+
+
+def test_eval_of_damaged_weights_fails(tmp_path, capsys):
+    # An exponent flip in a saved weight gives a non-finite loss: eval says so, exit 1.
+    from safetensors import safe_open
+    from safetensors.torch import load_file, save_file
+
+    out = tmp_path / "run"
+    train(tiny_config(out, optim__epochs=1))
+    weights = latest_checkpoint(out) / "model.safetensors"
+    with safe_open(weights, "pt") as f:
+        metadata = f.metadata()
+    tensors = load_file(weights)
+    name = next(n for n, t in tensors.items() if t.is_floating_point() and t.dim() == 2)
+    tensors[name][0, 0] = float("inf")
+    save_file(tensors, weights, metadata=metadata)
+    assert main(["eval", "--checkpoint", str(out), "--json"]) == 1
+    assert "not finite" in capsys.readouterr().err

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 
@@ -169,7 +170,7 @@ def run_eval(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     except (FileNotFoundError, ConfigError) as err:
         parser.error(str(err))
     if not _is_main():
-        return 0
+        return 0 if math.isfinite(result["loss"]) else 1
     if args.json:
         print(json.dumps(result))
     else:
@@ -177,6 +178,14 @@ def run_eval(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             f"{result['split']}: accuracy {result['accuracy']:.4f}  loss {result['loss']:.4f}  "
             f"({result['samples']} samples, {result['checkpoint']}, step {result['step']})"
         )
+    if not math.isfinite(result["loss"]):
+        # A damaged weight file or a diverged model: never a successful evaluation.
+        print(
+            f"error: the loss on split {result['split']!r} is {result['loss']} (not finite): "
+            f"the weights of {result['checkpoint']} are damaged or the model diverged",
+            file=sys.stderr,
+        )
+        return 1
     return 0
 
 
