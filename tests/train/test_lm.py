@@ -84,7 +84,7 @@ def test_generate_command_continues_the_text(tmp_path, text_file, capsys):
     assert first.startswith("the ") and len(first) >= len("the ") + 1
     assert main(argv) == 0
     assert capsys.readouterr().out == first  # seeded
-    assert main([*argv[:5], "--ids", "--prompt", "97,98", "--temperature", "0"]) == 0
+    assert main([*argv[:3], "--ids", "97,98", "--temperature", "0"]) == 0
     ids = [int(t) for t in capsys.readouterr().out.strip().split(",")]
     assert len(ids) == 200 and all(0 <= i < 258 for i in ids)
 
@@ -95,11 +95,14 @@ def test_generate_command_errors(tmp_path, text_file, capsys):
     assert "no checkpoint at" in capsys.readouterr().err
     train(lm_config(tmp_path / "run", text_file, **{"run.max_steps": 1}))
     with pytest.raises(SystemExit):
-        main(["generate", "--checkpoint", str(tmp_path / "run"), "--ids", "--prompt", "1,x"])
-    assert "--prompt with --ids must be comma-separated ints" in capsys.readouterr().err
+        main(["generate", "--checkpoint", str(tmp_path / "run"), "--ids", "1,x"])
+    assert "--ids must be comma-separated ints, e.g. 1,2,3; got '1,x'" in capsys.readouterr().err
     with pytest.raises(SystemExit):
-        main(["generate", "--checkpoint", str(tmp_path / "run"), "--ids", "--prompt", "999"])
-    assert "--prompt ids must be in [0, 258)" in capsys.readouterr().err
+        main(["generate", "--checkpoint", str(tmp_path / "run"), "--ids", "999"])
+    assert "--ids ids must be in [0, 258)" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # the ids given as the user did: one way only
+        main(["generate", "--checkpoint", str(tmp_path / "run"), "--ids", "1,2", "--prompt", "a"])
+    assert "not allowed with argument" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["generate", "--checkpoint", str(tmp_path / "run"), "--prompt", ""])
     assert "--prompt must hold at least one token" in capsys.readouterr().err

@@ -197,12 +197,13 @@ def add_generate_arguments(parser: argparse.ArgumentParser) -> None:
         help="a run folder (its latest checkpoint), a checkpoint folder, or a model file "
         "written by save_model, of a causal LM",
     )
-    parser.add_argument("--prompt", default="\n", help="text to continue (default: a newline)")
-    parser.add_argument(
+    prompt = parser.add_mutually_exclusive_group()
+    prompt.add_argument("--prompt", help="text to continue (default: a newline)")
+    prompt.add_argument(
         "--ids",
-        action="store_true",
-        help="the prompt is comma-separated token ids and the output is ids (models whose "
-        "tokens are not bytes, e.g. recall)",
+        metavar="ID,ID,...",
+        help="the prompt as comma-separated token ids, e.g. --ids 1,2,3; the output is ids "
+        "too (models whose tokens are not bytes, e.g. recall)",
     )
     parser.add_argument("--max-new-tokens", type=positive_int, default=200, metavar="N")
     parser.add_argument(
@@ -245,19 +246,21 @@ def run_generate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> i
             f"--checkpoint must hold a causal language model (CausalLM); got a "
             f"{type(model).__name__}"
         )
-    if args.ids:
+    text = "\n" if args.prompt is None else args.prompt
+    if args.ids is not None:
         try:
-            ids = [int(t) for t in args.prompt.replace(" ", "").split(",") if t]
+            ids = [int(t) for t in args.ids.replace(" ", "").split(",") if t]
         except ValueError:
-            parser.error(f"--prompt with --ids must be comma-separated ints; got {args.prompt!r}")
+            parser.error(f"--ids must be comma-separated ints, e.g. 1,2,3; got {args.ids!r}")
         prompt = torch.tensor([ids], dtype=torch.long)
     else:
-        prompt = encode_text(args.prompt)[None]
+        prompt = encode_text(text)[None]
+    flag = "--prompt" if args.ids is None else "--ids"
     if prompt.shape[1] == 0:
-        parser.error("--prompt must hold at least one token; got an empty prompt")
+        parser.error(f"{flag} must hold at least one token; got an empty prompt")
     vocab = model.config.vocab_size
     if int(prompt.max()) >= vocab or int(prompt.min()) < 0:
-        parser.error(f"--prompt ids must be in [0, {vocab}) for this model; got {prompt.tolist()}")
+        parser.error(f"{flag} ids must be in [0, {vocab}) for this model; got {prompt.tolist()}")
     generator = torch.Generator(device=args.device).manual_seed(args.seed)
     try:
         new = model.generate(
@@ -270,8 +273,8 @@ def run_generate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> i
         )[0].cpu()
     except ValueError as err:
         parser.error(str(err))
-    if args.ids:
+    if args.ids is not None:
         print(",".join(str(i) for i in new.tolist()))
     else:
-        sys.stdout.write(args.prompt + decode_bytes(new) + "\n")
+        sys.stdout.write(text + decode_bytes(new) + "\n")
     return 0
