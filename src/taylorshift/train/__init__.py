@@ -8,6 +8,7 @@
   on CUDA, gradient clipping, evaluation every epoch, metrics as JSON Lines, atomic
   checkpoints from which a resumed run continues bitwise (on a CPU); under ``torchrun``,
   DistributedDataParallel.
+- ``RunLock``: one training process per run folder (``RunLockedError`` for a second).
 - ``evaluate_checkpoint(path, split)``: accuracy and loss of a saved run.
 - ``Lamb``, ``WarmupCosine``: the optimizer and schedule.
 
@@ -28,6 +29,7 @@ from .config import (
     load_config_file,
     resolve_config,
 )
+from .lock import RunLock, RunLockedError
 from .loop import NonFiniteLossError, TrainResult, build_model, evaluate, evaluate_checkpoint, train
 from .metrics import read_metrics
 from .optim import Lamb, WarmupCosine, build_optimizer, build_scheduler
@@ -41,6 +43,8 @@ __all__ = [
     "NonFiniteLossError",
     "OptimConfig",
     "RunConfig",
+    "RunLock",
+    "RunLockedError",
     "TrainConfig",
     "TrainResult",
     "WarmupCosine",

@@ -119,11 +119,12 @@ def run_train(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     if args.print_config:
         print(json.dumps(config.to_dict(), indent=2))
         return 0
+    from .lock import RunLockedError
     from .loop import NonFiniteLossError, train
 
     try:
         result = train(config, resume=args.resume)
-    except (ConfigError, FileExistsError) as err:
+    except (ConfigError, FileExistsError, RunLockedError) as err:
         parser.error(str(err))
     except NonFiniteLossError as err:
         print(f"taylorshift train: {err}", file=sys.stderr)

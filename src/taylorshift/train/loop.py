@@ -58,6 +58,7 @@ from .distributed import (
     sequence_group,
     setup,
 )
+from .lock import RunLock
 from .metrics import MetricsLogger, Progress
 from .optim import build_optimizer, build_scheduler
 
@@ -385,10 +386,15 @@ def train(config: TrainConfig, *, resume: bool = False) -> TrainResult:
         ConfigError: a setting that does not fit the task or model, or a resume with a
             different config.
         FileExistsError: ``run.out_dir`` holds checkpoints and ``resume`` is False.
+        RunLockedError: another process is training into ``run.out_dir``.
     """
     dist_info, device = setup(config.run.device)
     try:
-        return _train(config, resume, dist_info, device)
+        # One training process per run folder (train/lock.py); the main process holds it
+        # for the whole job, before it reads or writes anything there.
+        lock = RunLock(config.run.out_dir) if dist_info.is_main else contextlib.nullcontext()
+        with lock:
+            return _train(config, resume, dist_info, device)
     finally:
         dist_info.shutdown()
 
