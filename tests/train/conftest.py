@@ -44,13 +44,17 @@ def tiny_argv(out_dir: Path, *extra: str) -> list[str]:
     return [*argv, *extra]
 
 
-def run_cli(argv: list[str], env: dict[str, str] | None = None, module: list[str] | None = None):
-    """Run ``python -m taylorshift ARGV`` (or ``python -m MODULE... -m taylorshift ARGV``)."""
-    environ = {
+def cli_env() -> dict[str, str]:
+    """This environment with ``src`` first on PYTHONPATH, for ``python -m taylorshift``."""
+    return {
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")]),
-        **(env or {}),
     }
+
+
+def run_cli(argv: list[str], env: dict[str, str] | None = None, module: list[str] | None = None):
+    """Run ``python -m taylorshift ARGV`` (or ``python -m MODULE... -m taylorshift ARGV``)."""
+    environ = {**cli_env(), **(env or {})}
     launcher = [sys.executable, "-m", *module] if module else [sys.executable]
     command = [*launcher, "-m", "taylorshift", *argv]
     return subprocess.run(

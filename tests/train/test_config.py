@@ -177,3 +177,12 @@ def test_cli_config_errors_exit_2(capsys, argv, match):
         main(["train", *argv, "--print-config"])
     assert excinfo.value.code == 2
     assert match in capsys.readouterr().err
+
+
+def test_another_task_than_the_presets_drops_its_task_options():
+    # listops-cpu's ListOps lengths and sample counts mean nothing to listops-tsv
+    config = resolve_config(overrides={"data.task": "listops-tsv", "data.options.path": "x"})
+    assert config.data.options == {"path": "x"} and config.data.split_options == {}
+    # the preset's own task keeps them
+    kept = resolve_config("listops-cpu", overrides={"data.task": "listops"})
+    assert kept.data.options == get_preset("listops-cpu").data.options

@@ -48,7 +48,10 @@ def check_str(name: str, value: object) -> str:
 def require_path(task: str, path: object) -> Path:
     """The ``path`` option as an existing ``Path``."""
     if path is None:
-        raise ValueError(f"task {task!r} needs the option path (a file or folder), got None")
+        raise ValueError(
+            f"task {task!r} needs the option path (a file or folder; `taylorshift train "
+            f"--data PATH`), got None"
+        )
     if not isinstance(path, (str, os.PathLike)):
         raise ValueError(f"path must be a str or os.PathLike, got {path!r}")
     resolved = Path(path).expanduser()

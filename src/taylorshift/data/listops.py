@@ -582,6 +582,7 @@ class ListOpsTSV(Dataset):
         self.single_file = folder.is_file()  # the same file serves any split asked for
         self.max_len = check_optional_int("max_len", max_len, 1)
         self.sources: list[str] = []
+        self.ids: list[torch.Tensor] = []
         self.labels: list[int] = []
         with open(self.path, newline="", encoding="utf-8") as f:
             rows = csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE)
@@ -597,7 +598,12 @@ class ListOpsTSV(Dataset):
                     raise ValueError(
                         f"{self.path} line {line} must be '<expression>\\t<digit>', got {row!r}"
                     )
+                try:  # tokenized once, here: a bad token names its file and line
+                    ids = tokenize(row[0], self.max_len)
+                except ValueError as err:
+                    raise ValueError(f"{self.path} line {line}: {err}") from None
                 self.sources.append(row[0])
+                self.ids.append(ids.to(torch.uint8))  # (LISTOPS_TOKENS has < 256 ids)
                 self.labels.append(int(row[1]))
         self.num_classes = 10
 
@@ -605,4 +611,4 @@ class ListOpsTSV(Dataset):
         return len(self.labels)
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
-        return tokenize(self.sources[index], self.max_len), self.labels[index]
+        return self.ids[index].long(), self.labels[index]

@@ -97,7 +97,11 @@ def _read_rows(path: Path, fmt: str, delimiter: str) -> Iterator[tuple[int, dict
 
 def _load(path: Path, fmt: str, text_column: str, label_column: str, delimiter: str):
     texts, labels = [], []
-    for line, row in _read_rows(path, fmt, delimiter):
+    try:
+        rows = list(_read_rows(path, fmt, delimiter))
+    except UnicodeDecodeError as err:
+        raise ValueError(f"{path} must be UTF-8 text: {err}") from None
+    for line, row in rows:
         for column in (text_column, label_column):
             if column not in row or row[column] is None:
                 raise ValueError(

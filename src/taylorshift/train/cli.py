@@ -13,6 +13,7 @@ import json
 import math
 import os
 import sys
+from pathlib import Path
 
 from ..cliargs import non_negative_float, positive_int
 from ..nn.cache import CACHE_KINDS
@@ -129,6 +130,18 @@ def run_train(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     except NonFiniteLossError as err:
         print(f"taylorshift train: {err}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        from .checkpoint import latest_checkpoint
+
+        saved = latest_checkpoint(Path(config.run.out_dir))
+        what = f"the last checkpoint is {saved}" if saved else "no checkpoint was written yet"
+        if _is_main():
+            print(
+                f"taylorshift train: interrupted; {what}; continue with the same command and "
+                f"--resume",
+                file=sys.stderr,
+            )
+        return 130
     if _is_main():
         parts = [f"trained {result.step} steps ({result.epoch} epochs) in {result.out_dir}"]
         done = ((config.data.eval_split, result.eval), (config.data.test_split, result.test))
@@ -222,8 +235,6 @@ def add_generate_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _generate_model_path(path: str):
-    from pathlib import Path
-
     from .checkpoint import MODEL_FILE, find_checkpoint
 
     given = Path(path)

@@ -595,6 +595,13 @@ def resolve_config(
         by_task = next((n for n in (task, f"{task}-cpu") if n in PRESETS), None)
     name = preset or file_preset or by_task or "listops-cpu"
     tree = get_preset(name).to_dict()
+    # Another task than the preset's: the preset's task options (ListOps lengths, sample
+    # counts) mean nothing to it, so they are dropped; the file and overrides give its own.
+    file_data = file_tree.get("data")
+    file_task = file_data.get("task") if isinstance(file_data, Mapping) else None
+    final_task = task if isinstance(task, str) else file_task
+    if isinstance(final_task, str) and final_task != tree["data"]["task"]:
+        tree["data"]["options"], tree["data"]["split_options"] = {}, {}
     for section, values in file_tree.items():
         if section not in SECTIONS:
             raise _unknown_key(f"{section}.")

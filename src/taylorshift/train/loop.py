@@ -58,7 +58,7 @@ from .distributed import (
     sequence_group,
     setup,
 )
-from .lock import RunLock
+from .lock import RunLock, RunLockedError
 from .metrics import MetricsLogger, Progress
 from .optim import build_optimizer, build_scheduler
 
@@ -112,6 +112,18 @@ class TrainResult:
 
 
 # Data
+
+
+def _setting(what: str, fn, *args):
+    """``fn(*args)``, with the errors a bad setting gives (a missing or malformed data file,
+    an unknown task, a device that is not there, an unwritable run folder) raised as
+    :class:`ConfigError` naming the setting, so the CLI prints one error line for them."""
+    try:
+        return fn(*args)
+    except (ConfigError, RunLockedError):
+        raise
+    except (ValueError, OSError, RuntimeError, ImportError) as err:
+        raise ConfigError(f"{what}: {err}") from err
 
 
 def _build_split(config: TrainConfig, spec: TaskSpec, split: str) -> Dataset:
@@ -388,13 +400,16 @@ def train(config: TrainConfig, *, resume: bool = False) -> TrainResult:
         FileExistsError: ``run.out_dir`` holds checkpoints and ``resume`` is False.
         RunLockedError: another process is training into ``run.out_dir``.
     """
-    dist_info, device = setup(config.run.device)
+    dist_info, device = _setting("run.device", setup, config.run.device)
     try:
         # One training process per run folder (train/lock.py); the main process holds it
         # for the whole job, before it reads or writes anything there.
         lock = RunLock(config.run.out_dir) if dist_info.is_main else contextlib.nullcontext()
-        with lock:
+        _setting("run.out_dir", lock.__enter__)
+        try:
             return _train(config, resume, dist_info, device)
+        finally:
+            lock.__exit__(None, None, None)
     finally:
         dist_info.shutdown()
 
@@ -415,9 +430,9 @@ def _train(config: TrainConfig, resume: bool, dist_info: Dist, device: torch.dev
         _check_resume(config, existing)
         state = load_state(existing)
 
-    spec = get_task(data.task)
-    train_set = _build_split(config, spec, "train")
-    eval_set = _build_split(config, spec, data.eval_split)
+    spec = _setting("data.task", get_task, data.task)
+    train_set = _setting(f"data (task {data.task!r})", _build_split, config, spec, "train")
+    eval_set = _setting(f"data (task {data.task!r})", _build_split, config, spec, data.eval_split)
     num_classes = spec.num_classes or getattr(train_set, "num_classes", None)
     vocab_size = getattr(train_set, "vocab_size", None)
 
@@ -427,9 +442,10 @@ def _train(config: TrainConfig, resume: bool, dist_info: Dist, device: torch.dev
         load_weights(model, existing / MODEL_FILE)
     seq = _sequence_parallel(model, spec, run.sequence_parallel, dist_info)
     optimizer = build_optimizer(model, optim)
-    sampler = ShardedBatchSampler(
-        len(train_set), data.batch_size, run.seed, seq.data_rank, seq.data_world
-    )
+    sampler = _setting(
+        "data.batch_size", ShardedBatchSampler,
+        len(train_set), data.batch_size, run.seed, seq.data_rank, seq.data_world,
+    )  # fmt: skip
     steps_per_epoch = sampler.batches_per_epoch()
     scheduler = build_scheduler(optimizer, optim, steps_per_epoch)
     total_steps = optim.epochs * steps_per_epoch
