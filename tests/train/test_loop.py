@@ -223,5 +223,11 @@ def test_eval_of_damaged_weights_fails(tmp_path, capsys):
     name = next(n for n, t in tensors.items() if t.is_floating_point() and t.dim() == 2)
     tensors[name][0, 0] = float("inf")
     save_file(tensors, weights, metadata=metadata)
+    with pytest.raises(SystemExit) as info:  # the checksum finds it before anything runs
+        main(["eval", "--checkpoint", str(out), "--json"])
+    assert info.value.code == 2
+    assert "model.safetensors differs from the checksum" in capsys.readouterr().err
+    # without a checksum (a checkpoint from before them), the loss shows it: exit 1
+    (weights.parent / "checksums.json").unlink()
     assert main(["eval", "--checkpoint", str(out), "--json"]) == 1
     assert "not finite" in capsys.readouterr().err

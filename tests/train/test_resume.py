@@ -9,7 +9,7 @@ import pytest
 from safetensors.torch import load_file
 
 from taylorshift.train import latest_checkpoint, read_metrics, train
-from taylorshift.train.checkpoint import KILL_ENV
+from taylorshift.train.checkpoint import KILL_ENV, DamagedCheckpointError
 
 from .conftest import run_cli, tiny_argv, tiny_config
 
@@ -80,3 +80,37 @@ def test_a_kill_during_the_first_checkpoint_leaves_no_checkpoint(tmp_path, point
     run = run_cli(argv, env={KILL_ENV: point})
     assert run.returncode == -signal.SIGKILL
     assert latest_checkpoint(out) is None  # nothing to resume from: a fresh start is right
+
+
+@pytest.mark.parametrize("damage", ["weights-bit", "state-bit", "garbage-latest"])
+def test_resume_skips_a_damaged_checkpoint_for_the_newest_intact_one(tmp_path, damage):
+    overrides = {k.replace(".", "__"): v for k, v in SETTINGS.items()}
+    reference = train(tiny_config(tmp_path / "reference", **overrides))
+    out = tmp_path / "damaged"
+    train(tiny_config(out, run__max_steps=7, **overrides))  # keeps step-6 and step-7
+    latest = latest_checkpoint(out)
+    assert latest.name == "step-00000007"
+    if damage == "garbage-latest":
+        (out / "checkpoints" / "latest").write_bytes(b"\x00\xffnot a checkpoint name")
+        expected = "step-00000007"  # the newest kept checkpoint is intact
+    else:  # one flipped bit in the data, which still loads
+        path = latest / ("model.safetensors" if damage == "weights-bit" else "state.pt")
+        data = bytearray(path.read_bytes())
+        data[-40] ^= 0x01
+        path.write_bytes(bytes(data))
+        expected = "step-00000006"
+    with pytest.warns(UserWarning, match=f"resuming from {expected} instead"):
+        result = train(tiny_config(out, **overrides), resume=True)
+    assert result.step == reference.step == 12
+    assert summary(out) == summary(tmp_path / "reference")
+
+
+def test_no_intact_checkpoint_is_a_clear_error(tmp_path):
+    out = tmp_path / "run"
+    train(tiny_config(out, run__max_steps=3, run__checkpoint_every=3))
+    weights = latest_checkpoint(out) / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 0x01
+    weights.write_bytes(bytes(data))
+    with pytest.raises(DamagedCheckpointError, match=r"no intact checkpoint in .*differs from"):
+        train(tiny_config(out), resume=True)

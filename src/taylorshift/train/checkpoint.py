@@ -7,16 +7,25 @@ Layout under ``<out_dir>/checkpoints/``::
         model.safetensors   weights and model config (``taylorshift.models.save_model``)
         state.pt            optimizer, scheduler, progress, every RNG state (torch.save)
         config.json         the TrainConfig of the run
+        checksums.json      SHA-256 of each file above, taken when it was written
 
 Writing: all files go into a fresh hidden folder ``.tmp-step-...`` (each file flushed and
 fsynced, then the folder), the folder is renamed to ``step-...``, and only then is
 ``latest`` replaced by a new file (written to a temporary name, fsynced, ``os.replace``).
 A crash before that replace leaves ``latest`` on the previous checkpoint, whose files are
 untouched; leftovers are removed by the next save. Readers follow ``latest`` only.
+
+Reading verifies: ``verify_checkpoint`` compares every file with its recorded SHA-256 and
+raises :class:`DamagedCheckpointError` naming the file (a flipped bit in the weights or
+the optimizer state would otherwise load silently). ``resumable_checkpoint`` is what a
+resume uses: the checkpoint ``latest`` names if it is intact, else the newest intact kept
+one, with a note saying which was skipped and why. Checkpoints written before checksums
+existed (no ``checksums.json``) are read unverified.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import random
@@ -35,18 +44,22 @@ from ..models import save_model
 __all__ = [
     "CHECKPOINT_DIR",
     "KILL_ENV",
+    "DamagedCheckpointError",
     "capture_rng",
     "find_checkpoint",
     "kill_hook",
     "latest_checkpoint",
     "load_state",
     "restore_rng",
+    "resumable_checkpoint",
     "save_checkpoint",
+    "verify_checkpoint",
 ]
 
 CHECKPOINT_DIR = "checkpoints"
 LATEST = "latest"
 MODEL_FILE, STATE_FILE, CONFIG_FILE = "model.safetensors", "state.pt", "config.json"
+CHECKSUM_FILE = "checksums.json"
 STATE_VERSION = 1
 
 #: Test hook: ``"<point>:<step>"`` makes the process SIGKILL itself at that point of that
@@ -145,6 +158,12 @@ def save_checkpoint(
             f.flush()
             os.fsync(f.fileno())
         fsync_path(tmp / MODEL_FILE)
+        sums = {name: _sha256(tmp / name) for name in (MODEL_FILE, STATE_FILE, CONFIG_FILE)}
+        with open(tmp / CHECKSUM_FILE, "w", encoding="utf-8") as f:
+            json.dump({"sha256": sums}, f, indent=2, sort_keys=True)
+            f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
         fsync_path(tmp)
         kill_hook("checkpoint-files", step)
         if final.exists():  # left by a crash between rename and pointer: never `latest`
@@ -158,6 +177,71 @@ def save_checkpoint(
     write_atomic(root / LATEST, (final.name + "\n").encode())
     _prune(root, keep)
     return final
+
+
+class DamagedCheckpointError(ValueError):
+    """A checkpoint file differs from the checksum recorded when it was written."""
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def verify_checkpoint(folder: str | os.PathLike) -> Path:
+    """``folder`` if each of its files matches its recorded SHA-256 (or none is recorded);
+    else :class:`DamagedCheckpointError` naming the first file that does not."""
+    folder = Path(folder)
+    record = folder / CHECKSUM_FILE
+    if not record.is_file():
+        return folder  # written before checksums existed
+    try:
+        sums = json.loads(record.read_text(encoding="utf-8"))["sha256"]
+        items = sorted(sums.items())
+    except (ValueError, KeyError, TypeError, AttributeError):
+        raise DamagedCheckpointError(f"{record} is unreadable: the checkpoint is damaged") from None
+    for name, expected in items:
+        path = folder / name
+        if not path.is_file():
+            raise DamagedCheckpointError(f"{path} is missing: the checkpoint is damaged")
+        if _sha256(path) != expected:
+            raise DamagedCheckpointError(
+                f"{path} differs from the checksum recorded when it was written: the "
+                f"checkpoint is damaged"
+            )
+    return folder
+
+
+def resumable_checkpoint(out_dir: str | os.PathLike) -> tuple[Path | None, str | None]:
+    """(the checkpoint to resume from, a note on any checkpoint skipped): the one ``latest``
+    names if it is intact, else the newest intact kept one; (None, None) without any.
+
+    Raises:
+        DamagedCheckpointError: checkpoints exist but none of them is intact.
+    """
+    root = Path(out_dir) / CHECKPOINT_DIR
+    problems = []
+    try:
+        current = latest_checkpoint(out_dir)
+        if current is None:  # no checkpoint was completed (folders without ``latest`` are
+            return None, None  # a crash's leftovers, as for ``latest_checkpoint``)
+        return verify_checkpoint(current), None
+    except (OSError, ValueError) as err:  # unreadable ``latest``, or a damaged checkpoint
+        problems.append(str(err))
+    candidates = sorted((p for p in root.glob("step-*") if p.is_dir()), reverse=True)
+    for folder in candidates:
+        if not (folder / STATE_FILE).is_file() or not (folder / MODEL_FILE).is_file():
+            continue
+        try:
+            verify_checkpoint(folder)
+        except DamagedCheckpointError as err:
+            problems.append(str(err))
+            continue
+        return folder, f"{'; '.join(problems)}; resuming from {folder.name} instead"
+    raise DamagedCheckpointError(f"no intact checkpoint in {root}: {'; '.join(problems)}")
 
 
 def _prune(root: Path, keep: int) -> None:
@@ -220,5 +304,9 @@ def load_state(checkpoint: str | os.PathLike) -> dict[str, Any]:
 
 def read_config(checkpoint: str | os.PathLike) -> dict[str, Any]:
     """The ``config.json`` dict of a checkpoint folder."""
-    with open(Path(checkpoint) / CONFIG_FILE, encoding="utf-8") as f:
-        return json.load(f)
+    path = Path(checkpoint) / CONFIG_FILE
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except ValueError as err:  # JSONDecodeError, UnicodeDecodeError
+        raise DamagedCheckpointError(f"{path} is not valid JSON ({err})") from None

@@ -13,6 +13,7 @@ import json
 import math
 import os
 import sys
+import warnings
 from pathlib import Path
 
 from ..cliargs import non_negative_float, positive_int
@@ -112,6 +113,11 @@ def _is_main() -> bool:
     return os.environ.get("RANK", "0") == "0"
 
 
+def _warning_line(message, *_: object, **__: object) -> None:
+    """A warning (a damaged checkpoint skipped on resume, ...) as one line on stderr."""
+    print(f"taylorshift train: warning: {message}", file=sys.stderr)
+
+
 def run_train(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     try:
         config = _resolve(args)
@@ -120,12 +126,15 @@ def run_train(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     if args.print_config:
         print(json.dumps(config.to_dict(), indent=2))
         return 0
+    from .checkpoint import DamagedCheckpointError
     from .lock import RunLockedError
     from .loop import NonFiniteLossError, train
 
     try:
-        result = train(config, resume=args.resume)
-    except (ConfigError, FileExistsError, RunLockedError) as err:
+        with warnings.catch_warnings():  # (restores showwarning afterwards)
+            warnings.showwarning = _warning_line
+            result = train(config, resume=args.resume)
+    except (ConfigError, FileExistsError, RunLockedError, DamagedCheckpointError) as err:
         parser.error(str(err))
     except NonFiniteLossError as err:
         print(f"taylorshift train: {err}", file=sys.stderr)
@@ -171,6 +180,7 @@ def run_eval(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     for flag, value in (("--batch-size", args.batch_size), ("--limit", args.limit)):
         if value is not None and value < 1:
             parser.error(f"{flag} must be a positive integer, got {value}")
+    from .checkpoint import DamagedCheckpointError
     from .loop import evaluate_checkpoint
 
     try:
@@ -181,7 +191,7 @@ def run_eval(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             device=args.device,
             limit=args.limit,
         )
-    except (FileNotFoundError, ConfigError) as err:
+    except (FileNotFoundError, ConfigError, DamagedCheckpointError) as err:
         parser.error(str(err))
     if not _is_main():
         return 0 if math.isfinite(result["loss"]) else 1
@@ -235,12 +245,12 @@ def add_generate_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _generate_model_path(path: str):
-    from .checkpoint import MODEL_FILE, find_checkpoint
+    from .checkpoint import MODEL_FILE, find_checkpoint, verify_checkpoint
 
     given = Path(path)
     if given.is_file() and given.name != MODEL_FILE and given.suffix == ".safetensors":
         return given
-    return find_checkpoint(given) / MODEL_FILE
+    return verify_checkpoint(find_checkpoint(given)) / MODEL_FILE
 
 
 def run_generate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:

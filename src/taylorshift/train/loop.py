@@ -37,16 +37,18 @@ from ..data import IGNORE_INDEX, TaskSpec, get_task
 from ..data.text_bytes import count_baselines
 from ..models import CausalLM, create_model, load_model, load_weights
 from .checkpoint import (
+    CHECKPOINT_DIR,
     CONFIG_FILE,
     MODEL_FILE,
     capture_rng,
     find_checkpoint,
     kill_hook,
-    latest_checkpoint,
     load_state,
     read_config,
     restore_rng,
+    resumable_checkpoint,
     save_checkpoint,
+    verify_checkpoint,
 )
 from .config import RUNTIME_KEYS, ConfigError, TrainConfig
 from .distributed import (
@@ -419,12 +421,16 @@ def _train(config: TrainConfig, resume: bool, dist_info: Dist, device: torch.dev
     if run.threads is not None:
         torch.set_num_threads(run.threads)
     out_dir = Path(run.out_dir)
-    existing = latest_checkpoint(out_dir)
-    if existing is not None and not resume:
+    if not resume and (out_dir / CHECKPOINT_DIR / "latest").exists():
         raise FileExistsError(
-            f"{out_dir} holds checkpoints already (latest: {existing.name}); pass --resume to "
-            f"continue that run, or choose another run.out_dir"
+            f"{out_dir} holds checkpoints already; pass --resume to continue that run, or "
+            f"choose another run.out_dir"
         )
+    # The checkpoint `latest` names, verified; a damaged one is skipped for the newest
+    # intact kept one, said in a warning (train/checkpoint.py).
+    existing, skipped = resumable_checkpoint(out_dir) if resume else (None, None)
+    if skipped and dist_info.is_main:
+        warnings.warn(skipped, stacklevel=2)
     state = None
     if existing is not None:
         _check_resume(config, existing)
@@ -756,7 +762,7 @@ def evaluate_checkpoint(
     Returns:
         ``{"checkpoint", "step", "split", "loss", "accuracy", "samples"}``.
     """
-    folder = find_checkpoint(path)
+    folder = verify_checkpoint(find_checkpoint(path))
     config = TrainConfig.from_dict(read_config(folder))
     if limit is not None:
         config = config.replace(**{"data.eval_limit": limit})
