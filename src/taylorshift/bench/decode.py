@@ -22,7 +22,7 @@ from ..models import CausalLM, CausalLMConfig
 from . import machine
 from .core import OK, dtypes, markdown_table, mib, parse_device
 from .figures import figure, log_axes
-from .files import write_csv, write_figure, write_json, write_text
+from .files import fresh_folder, write_csv, write_figure, write_json, write_text
 from .measure import cuda_peak_memory, time_call
 
 HELP = (
@@ -233,6 +233,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true", help="shorter contexts, a small model")
     parser.add_argument("--out", type=Path, default=Path("bench-decode"), help="output folder")
     parser.add_argument("--no-plot", action="store_true", help="skip the PNG")
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="write into --out even if it holds an earlier run (default: a new --out-2, ...)",
+    )
 
 
 def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
@@ -262,7 +267,8 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         | {"cases": [f"{k}:{c}" for k, c in args.cases]},
         "rows": rows,
     }
-    written = write_outputs(result, args.out, plots=not args.no_plot)
+    out = fresh_folder(args.out, args.overwrite)
+    written = write_outputs(result, out, plots=not args.no_plot)
     table_rows = [
         (
             f"{r['kernel']}:{r['cache']}",

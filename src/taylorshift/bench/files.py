@@ -7,12 +7,40 @@ import csv
 import io
 import json
 import os
+import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from ..atomic import write_atomic
 
-__all__ = ["write_atomic", "write_csv", "write_figure", "write_json", "write_text"]
+__all__ = [
+    "fresh_folder",
+    "write_atomic",
+    "write_csv",
+    "write_figure",
+    "write_json",
+    "write_text",
+]
+
+
+def fresh_folder(folder: str | os.PathLike, overwrite: bool = False) -> Path:
+    """Where a bench tool writes its results: ``folder`` if it is missing or empty (or
+    ``overwrite``), else the first missing or empty ``folder-2``, ``folder-3``, ... so that a
+    second run never silently replaces the files of the first (it says where it writes)."""
+    base = Path(folder)
+    if overwrite or not base.exists() or (base.is_dir() and not any(base.iterdir())):
+        return base
+    k = 2
+    while True:
+        candidate = base.with_name(f"{base.name}-{k}")
+        if not candidate.exists() or (candidate.is_dir() and not any(candidate.iterdir())):
+            print(
+                f"note: {base} holds an earlier run; writing to {candidate} (--overwrite "
+                f"writes into {base})",
+                file=sys.stderr,
+            )
+            return candidate
+        k += 1
 
 
 def write_text(path: str | os.PathLike, text: str) -> Path:

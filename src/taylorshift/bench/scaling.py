@@ -505,6 +505,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--no-plot", action="store_true", help="skip the PNG (no matplotlib needed)"
     )
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="write into --out even if it holds an earlier run (default: a new --out-2, ...)",
+    )
 
 
 def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
@@ -544,7 +549,8 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         "rows": rows,
         "overflow": overflow_table(rows),
     }
-    written = write_outputs(result, args.out, plots=not args.no_plot)
+    out = files.fresh_folder(args.out, args.overwrite)
+    written = write_outputs(result, out, plots=not args.no_plot)
     print(f"Wrote {', '.join(str(p) for p in written)}")
     print()
     print("float16 overflow (N from which the largest entry passes 65504):")

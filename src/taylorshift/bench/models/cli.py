@@ -11,7 +11,6 @@ import sys
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import asdict, replace
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -206,6 +205,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add("--out", default="bench-models", metavar="DIR", help="output folder (default: %(default)s)")
     add("--no-plots", action="store_true", help="write no PNGs (matplotlib not needed)")
+    add(
+        "--overwrite",
+        action="store_true",
+        help="write into --out even if it holds an earlier run (default: a new --out-2, ...)",
+    )
 
 
 def _resolve(args: argparse.Namespace, key: str) -> Any:
@@ -447,7 +451,7 @@ def _run(args: argparse.Namespace, config: dict, cases: list[Case], accuracy) ->
         "elapsed_s": 0.0,
         "rows": [],
     }
-    out = Path(args.out)
+    out = files.fresh_folder(args.out, args.overwrite)
     # Phase 1: everything timed, one row after the other. Phase 2: the memory points,
     # after all timing (fresh processes on the CPU may run side by side: --memory-jobs).
     timing = replace(settings, memory=False)

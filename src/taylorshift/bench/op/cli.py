@@ -204,6 +204,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="only rewrite report.md, results.csv and the plots from DIR/results.json",
     )
     add("--no-plots", action="store_true", help="write no PNGs (matplotlib not needed)")
+    add(
+        "--overwrite",
+        action="store_true",
+        help="write into --out even if it holds an earlier run (default: a new --out-2, ...)",
+    )
 
 
 def settings_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Settings:
@@ -312,7 +317,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     if args.report_only is not None:
         return _report_only(args, parser)
     settings = settings_from_args(args, parser)
-    out = Path(args.out or "bench-results")
+    out = files.fresh_folder(args.out or "bench-results", args.overwrite)
     from tqdm import tqdm
 
     bar = tqdm(
