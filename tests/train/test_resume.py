@@ -114,3 +114,29 @@ def test_no_intact_checkpoint_is_a_clear_error(tmp_path):
     weights.write_bytes(bytes(data))
     with pytest.raises(DamagedCheckpointError, match=r"no intact checkpoint in .*differs from"):
         train(tiny_config(out), resume=True)
+
+
+def full_log(out_dir):
+    """Every record of the metrics file but ``start``, without times and throughputs."""
+    drop = {"time", "samples_per_s", "tokens_per_s", "path"}
+    return [
+        {k: v for k, v in r.items() if k not in drop}
+        for r in read_metrics(out_dir)
+        if r["event"] != "start"
+    ]
+
+
+def test_the_whole_metrics_log_of_a_killed_run_equals_an_uninterrupted_ones(tmp_path):
+    # log_every 5 with checkpoints every 3 steps: every resume starts inside a log window,
+    # and the kills fall between a checkpoint's pointer and the run going on, and mid-step.
+    settings = {**SETTINGS, "run.log_every": 5}
+    reference = tmp_path / "reference"
+    train(tiny_config(reference, **{k.replace(".", "__"): v for k, v in settings.items()}))
+    out = tmp_path / "killed"
+    argv = tiny_argv(out, *(a for k, v in settings.items() for a in ("--set", f"{k}={v}")))
+    for i, point in enumerate(["step:4", "checkpoint-done:6", "checkpoint-pointer:9", "step:11"]):
+        run = run_cli([*argv, *(["--resume"] if i else [])], env={KILL_ENV: point})
+        assert run.returncode == -signal.SIGKILL, (point, run.stderr[-2000:])
+    run = run_cli([*argv, "--resume"])
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert full_log(out) == full_log(reference)

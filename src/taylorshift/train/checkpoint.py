@@ -64,8 +64,9 @@ STATE_VERSION = 1
 
 #: Test hook: ``"<point>:<step>"`` makes the process SIGKILL itself at that point of that
 #: step. Points: ``step`` (after the step and its logging/checkpointing),
-#: ``checkpoint-files`` (checkpoint files written, folder not yet renamed) and
-#: ``checkpoint-pointer`` (folder renamed, ``latest`` not yet replaced).
+#: ``checkpoint-files`` (checkpoint files written, folder not yet renamed),
+#: ``checkpoint-pointer`` (folder renamed, ``latest`` not yet replaced) and
+#: ``checkpoint-done`` (``latest`` replaced, the run not yet going on).
 KILL_ENV = "TAYLORSHIFT_TRAIN_KILL_AT"
 
 

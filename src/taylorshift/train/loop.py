@@ -566,9 +566,19 @@ def _train(config: TrainConfig, resume: bool, dist_info: Dist, device: torch.dev
             "world_size": dist_info.world_size,
             "best_accuracy": best_accuracy,
             "rng": rng,
+            # the train records' averaging window, so that a resumed run logs the same
+            # means as an uninterrupted one (throughput excepted)
+            "log_window": {
+                **{k: window[k] for k in ("loss", "steps", "samples", "tokens")},
+                "elapsed": time.perf_counter() - window["start"],
+            },
         }
         path = out_dir / "checkpoints" / f"step-{step:08d}"
         if dist_info.is_main:
+            # The record goes first and is fsynced with the log: a crash after `latest` moves
+            # cannot lose it, and one before leaves it past the resumed step, where the
+            # resume's truncate_after drops it.
+            metrics.log("checkpoint", step, path=str(path))
             metrics.sync()
             path = save_checkpoint(
                 out_dir,
@@ -578,7 +588,7 @@ def _train(config: TrainConfig, resume: bool, dist_info: Dist, device: torch.dev
                 config=config.to_dict(),
                 keep=run.keep_checkpoints,
             )
-            metrics.log("checkpoint", step, path=str(path))
+            kill_hook("checkpoint-done", step)
         dist_info.barrier()
         return path
 
@@ -614,6 +624,9 @@ def _train(config: TrainConfig, resume: bool, dist_info: Dist, device: torch.dev
     checkpoint_step = step if existing is not None else None
     last_eval: dict[str, Any] | None = None
     reset_window()
+    if state is not None and "log_window" in state:
+        saved = dict(state["log_window"])
+        window.update(saved, start=time.perf_counter() - saved.pop("elapsed"))
     lr = optimizer.param_groups[0]["lr"]
     collate = spec.collate(data.pad_to_multiple)
     if existing is None:
