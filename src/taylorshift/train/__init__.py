@@ -17,22 +17,19 @@ The command line: ``taylorshift train`` and ``taylorshift eval``. See docs/train
 
 from .checkpoint import find_checkpoint, latest_checkpoint, load_state
 from .config import (
-    PRESETS,
     ConfigError,
     DataConfig,
     ModelConfig,
     OptimConfig,
     RunConfig,
     TrainConfig,
-    get_preset,
-    list_presets,
-    load_config_file,
-    resolve_config,
 )
 from .lock import RunLock, RunLockedError
 from .loop import NonFiniteLossError, TrainResult, build_model, evaluate, evaluate_checkpoint, train
 from .metrics import read_metrics
 from .optim import Lamb, WarmupCosine, build_optimizer, build_scheduler
+from .presets import PRESETS, get_preset, list_presets
+from .resolve import load_config_file, resolve_config
 
 __all__ = [
     "PRESETS",

@@ -18,7 +18,9 @@ from pathlib import Path
 
 from ..cliargs import non_negative_float, positive_int
 from ..nn.cache import CACHE_KINDS
-from .config import SPLITS, TAYLORSHIFT_MODES, ConfigError, list_presets, resolve_config
+from .config import SPLITS, TAYLORSHIFT_MODES, ConfigError
+from .presets import list_presets
+from .resolve import resolve_config
 
 __all__ = [
     "add_eval_arguments",

@@ -1,4 +1,4 @@
-"""Training configuration: typed dataclass sections, presets, files and ``key=value`` overrides.
+"""Training configuration: typed dataclass sections and ``key=value`` overrides.
 
 A :class:`TrainConfig` has four sections, each a frozen dataclass:
 
@@ -8,9 +8,10 @@ A :class:`TrainConfig` has four sections, each a frozen dataclass:
 - ``run`` (:class:`RunConfig`): seed, device, precision, logging, checkpoints.
 
 Settings are addressed by dotted keys (``optim.lr``, ``data.options.num_samples``,
-``data.split_options.train.num_samples``). :func:`resolve_config` builds a config from a
-preset, a JSON/TOML file and overrides, in that order; every value is checked against the
-field's type, and an unknown key raises :class:`ConfigError` naming it.
+``data.split_options.train.num_samples``); every value is checked against the field's
+type, and an unknown key raises :class:`ConfigError` naming it. The presets live in
+``train/presets.py``; ``train/resolve.py`` builds a config from a preset, a JSON/TOML file and
+overrides (:func:`~taylorshift.train.resolve.resolve_config`).
 """
 
 from __future__ import annotations
@@ -24,16 +25,9 @@ import types
 import typing
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-try:  # Python >= 3.11
-    import tomllib
-except ImportError:  # pragma: no cover - Python 3.10
-    tomllib = None  # type: ignore[assignment]
-
 __all__ = [
-    "PRESETS",
     "ConfigError",
     "DataConfig",
     "ModelConfig",
@@ -41,10 +35,6 @@ __all__ = [
     "RunConfig",
     "TrainConfig",
     "apply_override",
-    "get_preset",
-    "list_presets",
-    "load_config_file",
-    "resolve_config",
 ]
 
 OPTIMIZERS = ("lamb", "adamw")
@@ -531,235 +521,3 @@ def _flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
         else:
             out[f"{prefix}{key}"] = value
     return out
-
-
-def load_config_file(path: str | Path) -> dict[str, Any]:
-    """Read a JSON (``.json``) or TOML (anything else) config file into a nested dict.
-
-    The file holds sections (``[optim]`` / ``{"optim": {...}}``) and optionally a top-level
-    ``preset = "name"``; it is checked when :func:`resolve_config` applies it.
-    """
-    path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as err:
-        raise ConfigError(f"cannot read config file {path}: {err}") from err
-    is_json = path.suffix.lower() == ".json"
-    if not is_json and tomllib is None:  # pragma: no cover - Python 3.10
-        raise ConfigError(f"reading TOML ({path}) needs Python >= 3.11; use a .json file")
-    try:
-        tree = json.loads(text) if is_json else tomllib.loads(text)
-    except (json.JSONDecodeError, ValueError) as err:
-        kind = "JSON" if is_json else "TOML"
-        raise ConfigError(f"config file {path} is not valid {kind}: {err}") from None
-    if not isinstance(tree, dict):
-        raise ConfigError(f"config file {path} must hold a table of sections, got {tree!r}")
-    return tree
-
-
-def _merge(base: dict[str, Any], update: Mapping[str, Any]) -> None:
-    for key, value in update.items():
-        if isinstance(value, Mapping) and isinstance(base.get(key), dict):
-            _merge(base[key], value)
-        else:
-            base[key] = copy.deepcopy(value)
-
-
-def resolve_config(
-    preset: str | None = None,
-    file: str | Path | None = None,
-    overrides: Iterable[tuple[str, Any]] | Mapping[str, Any] = (),
-) -> TrainConfig:
-    """A config from a preset, then a config file, then overrides (later wins).
-
-    Args:
-        preset: a name of :func:`list_presets`; default: the file's ``preset``, else the
-            preset named like the task set by ``overrides`` (``lm``, ``recall``), else
-            ``listops-cpu``.
-        file: a JSON or TOML file of sections (see :func:`load_config_file`); tables in it
-            are merged into the preset's (``[data.options]`` adds options).
-        overrides: ``(dotted key, value)`` pairs or a mapping; string values are parsed as
-            the field's type (see :func:`apply_override`).
-
-    Raises:
-        ConfigError: unknown preset, section, key, or a bad value.
-    """
-    file_tree = load_config_file(file) if file is not None else {}
-    file_preset = file_tree.pop("preset", None)
-    items = list(overrides.items() if isinstance(overrides, Mapping) else overrides)
-    # A task with a preset of its own name (``lm``, ``recall``), or else of its name and
-    # ``-cpu`` (``digits``, ``text-bytes``), starts from that preset.
-    task = next((v for k, v in reversed(items) if k == "data.task"), None)
-    by_task = None
-    if isinstance(task, str):
-        by_task = next((n for n in (task, f"{task}-cpu") if n in PRESETS), None)
-    name = preset or file_preset or by_task or "listops-cpu"
-    tree = get_preset(name).to_dict()
-    # Another task than the preset's: the preset's task options (ListOps lengths, sample
-    # counts) mean nothing to it, so they are dropped; the file and overrides give its own.
-    file_data = file_tree.get("data")
-    file_task = file_data.get("task") if isinstance(file_data, Mapping) else None
-    final_task = task if isinstance(task, str) else file_task
-    if isinstance(final_task, str) and final_task != tree["data"]["task"]:
-        tree["data"]["options"], tree["data"]["split_options"] = {}, {}
-    for section, values in file_tree.items():
-        if section not in SECTIONS:
-            raise _unknown_key(f"{section}.")
-        if not isinstance(values, Mapping):
-            raise ConfigError(f"section {section!r} of {file} must be a table, got {values!r}")
-        hints = typing.get_type_hints(SECTIONS[section])
-        for key in values:
-            if key not in hints:
-                raise _unknown_key(f"{section}.{key}")
-        _merge(tree.setdefault(section, {}), values)
-    for key, value in items:
-        apply_override(tree, key, value)
-    return TrainConfig.from_dict(tree)
-
-
-# Presets. The paper's (Table 6): 200 epochs, cosine decay, 5 warm-up epochs, weight decay
-# 1e-3, LAMB, mixed precision where possible; dropout 0, drop path 0.05 and cosine position
-# embeddings come with the model presets of the same name.
-
-_PAPER_OPTIM = OptimConfig(
-    name="lamb", weight_decay=1e-3, epochs=200, warmup_epochs=5.0, grad_clip=None
-)
-
-# Small ListOps that a 2-core CPU learns in minutes: expressions of 10-50 tokens, depth <= 4
-# (a width-64 model goes from the majority class, 17 %, to about 35 % in 8 epochs).
-_LISTOPS_CPU_OPTIONS = {"min_len": 10, "max_len": 50, "max_depth": 4}
-
-PRESETS: dict[str, TrainConfig] = {
-    "listops": TrainConfig(
-        data=DataConfig(
-            task="listops",
-            options={"exact_length": True, "min_len": 500, "max_len": 2000},
-            batch_size=256,
-            num_workers=8,
-            pad_to_multiple=8,
-        ),
-        model=ModelConfig(name="listops"),
-        optim=dataclasses.replace(_PAPER_OPTIM, lr=1e-3),
-        run=RunConfig(out_dir="runs/listops", log_every=50),
-    ),
-    "cifar-pixel": TrainConfig(
-        data=DataConfig(task="cifar-pixel", batch_size=256, num_workers=4),
-        model=ModelConfig(name="cifar-pixel"),
-        optim=dataclasses.replace(_PAPER_OPTIM, lr=5e-4),
-        run=RunConfig(out_dir="runs/cifar-pixel", log_every=50),
-    ),
-    "imdb-byte": TrainConfig(
-        data=DataConfig(task="imdb-byte", batch_size=32, num_workers=4, pad_to_multiple=8),
-        model=ModelConfig(name="imdb-byte"),
-        optim=dataclasses.replace(_PAPER_OPTIM, lr=5e-5),
-        run=RunConfig(out_dir="runs/imdb-byte", log_every=50),
-    ),
-    "listops-cpu": TrainConfig(
-        data=DataConfig(
-            task="listops",
-            options=dict(_LISTOPS_CPU_OPTIONS),
-            split_options={
-                "train": {"num_samples": 8192},
-                "val": {"num_samples": 1024},
-                "test": {"num_samples": 2048},
-            },
-            batch_size=32,
-        ),
-        model=ModelConfig(name="listops-small"),
-        optim=OptimConfig(name="lamb", lr=5e-3, epochs=10, warmup_epochs=1.0, grad_clip=1.0),
-        run=RunConfig(out_dir="runs/listops-cpu", log_every=32),
-    ),
-    "listops-tiny": TrainConfig(
-        data=DataConfig(
-            task="listops",
-            options={"min_len": 8, "max_len": 32, "max_depth": 4},
-            split_options={
-                "train": {"num_samples": 256},
-                "val": {"num_samples": 64},
-                "test": {"num_samples": 64},
-            },
-            batch_size=16,
-        ),
-        model=ModelConfig(name="listops-small", overrides={"depth": 1, "dim": 32, "num_heads": 2}),
-        optim=OptimConfig(name="lamb", lr=2e-3, epochs=2, warmup_epochs=0.5, grad_clip=1.0),
-        run=RunConfig(out_dir="runs/listops-tiny", log_every=4),
-    ),
-    "cifar-pixel-cpu": TrainConfig(
-        data=DataConfig(task="cifar-pixel", batch_size=32, train_limit=4096, eval_limit=1024),
-        model=ModelConfig(name="cifar-pixel-small"),
-        optim=OptimConfig(name="lamb", lr=1e-3, epochs=10, warmup_epochs=1.0, grad_clip=1.0),
-        run=RunConfig(out_dir="runs/cifar-pixel-cpu", log_every=16),
-    ),
-    # Settings from the probes of benchmarks/recall_cpu (qk-norm and lr 3e-3 mattered most).
-    "recall": TrainConfig(
-        data=DataConfig(
-            task="recall",
-            options={"seq_len": 64, "num_pairs": 4, "vocab_size": 64},
-            split_options={
-                "train": {"num_samples": 8192},
-                "val": {"num_samples": 512},
-                "test": {"num_samples": 1024},
-            },
-            batch_size=16,
-        ),
-        model=ModelConfig(name="lm-tiny", overrides={"qk_norm": True}),
-        optim=OptimConfig(
-            name="adamw", lr=3e-3, weight_decay=0.1, epochs=4, warmup_epochs=0.4, grad_clip=1.0
-        ),
-        run=RunConfig(out_dir="runs/recall", log_every=32),
-    ),
-    "lm": TrainConfig(
-        data=DataConfig(task="lm", options={"seq_len": 256}, batch_size=32, eval_limit=256),
-        model=ModelConfig(name="lm-small"),
-        optim=OptimConfig(
-            name="adamw", lr=1e-3, weight_decay=0.1, epochs=5, warmup_epochs=0.2, grad_clip=1.0
-        ),
-        run=RunConfig(out_dir="runs/lm", log_every=16),
-    ),
-    # Real data without a download (benchmarks/parity): scikit-learn's digits as 1,024-pixel
-    # sequences, and byte-level LM on Python's standard library.
-    # (digits: mean pooling and AdamW; with a CLS token or LAMB the 1-block model stayed at
-    # chance for hundreds of steps on 1,297 images.)
-    "digits-cpu": TrainConfig(
-        data=DataConfig(task="digits", batch_size=32),
-        model=ModelConfig(name="cifar-pixel-small", overrides={"pooling": "mean"}),
-        optim=OptimConfig(
-            name="adamw", lr=3e-3, weight_decay=0.05, epochs=20, warmup_epochs=1.0, grad_clip=1.0
-        ),
-        run=RunConfig(out_dir="runs/digits-cpu", log_every=40),
-    ),
-    "text-bytes-cpu": TrainConfig(
-        data=DataConfig(task="text-bytes", options={"seq_len": 256}, batch_size=32),
-        model=ModelConfig(name="lm-tiny"),
-        optim=OptimConfig(
-            name="adamw", lr=3e-3, weight_decay=0.1, epochs=3, warmup_epochs=0.1, grad_clip=1.0
-        ),
-        run=RunConfig(out_dir="runs/text-bytes-cpu", log_every=50),
-    ),
-    "imdb-byte-cpu": TrainConfig(
-        data=DataConfig(
-            task="imdb-byte",
-            options={"max_len": 1000},
-            batch_size=16,
-            train_limit=2048,
-            eval_limit=1024,
-        ),
-        model=ModelConfig(name="imdb-byte-small"),
-        optim=OptimConfig(name="lamb", lr=1e-3, epochs=10, warmup_epochs=1.0, grad_clip=1.0),
-        run=RunConfig(out_dir="runs/imdb-byte-cpu", log_every=16),
-    ),
-}
-
-
-def list_presets() -> list[str]:
-    """Names accepted by :func:`get_preset` and ``taylorshift train --preset``."""
-    return list(PRESETS)
-
-
-def get_preset(name: str) -> TrainConfig:
-    """The preset ``name`` (see :data:`PRESETS` and docs/train.md)."""
-    if name not in PRESETS:
-        raise ConfigError(
-            f"unknown preset {name!r}{_suggest(name, PRESETS)}; presets: {', '.join(PRESETS)}"
-        )
-    return PRESETS[name]
