@@ -14,6 +14,12 @@ _empty = torch.empty
 # real ``torch.empty`` would graph-break (seen as tests/test_compile.py failing only after
 # the op tests). Building it here, before any patch, keeps the real function in it.
 trace_rules.get_torch_obj_rule_map()
+# Its other lazily built sets (allowed and skipped callables, by id) likewise: a compiled
+# call of torch.empty builds every one of them now, with the real function.
+torch.compile(lambda x: torch.empty(2).fill_(1.0) + x, backend="eager", fullgraph=True)(
+    torch.zeros(2)
+)
+torch._dynamo.reset()
 
 
 def _poisoned_empty(*args, **kwargs):

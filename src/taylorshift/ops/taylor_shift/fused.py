@@ -93,6 +93,12 @@ def _describe(key: tuple) -> str:
     )
 
 
+def _debug(message: str, *args: object) -> None:
+    """The routing log, outside torch.compile's tracing (a logger call breaks its graph)."""
+    if not torch.compiler.is_compiling():
+        logger.debug(message, *args)
+
+
 def kernel_failure(err: BaseException) -> bool:
     """Whether ``err`` is a kernel that could not compile or launch (not an out-of-memory
     error, not a bad argument of the caller's)."""
@@ -168,12 +174,12 @@ def fused_form(
     if kernel is None:
         return None
     if shape_class(kernel, query, problem, is_causal) in FAILED:
-        logger.debug("fused: none (%s failed before in this shape class)", kernel)
+        _debug("fused: none (%s failed before in this shape class)", kernel)
         return None
     if kernel == "triton efficient (causal)" and causal_state_bytes(problem) > CAUSAL_STATE_BUDGET:
-        logger.debug("fused: none (causal chunk states over budget; PyTorch causal form)")
+        _debug("fused: none (causal chunk states over budget; PyTorch causal form)")
         return None
-    logger.debug("fused: %s", kernel)
+    _debug("fused: %s", kernel)
     return load_kernel(kernel)
 
 

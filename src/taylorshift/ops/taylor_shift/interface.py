@@ -94,13 +94,17 @@ def taylor_shift_attention(
         key, value = drop_masked_content(key, value, problem.mask.any(-2))
     fused = fused_form(query, problem, mode, is_causal, order)
     if fused is not None:
+        args = (query, key, value, problem.key_mask)
+        args += (is_causal,) if mode == "direct" else ()
+        if torch.compiler.is_compiling():
+            # Traced code calls the kernel's custom op as it is: the guard below (a try
+            # around a launch, a probe of the backward) has no meaning inside a graph.
+            return fused(*args, temperature, scale, normalize)
         # A kernel that cannot compile or launch here falls back to the PyTorch form below
         # (warned once, remembered per shape class; ops/taylor_shift/fused.py).
         kernel = shape_class(kernel_name(mode, is_causal), query, problem, is_causal)
         backward = _backward_follows(query, key, value, temperature)
         if not backward or probe_backward(kernel, fused, mode, query):
-            args = (query, key, value, problem.key_mask)
-            args += (is_causal,) if mode == "direct" else ()
             out = run_guarded(kernel, lambda: fused(*args, temperature, scale, normalize))
             if out is not None:
                 return out

@@ -1,0 +1,145 @@
+"""Every fused kernel through the public op, on the GPU: outputs and gradients against the
+float64 reference by SPEC §8's rule, awkward shapes, padding with fully masked rows, long
+sequences, decoding, and a compiled model (see conftest.py for the CPU dry run)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from taylorshift import naive_taylor_shift_attention, taylor_shift_attention, taylor_shift_decode
+from taylorshift.ops.taylor_shift import fused
+from taylorshift.ops.taylor_shift.checks import check_inputs
+from tests.helpers import assert_rel_close, key_padding, rel_error
+
+from .conftest import CUDA, DEVICE, LOW_DTYPES, size
+
+# (N, d, dv): awkward lengths at d = 64, every head dim the kernels take, dv != d; the dry
+# run keeps a few tiny ones (the interpreter runs a kernel program by program).
+if CUDA:
+    SHAPES = [(n, 64, 64) for n in (1, 63, 1000, 4097)]
+    SHAPES += [(1000, d, d) for d in (16, 32, 128)] + [(1000, 64, 32), (257, 32, 128)]
+else:
+    SHAPES = [(1, 16, 16), (7, 16, 16), (33, 16, 16), (65, 8, 12)]
+FLOOR = 1e-4  # absolute slack of the error rule (values that are zero in exact arithmetic)
+RMS_BOUND = 5e-3
+
+
+def _inputs(n, d, dv, dtype, masked, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    b, h = 2, 2
+    exact = [torch.randn(b, h, n, x, generator=g, dtype=torch.float64) for x in (d, d, dv)]
+    tau = 0.5 + torch.rand(1, h, 1, 1, generator=g, dtype=torch.float64)
+    mask = key_padding(b, n, seed=seed) if masked else None  # batch 0 fully padded
+    return exact, tau, mask
+
+
+def _run(fn, tensors, tau, mask, causal, dtype, device, **kwargs):
+    leaves = [t.to(device, dtype).requires_grad_() for t in tensors]
+    # the plain reference computes in the inputs' dtype throughout, τ included
+    naive = fn is naive_taylor_shift_attention
+    t = tau.to(device, dtype if naive or dtype == torch.float64 else torch.float32)
+    t.requires_grad_()
+    m = None if mask is None else mask.to(device)
+    out = fn(*leaves, m, causal, temperature=t, **kwargs)
+    g = torch.randn(out.shape, generator=torch.Generator().manual_seed(9), dtype=torch.float64)
+    grads = torch.autograd.grad(out, [*leaves, t], g.to(device, out.dtype))
+    return out, grads
+
+
+def _kernel_taken(tensors, mask, causal, mode, dtype):
+    q, k, v = (t.to(DEVICE, dtype) for t in tensors)
+    m = None if mask is None else mask.to(DEVICE)
+    problem = check_inputs(q, k, v, m, causal, 1.0, None, True, 2, mode)
+    return fused.fused_form(q, problem, mode, causal, 2) is not None
+
+
+@pytest.mark.parametrize("masked", [False, True], ids=["nomask", "padding"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("mode", ["efficient", "direct"])
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"N{s[0]}-d{s[1]}-dv{s[2]}")
+def test_float32_matches_the_float64_reference(shape, mode, causal, masked):
+    tensors, tau, mask = _inputs(*shape, torch.float32, masked)
+    if not _kernel_taken(tensors, mask, causal, mode, torch.float32):
+        pytest.skip("no fused kernel for this call (e.g. causal states over the budget)")
+    exact, g_exact = _run(naive_taylor_shift_attention, tensors, tau, mask, causal,
+                          torch.float64, "cpu")  # fmt: skip
+    out, grads = _run(taylor_shift_attention, tensors, tau, mask, causal, torch.float32,
+                      DEVICE, mode=mode)  # fmt: skip
+    assert_rel_close(out.cpu(), exact, 1e-4, "output", atol=1e-6)
+    if masked:
+        assert not out[0].any(), "a fully masked row must give zeros"
+    for name, a, e in zip(("q", "k", "v", "tau"), grads, g_exact, strict=True):
+        # (absolute floor: a gradient that is zero in exact arithmetic, q's at N = 1)
+        assert_rel_close(a.cpu(), e, 1e-3, f"grad {name}", atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", LOW_DTYPES, ids=str)
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("mode", ["efficient", "direct"])
+@pytest.mark.parametrize("shape", SHAPES[2:], ids=lambda s: f"N{s[0]}-d{s[1]}-dv{s[2]}")
+def test_low_precision_error_within_the_reference_error(shape, mode, causal, dtype):
+    # SPEC §8: the kernel's error against float64 is at most 2x (outputs) and 3x (gradients)
+    # the reference's own error in the same dtype, and its relative RMS stays under 5e-3.
+    tensors, tau, mask = _inputs(*shape, dtype, masked=True, seed=1)
+    if not _kernel_taken(tensors, mask, causal, mode, dtype):
+        pytest.skip("no fused kernel for this call (e.g. causal states over the budget)")
+    exact, g_exact = _run(naive_taylor_shift_attention, tensors, tau, mask, causal,
+                          torch.float64, "cpu")  # fmt: skip
+    low, g_low = _run(naive_taylor_shift_attention, tensors, tau, mask, causal, dtype, DEVICE)
+    out, grads = _run(taylor_shift_attention, tensors, tau, mask, causal, dtype, DEVICE,
+                      mode=mode)  # fmt: skip
+    assert out.dtype == dtype
+    err, err_ref = rel_error(out.cpu(), exact), rel_error(low.cpu(), exact)
+    assert err <= 2 * err_ref + FLOOR and err < RMS_BOUND, (err, err_ref)
+    for name, a, r, e in zip(("q", "k", "v"), grads, g_low, g_exact, strict=False):
+        assert torch.isfinite(a).all(), name
+        err, err_ref = rel_error(a.cpu(), e), rel_error(r.cpu(), e)
+        assert err <= 3 * err_ref + FLOOR and err < RMS_BOUND, (name, err, err_ref)
+
+
+@pytest.mark.parametrize("dtype", LOW_DTYPES, ids=str)
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_long_sequences_stay_finite_and_accurate(causal, dtype):
+    # N = 65,536 (dry run: 4,096): the efficient form in low precision against the same
+    # form in float64 on the device (the direct reference would need N² memory).
+    n, d = size(65536, 512), size(64, 16)
+    tensors, tau, mask = _inputs(n, d, d, dtype, masked=True, seed=2)
+    exact, _ = _run(taylor_shift_attention, tensors, tau, mask, causal, torch.float64, DEVICE,
+                    mode="efficient")  # fmt: skip
+    out, grads = _run(taylor_shift_attention, tensors, tau, mask, causal, dtype, DEVICE,
+                      mode="efficient")  # fmt: skip
+    assert torch.isfinite(out).all() and all(torch.isfinite(g).all() for g in grads)
+    assert rel_error(out, exact) < RMS_BOUND
+
+
+def test_decoding_state_on_the_device_equals_the_parallel_form():
+    g = torch.Generator().manual_seed(4)
+    b, h, n, d = 2, 2, size(300, 20), size(64, 8)
+    q, k, v = (torch.randn(b, h, n, d, generator=g).to(DEVICE) for _ in range(3))
+    prompt = n // 2
+    out, state = taylor_shift_decode(q[:, :, :prompt], k[:, :, :prompt], v[:, :, :prompt])
+    outs = [out]
+    for t in range(prompt, n):
+        y, state = taylor_shift_decode(q[:, :, t:t + 1], k[:, :, t:t + 1], v[:, :, t:t + 1],
+                                       state, inplace=True)  # fmt: skip
+        outs.append(y)
+    parallel = taylor_shift_attention(q, k, v, is_causal=True, mode="direct")
+    assert rel_error(torch.cat(outs, dim=2), parallel) < 1e-5
+
+
+def test_a_compiled_model_trains_like_the_eager_one():
+    from taylorshift.models import create_model
+
+    torch.manual_seed(0)
+    model = create_model("lm-tiny", attn_kernel="taylorshift").to(DEVICE)
+    tokens = torch.randint(0, 200, (2, size(512, 24)), device=DEVICE)
+    backend = "inductor" if CUDA else "aot_eager"
+    compiled = torch.compile(model, fullgraph=True, backend=backend)
+    grads = []
+    for net in (model, compiled):
+        model.zero_grad()
+        net(tokens).float().square().mean().backward()
+        grads.append([p.grad.clone() for p in model.parameters() if p.grad is not None])
+    for a, b in zip(*grads, strict=True):
+        assert rel_error(a, b) < 1e-3
