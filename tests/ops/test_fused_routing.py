@@ -47,6 +47,11 @@ def test_calls_without_a_kernel_stay_on_pytorch(case, triton_installed, monkeypa
         mode, mask = "direct", torch.rand(1, 1, n, n) > 0.5
     problem = problem_for(q, k, v, mask, causal, mode, order)
     assert fused.fused_form(q, problem, mode, causal, order) is None
+    # Positive control: the same call without the case's one difference is routed.
+    monkeypatch.setenv(fused.TRITON_ENV, "interpret")
+    q, k, v = qkv()
+    mode = "direct" if case in ("order4", "varying-mask") else "efficient"
+    assert fused.fused_form(q, problem_for(q, k, v, mode=mode), mode, False, 2) is not None
 
 
 def test_without_triton_nothing_is_routed(monkeypatch):
