@@ -23,7 +23,7 @@ def test_auto_picks_direct_for_short_and_efficient_for_long_sequences():
     assert choose_mode(4096, 4096, 8, 8, **kw) == "efficient"
 
 
-# Where theory switches forms, worked out by hand from the accounting of ops/taylor_shift/dispatch.py (per
+# Where theory switches forms, worked out by hand from the accounting in dispatch.py (per
 # head, self-attention, dv = d, order 2): direct costs c = 2d + 2dv + 6 per (query, key)
 # pair, efficient P = d(d+1)/2 + 2·D·(dv+1) per token with D = d(d+1)/2 + d + 1, so they
 # are equal at N* = 2P/c. d = 8: D = 45, P = 36 + 810 = 846, c = 38, N* = 44.5;
