@@ -48,3 +48,15 @@ def test_two_processes_match_one_and_resume_together(tmp_path):
     theirs = load_file(reference.checkpoint / "model.safetensors")
     for name, tensor in mine.items():
         torch.testing.assert_close(tensor, theirs[name], rtol=1e-4, atol=1e-5, msg=name)
+
+
+def test_a_rank_that_stops_answering_is_named_within_the_timeout(tmp_path):
+    # Rank 1 freezes at step 3 (a hung node); rank 0 must not wait torch's default 10-30
+    # minutes in silence: after run.collective_timeout_s it stops, naming rank 1.
+    out = tmp_path / "run"
+    argv = tiny_argv(out, "--set", "run.collective_timeout_s=4", "--set", "optim.epochs=3")
+    run = run_cli(argv, env={KILL_ENV: "step:3@1/freeze:60"}, module=TORCHRUN)
+    assert run.returncode != 0
+    errors = [line for line in run.stderr.splitlines() if "collective_timeout_s=4" in line]
+    assert errors, run.stderr[-3000:]
+    assert "rank 0: a collective waited" in errors[0] and "rank(s) 1 did not answer" in errors[0]

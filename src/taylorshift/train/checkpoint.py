@@ -31,6 +31,7 @@ import os
 import random
 import shutil
 import signal
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -71,9 +72,22 @@ KILL_ENV = "TAYLORSHIFT_TRAIN_KILL_AT"
 
 
 def kill_hook(point: str, step: int) -> None:
-    """SIGKILL this process if ``KILL_ENV`` names ``point`` at ``step`` (tests only)."""
-    if os.environ.get(KILL_ENV) == f"{point}:{step}":
-        os.kill(os.getpid(), signal.SIGKILL)
+    """SIGKILL this process if ``KILL_ENV`` names ``point`` at ``step`` (tests only).
+
+    ``"<point>:<step>@<rank>"`` applies to that rank only, and ``"...@<rank>/freeze:<s>"``
+    makes that rank stop answering (sleep ``s`` seconds) instead of dying.
+    """
+    value = os.environ.get(KILL_ENV)
+    if not value:
+        return
+    target, _, action = value.partition("/")
+    where, _, rank = target.partition("@")
+    if where != f"{point}:{step}" or (rank and rank != os.environ.get("RANK", "0")):
+        return
+    if action.startswith("freeze:"):
+        time.sleep(float(action.removeprefix("freeze:")))
+        return
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 def capture_rng() -> dict[str, Any]:

@@ -129,6 +129,7 @@ def run_train(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         print(json.dumps(config.to_dict(), indent=2))
         return 0
     from .checkpoint import DamagedCheckpointError
+    from .distributed import CollectiveTimeoutError
     from .lock import RunLockedError
     from .loop import NonFiniteLossError, train
 
@@ -138,8 +139,8 @@ def run_train(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             result = train(config, resume=args.resume)
     except (ConfigError, FileExistsError, RunLockedError, DamagedCheckpointError) as err:
         parser.error(str(err))
-    except NonFiniteLossError as err:
-        print(f"taylorshift train: {err}", file=sys.stderr)
+    except (NonFiniteLossError, CollectiveTimeoutError) as err:
+        print(f"taylorshift train: error: {err}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         from .checkpoint import latest_checkpoint

@@ -152,6 +152,9 @@ class RunConfig:
         progress: tqdm progress bars (when tqdm is installed).
         tensorboard: also write TensorBoard scalars (when tensorboard is installed).
         threads: ``torch.set_num_threads`` for CPU work; None leaves torch's default.
+        collective_timeout_s: seconds a collective of a multi-process run waits for the
+            other processes before the run stops with an error naming the ranks that did
+            not answer (torch's default would be 10-30 minutes, silent).
         sequence_parallel: processes that share one sequence (consecutive ranks under
             torchrun), each holding a contiguous slice of its tokens; the TaylorShift
             kernels exchange their key-side states (``taylorshift.distributed``). The world
@@ -172,6 +175,7 @@ class RunConfig:
     tensorboard: bool = False
     threads: int | None = None
     sequence_parallel: int = 1
+    collective_timeout_s: float = 600.0
 
 
 SECTIONS: dict[str, type] = {
@@ -198,6 +202,7 @@ RUNTIME_KEYS = frozenset(
         "run.tensorboard",
         "run.threads",
         "run.out_dir",
+        "run.collective_timeout_s",
     }
 )
 
@@ -330,6 +335,7 @@ class TrainConfig:
             _positive(f"run.{key}", getattr(r, key), allow_none=True)
         _positive("run.log_every", r.log_every)
         _positive("run.sequence_parallel", r.sequence_parallel)
+        _positive_number("run.collective_timeout_s", r.collective_timeout_s)
         _positive("run.keep_checkpoints", r.keep_checkpoints)
 
 

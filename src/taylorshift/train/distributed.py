@@ -12,8 +12,10 @@ contiguous share of each, so N processes see the same global batches as one.
 
 from __future__ import annotations
 
+import datetime
 import hashlib
 import os
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -21,6 +23,7 @@ import torch
 import torch.distributed as dist
 
 __all__ = [
+    "CollectiveTimeoutError",
     "Dist",
     "SequenceGroup",
     "ShardedBatchSampler",
@@ -35,6 +38,10 @@ def derive_seed(*parts: object) -> int:
     """A 63-bit seed from any values (stable across processes and Python runs)."""
     text = "/".join(map(str, parts)).encode()
     return int.from_bytes(hashlib.sha256(text).digest()[:8], "little") >> 1
+
+
+class CollectiveTimeoutError(RuntimeError):
+    """A collective of a multi-process run did not complete in ``run.collective_timeout_s``."""
 
 
 @dataclass(frozen=True)
@@ -75,13 +82,42 @@ class Dist:
         if self.enabled and dist.is_initialized():
             dist.destroy_process_group()
 
+    def silent_ranks(self, timeout_s: float) -> list[int] | None:
+        """After a collective timed out: the ranks that do not answer a monitored barrier
+        within ``timeout_s`` (rank 0 asks every other; another rank can only tell whether
+        rank 0 answers), or None when it cannot tell."""
+        group = _MONITOR.get("group")
+        if not self.enabled or group is None:
+            return None
+        try:
+            dist.monitored_barrier(
+                group, timeout=datetime.timedelta(seconds=timeout_s), wait_all_ranks=True
+            )
+        except RuntimeError as err:
+            found = re.search(r"[Rr]anks? ([\d, ]+) failed", str(err))
+            if found:
+                return [int(r) for r in re.findall(r"\d+", found.group(1))]
+            return [0] if self.rank != 0 else None
+        return []
 
-def setup(device: str) -> tuple[Dist, torch.device]:
+
+_MONITOR: dict[str, object] = {}  # a gloo group for monitored_barrier (any backend)
+
+
+def timed_out(err: BaseException) -> bool:
+    """Whether ``err`` is a collective that ran out of time (gloo's or NCCL's wording)."""
+    text = str(err).lower()
+    return isinstance(err, RuntimeError) and ("timed out" in text or "timeout" in text)
+
+
+def setup(device: str, timeout_s: float | None = None) -> tuple[Dist, torch.device]:
     """Join the process group that ``torchrun`` describes (if any) and pick the device.
 
     Args:
         device: ``auto``, ``cpu``, ``cuda``, ``cuda:N``, ... (``run.device``). Under
             torchrun, ``auto`` and ``cuda`` mean ``cuda:LOCAL_RANK``.
+        timeout_s: how long a collective waits for the other processes
+            (``run.collective_timeout_s``); None: torch's default.
 
     Returns:
         this process's :class:`Dist` and device.
@@ -100,7 +136,10 @@ def setup(device: str) -> tuple[Dist, torch.device]:
         torch.cuda.set_device(torch_device)
     if world_size > 1 and not dist.is_initialized():
         backend = "nccl" if torch_device.type == "cuda" else "gloo"
-        dist.init_process_group(backend=backend, rank=rank, world_size=world_size)
+        timeout = None if timeout_s is None else datetime.timedelta(seconds=timeout_s)
+        dist.init_process_group(backend=backend, rank=rank, world_size=world_size, timeout=timeout)
+        # monitored_barrier (naming a rank that stopped answering) needs gloo
+        _MONITOR["group"] = dist.new_group(backend="gloo", timeout=timeout)
     return Dist(rank, world_size, local_rank), torch_device
 
 

@@ -52,6 +52,7 @@ from .checkpoint import (
 )
 from .config import RUNTIME_KEYS, ConfigError, TrainConfig
 from .distributed import (
+    CollectiveTimeoutError,
     Dist,
     SequenceGroup,
     ShardedBatchSampler,
@@ -59,6 +60,7 @@ from .distributed import (
     eval_shard,
     sequence_group,
     setup,
+    timed_out,
 )
 from .lock import RunLock, RunLockedError
 from .metrics import MetricsLogger, Progress
@@ -114,6 +116,21 @@ class TrainResult:
 
 
 # Data
+
+
+def _collective_timeout(dist_info: Dist, timeout_s: float) -> CollectiveTimeoutError:
+    """The error of a collective that ran out of time, naming the silent ranks if it can."""
+    silent = dist_info.silent_ranks(min(30.0, timeout_s))
+    who = (
+        f"rank(s) {', '.join(map(str, silent))} did not answer"
+        if silent
+        else "another process did not answer"
+    )
+    return CollectiveTimeoutError(
+        f"rank {dist_info.rank}: a collective waited run.collective_timeout_s={timeout_s:g} s "
+        f"and {who}: that process crashed, hangs or was stopped. The last checkpoint is kept; "
+        f"restart the job with --resume"
+    )
 
 
 def _setting(what: str, fn, *args):
@@ -402,7 +419,9 @@ def train(config: TrainConfig, *, resume: bool = False) -> TrainResult:
         FileExistsError: ``run.out_dir`` holds checkpoints and ``resume`` is False.
         RunLockedError: another process is training into ``run.out_dir``.
     """
-    dist_info, device = _setting("run.device", setup, config.run.device)
+    dist_info, device = _setting(
+        "run.device", setup, config.run.device, config.run.collective_timeout_s
+    )
     try:
         # One training process per run folder (train/lock.py); the main process holds it
         # for the whole job, before it reads or writes anything there.
@@ -410,6 +429,10 @@ def train(config: TrainConfig, *, resume: bool = False) -> TrainResult:
         _setting("run.out_dir", lock.__enter__)
         try:
             return _train(config, resume, dist_info, device)
+        except RuntimeError as err:
+            if dist_info.enabled and timed_out(err):
+                raise _collective_timeout(dist_info, config.run.collective_timeout_s) from err
+            raise
         finally:
             lock.__exit__(None, None, None)
     finally:
