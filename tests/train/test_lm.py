@@ -14,7 +14,7 @@ from taylorshift.cli import main
 from taylorshift.data import IGNORE_INDEX
 from taylorshift.models import CausalLM
 from taylorshift.train import ConfigError, resolve_config, train
-from taylorshift.train.loop import task_losses
+from taylorshift.train.evaluate import task_losses
 
 QUICK = {
     "run.progress": False,

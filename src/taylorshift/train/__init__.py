@@ -24,8 +24,9 @@ from .config import (
     RunConfig,
     TrainConfig,
 )
+from .evaluate import evaluate, evaluate_checkpoint
 from .lock import RunLock, RunLockedError
-from .loop import NonFiniteLossError, TrainResult, build_model, evaluate, evaluate_checkpoint, train
+from .loop import NonFiniteLossError, TrainResult, build_model, train
 from .metrics import read_metrics
 from .optim import Lamb, WarmupCosine, build_optimizer, build_scheduler
 from .presets import PRESETS, get_preset, list_presets

@@ -184,7 +184,7 @@ def run_eval(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         if value is not None and value < 1:
             parser.error(f"{flag} must be a positive integer, got {value}")
     from .checkpoint import DamagedCheckpointError
-    from .loop import evaluate_checkpoint
+    from .evaluate import evaluate_checkpoint
 
     try:
         result = evaluate_checkpoint(

@@ -1,0 +1,239 @@
+"""Evaluation and the data side of a run: :func:`evaluate` a model on a split,
+:func:`evaluate_checkpoint` a saved run, the per-task loss (:func:`task_losses`), and the
+splits a config names, built with errors that name the setting."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.utils.data import DataLoader, Dataset, Subset
+
+from ..data import IGNORE_INDEX, TaskSpec, get_task
+from ..data.text_bytes import count_baselines
+from ..models import load_model
+from .checkpoint import MODEL_FILE, find_checkpoint, load_state, read_config, verify_checkpoint
+from .config import ConfigError, TrainConfig
+from .distributed import Dist, SequenceGroup, eval_shard, setup
+from .lock import RunLockedError
+
+__all__ = [
+    "byte_baselines",
+    "evaluate",
+    "evaluate_checkpoint",
+    "shard_sequence",
+    "task_losses",
+]
+
+
+def _setting(what: str, fn, *args):
+    """``fn(*args)``, with the errors a bad setting gives (a missing or malformed data file,
+    an unknown task, a device that is not there, an unwritable run folder) raised as
+    :class:`ConfigError` naming the setting, so the CLI prints one error line for them."""
+    try:
+        return fn(*args)
+    except (ConfigError, RunLockedError):
+        raise
+    except (ValueError, OSError, RuntimeError, ImportError) as err:
+        raise ConfigError(f"{what}: {err}") from err
+
+
+def _build_split(config: TrainConfig, spec: TaskSpec, split: str) -> Dataset:
+    options = {**config.data.options, **config.data.split_options.get(split, {})}
+    if isinstance(options.get("operators"), list):
+        options["operators"] = tuple(options["operators"])
+    dataset = spec.build(split, **options)
+    if split != "train" and getattr(dataset, "single_file", False):
+        # One file read as every split would score the model on its own training data.
+        raise ConfigError(
+            f"data path of task {spec.name!r} must be a folder with one file per split when "
+            f"training or evaluating on split {split!r}; got the single file "
+            f"{str(dataset.path)!r}, which would be the train split as well (docs/data.md)"
+        )
+    limit = config.data.train_limit if split == "train" else config.data.eval_limit
+    if limit is not None and limit < len(dataset):
+        kept = {k: getattr(dataset, k, None) for k in ("num_classes", "vocab_size")}
+        dataset = Subset(dataset, range(limit))
+        for key, value in kept.items():
+            setattr(dataset, key, value)
+    return dataset
+
+
+def task_losses(logits: Tensor, labels: Tensor, kind: str) -> tuple[Tensor, Tensor, Tensor]:
+    """(summed cross entropy, correct predictions, scored predictions) of a batch.
+
+    Classification: one prediction per sample, logits (B, C) and labels (B,). Language
+    modelling (kind ``"lm"``): one per target token, logits (B, N, V) and targets (B, N)
+    with ``IGNORE_INDEX`` where no prediction is scored.
+    """
+    logits = logits.float()
+    if kind == "lm":
+        logits, labels = logits.flatten(0, 1), labels.flatten()
+    scored = labels != IGNORE_INDEX
+    loss = F.cross_entropy(logits, labels, reduction="sum", ignore_index=IGNORE_INDEX)
+    correct = ((logits.argmax(-1) == labels) & scored).sum()
+    return loss, correct, scored.sum()
+
+
+def _unpack(batch, kind: str, device: torch.device):
+    """(model inputs, labels, real tokens) of a collated batch."""
+    if kind == "image":
+        images, labels = batch
+        inputs = (images.to(device, non_blocking=True),)
+        return inputs, labels.to(device, non_blocking=True), None
+    tokens, mask, labels = batch
+    inputs = (tokens.to(device, non_blocking=True), mask.to(device, non_blocking=True))
+    return inputs, labels.to(device, non_blocking=True), mask.sum()
+
+
+def _amp_dtype(amp: str, device: torch.device) -> torch.dtype | None:
+    if amp == "bf16":
+        return torch.bfloat16
+    if amp == "auto" and device.type == "cuda" and torch.cuda.is_bf16_supported():
+        return torch.bfloat16
+    return None
+
+
+def _autocast(device: torch.device, dtype: torch.dtype | None):
+    if dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=dtype)
+
+
+@torch.no_grad()
+def evaluate(
+    model: nn.Module,
+    dataset: Dataset,
+    spec: TaskSpec,
+    *,
+    batch_size: int,
+    device: torch.device | str = "cpu",
+    amp_dtype: torch.dtype | None = None,
+    dist_info: Dist | None = None,
+    num_workers: int = 0,
+    pad_to_multiple: int | None = None,
+    sequence: SequenceGroup | None = None,
+) -> dict[str, Any]:
+    """Accuracy and mean cross entropy of ``model`` on ``dataset``, over all processes.
+
+    Each process takes every ``world_size``-th sample (``batch_size`` is the global batch,
+    split between processes); sums are reduced, so the result counts every sample once.
+    With ``sequence`` (sequence parallelism) the processes of a group share the samples of
+    their data-parallel rank, each scoring its slice of the tokens.
+
+    Returns:
+        ``{"loss": float, "accuracy": float, "samples": int}``: per sample for
+        classification; per scored target token for language modelling (kind ``"lm"``:
+        ``samples`` counts target tokens, and ``perplexity`` = exp(loss) is added).
+    """
+    dist_info = dist_info or Dist()
+    sequence = sequence or SequenceGroup(data_rank=dist_info.rank, data_world=dist_info.world_size)
+    device = torch.device(device)
+    was_training = model.training
+    model.eval()
+    per_rank = max(1, -(-batch_size // sequence.data_world))
+    batches = eval_shard(len(dataset), per_rank, sequence.data_rank, sequence.data_world)
+    loader = DataLoader(
+        dataset,
+        batch_sampler=batches,
+        collate_fn=spec.collate(pad_to_multiple),
+        num_workers=num_workers,
+        pin_memory=device.type == "cuda",
+        generator=torch.Generator(),
+    )
+    totals = torch.zeros(3, dtype=torch.float64, device=device)  # loss sum, correct, count
+    try:
+        for batch in loader:
+            inputs, labels, _ = _unpack(batch, spec.kind, device)
+            inputs, kwargs, labels = shard_sequence(inputs, labels, sequence)
+            with _autocast(device, amp_dtype):
+                logits = model(*inputs, **kwargs)
+            loss, correct, scored = task_losses(logits, labels, spec.kind)
+            totals[0] += loss.double()
+            totals[1] += correct
+            totals[2] += scored
+    finally:
+        model.train(was_training)
+    loss_sum, correct, count = dist_info.all_reduce_sum(totals).tolist()
+    denominator = max(count, 1.0)
+    result = {
+        "loss": loss_sum / denominator,
+        "accuracy": correct / denominator,
+        "samples": int(count),
+    }
+    if spec.kind == "lm":
+        result["perplexity"] = math.exp(min(result["loss"], 700.0))
+    if spec.byte_tokens:
+        result["bits_per_byte"] = result["loss"] / math.log(2.0)
+    return result
+
+
+def byte_baselines(spec: TaskSpec, train_set: Dataset, dataset: Dataset) -> dict | None:
+    """Unigram and bigram bits per byte of ``dataset``'s whole split counted on
+    ``train_set``'s (tasks with byte tokens whose datasets hold their bytes as ``data``; a
+    ``Subset`` of ``data.train_limit`` / ``eval_limit`` counts its whole split), else None."""
+    train_set = getattr(train_set, "dataset", train_set)
+    dataset = getattr(dataset, "dataset", dataset)
+    train_bytes, target = getattr(train_set, "data", None), getattr(dataset, "data", None)
+    if not spec.byte_tokens or not isinstance(train_bytes, Tensor):
+        return None
+    if not isinstance(target, Tensor):
+        return None
+    return count_baselines(train_bytes, target)
+
+
+def evaluate_checkpoint(
+    path: str | os.PathLike,
+    split: str = "test",
+    *,
+    batch_size: int | None = None,
+    device: str = "auto",
+    limit: int | None = None,
+) -> dict[str, Any]:
+    """Evaluate a checkpoint (a run folder, a checkpoint folder or a file in one) on
+    ``split`` of the data its run was trained on; under torchrun, shared between processes.
+
+    Returns:
+        ``{"checkpoint", "step", "split", "loss", "accuracy", "samples"}``.
+    """
+    folder = verify_checkpoint(find_checkpoint(path))
+    config = TrainConfig.from_dict(read_config(folder))
+    if limit is not None:
+        config = config.replace(**{"data.eval_limit": limit})
+    dist_info, torch_device = setup(device)
+    try:
+        spec = get_task(config.data.task)
+        dataset = _build_split(config, spec, split)
+        model = load_model(folder / MODEL_FILE, map_location=torch_device)
+        result = evaluate(
+            model,
+            dataset,
+            spec,
+            batch_size=batch_size or config.data.eval_batch_size or config.data.batch_size,
+            device=torch_device,
+            amp_dtype=_amp_dtype(config.run.amp, torch_device),
+            dist_info=dist_info,
+            num_workers=config.data.num_workers,
+            pad_to_multiple=config.data.pad_to_multiple,
+        )
+    finally:
+        dist_info.shutdown()
+    step = load_state(folder)["step"]
+    return {"checkpoint": str(folder), "step": step, "split": split, **result}
+
+
+def shard_sequence(inputs: tuple, labels: Tensor, seq: SequenceGroup | None):
+    """This process's slice of a batch under sequence parallelism: (inputs, model keyword
+    arguments, labels). Tokens, mask and targets are cut along N; ``positions`` give the
+    slice its place in the sequence."""
+    if seq is None or seq.size == 1:
+        return inputs, {}, labels
+    tokens, mask = inputs
+    part = seq.shard(tokens.shape[1])
+    positions = torch.arange(part.start, part.stop, device=tokens.device)
+    return (tokens[:, part], mask[:, part]), {"positions": positions}, labels[:, part]
