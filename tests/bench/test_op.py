@@ -251,6 +251,22 @@ def test_crossovers_against_the_best_softmax():
     assert softmax["text"].startswith("≈ ")
 
 
+def test_a_crossover_timed_on_a_busy_machine_is_marked_unreliable():
+    ns = (256, 512, 1024, 2048)
+    points = [point("efficient", "taylorshift-efficient", n, 4.0 * n) for n in ns]
+    points += [point("direct", "taylorshift-direct", n, n * n / 200) for n in ns]
+    quiet = {c["baseline"]: c for c in op.analyse({"points": points}) if c["metric"] == "time"}
+    assert quiet["direct"]["unreliable"] is False and "unreliable" not in quiet["direct"]["text"]
+    # other processes used 60 % of the CPUs while the direct form was timed at N = 1024,
+    # one side of the crossover (between 512 and 1024): the crossover is not to be trusted
+    for p in points:
+        if p["impl"] == "direct" and p["n"] == 1024:
+            p["other_cpu_share"] = 0.6
+    busy = {c["baseline"]: c for c in op.analyse({"points": points}) if c["metric"] == "time"}
+    assert busy["direct"]["n"] == quiet["direct"]["n"]
+    assert busy["direct"]["unreliable"] is True and busy["direct"]["text"].endswith("(unreliable)")
+
+
 def test_registry():
     with pytest.raises(ValueError, match="registered already"):
         op.register_implementation(op.IMPLEMENTATIONS["sdpa"])

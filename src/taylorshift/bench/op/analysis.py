@@ -9,6 +9,7 @@ from dataclasses import asdict
 from ... import theory
 from ..core import OK, PASSES
 from ..crossover import find_crossover
+from ..load import NOISY_SHARE
 
 __all__ = [
     "BASELINES",
@@ -72,6 +73,7 @@ def analyse(results: dict) -> list[dict]:
             mine = series(points, key, impl=challenger, **match)
             for baseline, family in BASELINES.items():
                 cross = find_crossover(mine, best(points, family, key, **match))
+                disturbed = kind == "time" and _disturbed(points, cross, match, challenger, family)
                 out.append(
                     {
                         "metric": kind,
@@ -81,10 +83,25 @@ def analyse(results: dict) -> list[dict]:
                         "challenger": challenger,
                         "baseline": baseline,
                         **cross.to_dict(),
-                        "text": cross.describe(),
+                        "unreliable": disturbed,
+                        "text": cross.describe() + (" (unreliable)" if disturbed else ""),
                     }
                 )
     return out
+
+
+def _disturbed(points: list[dict], cross, match: dict, challenger: str, family: str) -> bool:
+    """Whether a time point that places the crossover (the challenger's or the baseline
+    family's at the N on either side of it) ran while other processes used more than
+    NOISY_SHARE of the CPUs, even after any re-measuring: then the crossover is unreliable."""
+    near = {n for n in (cross.n_below, cross.n_above) if n is not None}
+    return any(
+        (p.get("other_cpu_share") or 0) > NOISY_SHARE
+        for p in points
+        if p["n"] in near
+        and (p["impl"] == challenger or p["family"] == family)
+        and all(p.get(k) == v for k, v in match.items())
+    )
 
 
 def theory_by_d(results: dict) -> dict[int, dict]:
