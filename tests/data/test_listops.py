@@ -19,7 +19,7 @@ from taylorshift.data.listops import (
     reachable_lengths,
     tokenize,
 )
-from taylorshift.models.vocab import LISTOPS_TOKENS, LISTOPS_VOCAB_SIZE
+from taylorshift.data.vocab import LISTOPS_TOKENS, LISTOPS_VOCAB_SIZE
 
 
 @pytest.mark.parametrize(

@@ -10,7 +10,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from taylorshift.data import IGNORE_INDEX, LMTextDataset, decode_bytes, encode_text, get_task
-from taylorshift.models.vocab import BYTE_PAD_ID, BYTE_VOCAB_SIZE
+from taylorshift.data.vocab import BYTE_PAD_ID, BYTE_VOCAB_SIZE
 
 
 @pytest.fixture

@@ -10,9 +10,8 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from taylorshift.data import TaskSpec, get_task, list_tasks, register_task
+from taylorshift.data import TaskSpec, get_task, list_tasks, register_task, vocab
 from taylorshift.data.registry import _TASKS
-from taylorshift.models import vocab
 
 TASKS = [
     "cifar-pixel",

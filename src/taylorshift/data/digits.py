@@ -20,8 +20,8 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import Dataset
 
-from ..models.vocab import PIXEL_VOCAB_SIZE
 from ._common import check_int, check_split
+from .vocab import PIXEL_VOCAB_SIZE
 
 __all__ = ["DIGITS_COUNT", "DigitsDataset", "load_digit_images", "upsample_gray"]
 

@@ -33,7 +33,7 @@ is computed after the edits. If no draw gets close (settings under which long tr
 rare), the closest draw is edited; settings under which a length is impossible are refused
 when the dataset is built.
 
-Tokens to ids (``models/vocab.py`` ``LISTOPS_TOKENS``): ``[OP`` and a bare ``OP`` -> the
+Tokens to ids (``data/vocab.py`` ``LISTOPS_TOKENS``): ``[OP`` and a bare ``OP`` -> the
 operator's id, ``]`` -> the ``]`` id, digits -> their ids. The parentheses ``(`` ``)`` of
 the official TSV files (LRA writes the binary tree it builds internally) carry no
 information and are dropped, as LRA's own input pipeline drops every non-alphanumeric
@@ -51,7 +51,6 @@ from collections.abc import Iterable, Sequence
 import torch
 from torch.utils.data import Dataset
 
-from ..models.vocab import CLS, LISTOPS_OPERATORS, LISTOPS_TOKENS, PAD
 from ._common import (
     check_bool,
     check_int,
@@ -60,6 +59,7 @@ from ._common import (
     require_path,
     split_file,
 )
+from .vocab import CLS, LISTOPS_OPERATORS, LISTOPS_TOKENS, PAD
 
 __all__ = [
     "DEFAULT_OPERATORS",

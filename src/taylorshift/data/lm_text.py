@@ -1,7 +1,7 @@
 """Byte-level ("character-level") language modelling on any text file.
 
 Tokens are the file's bytes (ids 0-255 of the byte vocabulary, pad 256;
-``models/vocab.py``), so any file works, UTF-8 text or not. The file is read once and
+``data/vocab.py``), so any file works, UTF-8 text or not. The file is read once and
 split contiguously: the first ``1 - val_fraction - test_fraction`` of its bytes train, the
 next ``val_fraction`` validate and the last ``test_fraction`` test (each part's size rounded
 down; train gets the remainder). Each part is cut into windows of ``seq_len`` tokens every
@@ -18,9 +18,9 @@ from collections.abc import Sequence
 import torch
 from torch.utils.data import Dataset
 
-from ..models.vocab import BYTE_PAD_ID, BYTE_VOCAB_SIZE
 from ._common import check_int, check_optional_int, check_split, require_path
 from .text import encode_bytes
+from .vocab import BYTE_PAD_ID, BYTE_VOCAB_SIZE
 
 __all__ = ["ByteWindows", "LMTextDataset", "decode_bytes", "encode_text"]
 

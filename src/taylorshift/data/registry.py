@@ -11,14 +11,6 @@ from typing import Any
 
 from torch.utils.data import Dataset
 
-from ..models.vocab import (
-    BYTE_PAD_ID,
-    BYTE_VOCAB_SIZE,
-    LISTOPS_TOKENS,
-    LISTOPS_VOCAB_SIZE,
-    PAD,
-    PIXEL_VOCAB_SIZE,
-)
 from ._common import check_split
 from .cifar import CifarPixelDataset
 from .collate import collate_images, collate_lm, collate_tokens
@@ -30,6 +22,14 @@ from .lm_text import LMTextDataset
 from .recall import RECALL_PAD_ID, RecallDataset
 from .text import TextFileDataset
 from .text_bytes import TextBytesDataset
+from .vocab import (
+    BYTE_PAD_ID,
+    BYTE_VOCAB_SIZE,
+    LISTOPS_TOKENS,
+    LISTOPS_VOCAB_SIZE,
+    PAD,
+    PIXEL_VOCAB_SIZE,
+)
 
 __all__ = ["TaskSpec", "get_task", "list_tasks", "register_task"]
 

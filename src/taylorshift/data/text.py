@@ -1,7 +1,7 @@
 """Your own text classification data as bytes: CSV and JSON Lines files.
 
 Tokens are the bytes of the UTF-8 text (ids 0-255 of the byte vocabulary, pad 256, cls
-257; ``models/vocab.py``), cut to ``max_len``, exactly as for IMDB.
+257; ``data/vocab.py``), cut to ``max_len``, exactly as for IMDB.
 
 Files: ``path`` is a file (used for the split asked for) or a folder holding
 ``train.csv``, ``val.csv`` and ``test.csv`` (``.jsonl`` for JSON Lines; ``valid`` and

@@ -11,6 +11,14 @@
 - ``save_model`` / ``load_model`` / ``load_weights``: safetensors files with the config.
 """
 
+from ..data.vocab import (
+    BYTE_CLS_ID,
+    BYTE_PAD_ID,
+    BYTE_VOCAB_SIZE,
+    LISTOPS_TOKENS,
+    LISTOPS_VOCAB_SIZE,
+    PIXEL_VOCAB_SIZE,
+)
 from . import presets as _presets  # noqa: F401  (registers the presets)
 from .causal_lm import CausalLM, CausalLMConfig
 from .classifier import TOKEN_EMBEDDINGS, ClassifierConfig, TransformerClassifier
@@ -36,14 +44,6 @@ from .registry import (
     register_model_class,
 )
 from .vit import PATCH_EMBEDDINGS, VisionTransformer, ViTConfig
-from .vocab import (
-    BYTE_CLS_ID,
-    BYTE_PAD_ID,
-    BYTE_VOCAB_SIZE,
-    LISTOPS_TOKENS,
-    LISTOPS_VOCAB_SIZE,
-    PIXEL_VOCAB_SIZE,
-)
 from .weights import load_model, load_weights, read_model_config, save_model
 
 __all__ = [

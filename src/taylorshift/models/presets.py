@@ -30,13 +30,13 @@ from typing import Any
 
 from torch import nn
 
+from ..data.vocab import BYTE_VOCAB_SIZE, LISTOPS_VOCAB_SIZE, PIXEL_VOCAB_SIZE
 from ..nn import list_kernels
 from .causal_lm import CausalLM, CausalLMConfig
 from .classifier import ClassifierConfig, TransformerClassifier
 from .encoder import EncoderClassifier, EncoderConfig, ModelConfigBase
 from .registry import register_model
 from .vit import VisionTransformer, ViTConfig
-from .vocab import BYTE_VOCAB_SIZE, LISTOPS_VOCAB_SIZE, PIXEL_VOCAB_SIZE
 
 _COMMON: dict[str, Any] = {"dropout": 0.0, "drop_path": 0.05}
 
