@@ -18,22 +18,27 @@ from taylorshift.models import (
     register_model,
 )
 from taylorshift.models import registry as registry_module
-from taylorshift.nn import list_kernels
 from tests.models.cases import inputs_for, tiny_overrides
 
 PAPER_TASKS = ["listops", "cifar-pixel", "imdb-byte", "vit-tiny", "vit-small"]
 SMALL = ["listops-small", "cifar-pixel-small", "imdb-byte-small", "vit-micro"]
 
 
-def test_list_models_is_sorted_and_has_every_kernel_per_task():
+def test_list_models_is_sorted_and_lists_each_model_once():
     names = list_models()
     assert names == sorted(names)
-    for task in PAPER_TASKS + SMALL:
-        assert task in names
-    for task in PAPER_TASKS:
-        for kernel in list_kernels():
-            assert f"{task}-{kernel}" in names
-    assert list_models("listops-*") == [n for n in names if n.startswith("listops-")]
+    assert names == sorted([*PAPER_TASKS, *SMALL, "lm-tiny", "lm-small", "lm-base"])
+    assert list_models("listops*") == ["listops", "listops-small"]
+
+
+@pytest.mark.parametrize("kernel", ["softmax", "softmax-naive", "linear", "holt"])
+def test_old_kernel_names_still_build_the_model_with_that_kernel(kernel):
+    # "<model>-<kernel>" was a registry entry; now the kernel is an argument
+    old = create_model(f"listops-{kernel}", device="meta")
+    assert old.config == create_model("listops", attn_kernel=kernel, device="meta").config
+    assert old.config.attn_kernel == kernel
+    with pytest.raises(ValueError, match="unknown model 'listops-nonsense'"):
+        create_model("listops-nonsense")
 
 
 @pytest.mark.parametrize("name", list_models())
@@ -48,9 +53,7 @@ def test_every_registered_model_runs_forward_and_backward(name):
     logits.square().mean().backward()
     grads = [p.grad for p in model.parameters() if p.requires_grad]
     assert grads and all(g is not None and torch.isfinite(g).all() for g in grads)
-    suffixes = [k for k in list_kernels() if name.endswith(f"-{k}")]
-    expected = max(suffixes, key=len) if suffixes else "taylorshift"  # "-softmax-naive"
-    assert model.config.attn_kernel == expected
+    assert model.config.attn_kernel == "taylorshift"
 
 
 @pytest.mark.parametrize(

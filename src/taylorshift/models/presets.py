@@ -17,10 +17,10 @@ name                      depth  dim    heads  MLP  pos. embed.  input
 ``lm-base``               6      256    8      4    cosine       causal LM, 258 byte ids
 ========================  =====  =====  =====  ===  ===========  ==========================
 
-All use dropout 0 and drop path 0.05 (Table 6) and the ``taylorshift`` kernel; for each of the
-first five, ``<name>-<kernel>`` uses another kernel of ``taylorshift.nn.list_kernels()``
-(``listops-softmax``, ``vit-tiny-linear``, ...). The causal LMs (``CausalLM``, dropout and
-drop path 0) have ``lm-*-softmax`` and ``lm-*-linear`` variants. The paper's Table 6 prints
+All use dropout 0 and drop path 0.05 (Table 6) and the ``taylorshift`` kernel; the kernel
+is an argument (``create_model("listops", attn_kernel="softmax")``), and the old spelling
+``<name>-<kernel>`` still works in ``create_model`` (it is not listed). The causal LMs
+(``CausalLM``) use dropout and drop path 0. The paper's Table 6 prints
 348 for ViT-S's width; 384 (DeiT-S, which it follows) is meant: 348 is not divisible by its 6 heads.
 """
 
@@ -31,7 +31,6 @@ from typing import Any
 from torch import nn
 
 from ..data.vocab import BYTE_VOCAB_SIZE, LISTOPS_VOCAB_SIZE, PIXEL_VOCAB_SIZE
-from ..nn import list_kernels
 from .causal_lm import CausalLM, CausalLMConfig
 from .classifier import ClassifierConfig, TransformerClassifier
 from .encoder import EncoderClassifier, EncoderConfig, ModelConfigBase
@@ -95,7 +94,6 @@ _LM: dict[str, tuple[type[nn.Module], CausalLMConfig]] = {
     "lm-small": (CausalLM, CausalLMConfig(depth=4, dim=128, num_heads=4, mlp_ratio=4)),
     "lm-base": (CausalLM, CausalLMConfig(depth=6, dim=256, num_heads=8, mlp_ratio=4)),
 }
-_LM_KERNELS = ("softmax", "linear")
 
 
 def _register(name: str, model_cls: type[nn.Module], config: ModelConfigBase) -> None:
@@ -108,15 +106,8 @@ def _register(name: str, model_cls: type[nn.Module], config: ModelConfigBase) ->
 
 
 def _register_all() -> None:
-    for name, (model_cls, config) in {**_PAPER, **_SMALL}.items():
+    for name, (model_cls, config) in {**_PAPER, **_SMALL, **_LM}.items():
         _register(name, model_cls, config)
-    for name, (model_cls, config) in _PAPER.items():
-        for kernel in list_kernels():
-            _register(f"{name}-{kernel}", model_cls, config.replace(attn_kernel=kernel))
-    for name, (model_cls, config) in _LM.items():
-        _register(name, model_cls, config)
-        for kernel in _LM_KERNELS:
-            _register(f"{name}-{kernel}", model_cls, config.replace(attn_kernel=kernel))
 
 
 _register_all()

@@ -61,10 +61,26 @@ def create_model(name: str, *, device=None, dtype=None, **overrides: Any) -> nn.
         model = create_model("listops", attn_kernel="softmax", depth=1)
     """
     if name not in _MODELS:
+        base, kernel = _kernel_suffix(str(name))
+        if base is not None and "attn_kernel" not in overrides:
+            # the old registry names "<model>-<kernel>": the kernel is an argument now
+            return _MODELS[base](device=device, dtype=dtype, attn_kernel=kernel, **overrides)
         close = difflib.get_close_matches(str(name), _MODELS, n=3)
         hint = f"; did you mean {' or '.join(map(repr, close))}?" if close else ""
         raise ValueError(f"unknown model {name!r}{hint} (see taylorshift.models.list_models())")
     return _MODELS[name](device=device, dtype=dtype, **overrides)
+
+
+def _kernel_suffix(name: str) -> tuple[str | None, str | None]:
+    """("listops", "softmax") for "listops-softmax" (the longest kernel suffix that leaves
+    a registered model), else (None, None)."""
+    from ..nn import list_kernels
+
+    for kernel in sorted(list_kernels(), key=len, reverse=True):
+        base = name.removesuffix(f"-{kernel}")
+        if base != name and base in _MODELS:
+            return base, kernel
+    return None, None
 
 
 def register_model_class(cls: C) -> C:
