@@ -219,3 +219,24 @@ def test_calibration_is_read_once_per_process(isolated_cache_dir, monkeypatch):
     for _ in range(100):
         choose_mode(600, 600, 8, 8, **FULL, **CPU64)
     assert len(reads) == 1
+
+
+def test_auto_never_picks_a_form_over_the_memory_budget_when_the_other_fits():
+    # d = 512: each (batch, head) needs a (131,841 x 513) float32 state, 258 MiB; 32 of them
+    # are 8.1 GiB. At N = 200,000 the counts favour the efficient form; with 4 GiB to spend
+    # only the direct form fits (blocks of 2^18 scores and row sums: 27 MiB; efficient 26 GiB).
+    kw = dict(causal=False, order=2, mask_varies=False, device="cpu", dtype=torch.float32)
+    n, d, bh = 200_000, 512, 32
+    state = bh * (d * (d + 1) // 2 + d + 1) * (d + 1) * 4
+    assert state > 8 * 2**30
+    assert choose_mode(n, n, d, d, **kw, batch_heads=bh, memory_budget=2**62) == "efficient"
+    assert choose_mode(n, n, d, d, **kw, batch_heads=bh, memory_budget=4 * 2**30) == "direct"
+    # neither fits: time decides
+    assert choose_mode(n, n, d, d, **kw, batch_heads=bh, memory_budget=2**20) == "efficient"
+
+
+def test_the_memory_budget_comes_from_the_environment(monkeypatch):
+    monkeypatch.setenv(dispatch.MEMORY_BUDGET_ENV, "12345")
+    assert dispatch.default_memory_budget("cpu") == 12345
+    monkeypatch.delenv(dispatch.MEMORY_BUDGET_ENV)
+    assert 0 < dispatch.default_memory_budget("cpu") < 2**62  # half of MemAvailable

@@ -52,6 +52,7 @@ __all__ = [
     "cache_dir",
     "calibration_path",
     "choose_mode",
+    "default_memory_budget",
     "device_key",
     "direct_ops",
     "efficient_ops",
@@ -60,6 +61,7 @@ __all__ = [
     "parse_calibration",
     "reload_calibration",
     "theory_crossover",
+    "working_set_bytes",
 ]
 
 logger = logging.getLogger("taylorshift.dispatch")
@@ -322,17 +324,39 @@ def choose_mode(
     device: torch.device | str | None = None,
     dtype: torch.dtype | None = None,
     backward: bool = False,
+    batch_heads: int = 1,
+    memory_budget: int | None = None,
 ) -> str:
     """'direct' or 'efficient' for ``mode="auto"``, logged at debug level with the reason.
 
     ``device`` and ``dtype`` select a stored calibration (none given: theory only);
     ``backward`` says that a backward pass will follow (the forward + backward crossover
     applies, else the forward one; either stands in for the other when it is missing).
+
+    Memory first: a form whose working set (:func:`working_set_bytes`, for ``batch_heads``
+    = B·H) exceeds ``memory_budget`` bytes is not chosen when the other form's fits (default
+    budget: :func:`default_memory_budget` of ``device``). Time decides among the forms that
+    fit, or when neither does.
     """
     if order != 2 or mask_varies:
         reason = "order != 2" if order != 2 else "the mask varies over queries"
         logger.debug("auto -> direct (%s)", reason)
         return "direct"
+    itemsize = 8 if dtype == torch.float64 else 4
+    sizes = {
+        m: working_set_bytes(m, nq, nk, d, dv, causal, batch_heads, itemsize)
+        for m in ("direct", "efficient")
+    }
+    # (below 256 MiB memory never decides: no look-up of the free memory per call)
+    if memory_budget is None and max(sizes.values()) > 1 << 28:
+        memory_budget = default_memory_budget(device)
+    fits = [m for m, b in sizes.items() if memory_budget is None or b <= memory_budget]
+    if len(fits) == 1:
+        logger.debug(
+            "auto -> %s (memory: working sets direct %d B, efficient %d B, budget %d B)",
+            fits[0], sizes["direct"], sizes["efficient"], memory_budget,
+        )  # fmt: skip
+        return fits[0]
     if device is not None and dtype is not None and _calibration_enabled():
         try:
             mode = _calibrated_mode(nq, nk, d, dv, causal, torch.device(device), dtype, backward)
@@ -355,6 +379,52 @@ def choose_mode(
         dv,
     )
     return mode
+
+
+MEMORY_BUDGET_ENV = "TAYLORSHIFT_MEMORY_BUDGET"
+
+
+def working_set_bytes(
+    mode: str, nq: int, nk: int, d: int, dv: int, causal: bool, batch_heads: int, itemsize: int
+) -> int:
+    """A generous estimate of the extra memory a form needs for one call, forward and
+    backward, beyond what every form needs alike (the inputs, the output, their gradients).
+
+    direct: blocks of at most 2^18 scores (three live copies: scores, weights, their
+    gradient) and the row sums; efficient: the (D, dv + 1) state per batch entry and head
+    three times (state, its weighted copy, its gradient) and one chunk of features.
+    """
+    if mode == "direct":
+        return itemsize * (3 * (1 << 18) + batch_heads * nq)
+    from .efficient import default_chunk_size
+
+    chunk = DEFAULT_CAUSAL_CHUNK if causal else default_chunk_size(batch_heads, d, dv)
+    chunk = min(max(nq, nk, 1), chunk)
+    state = batch_heads * feature_dim(d) * (dv + 1)
+    return itemsize * (3 * state + 2 * batch_heads * chunk * feature_dim(d))
+
+
+def default_memory_budget(device: torch.device | str | None) -> int:
+    """Bytes a call may use: ``$TAYLORSHIFT_MEMORY_BUDGET`` if set, else half the memory
+    that is free now (CUDA: ``torch.cuda.mem_get_info``; CPU: MemAvailable of
+    /proc/meminfo), else unlimited."""
+    value = os.environ.get(MEMORY_BUDGET_ENV)
+    if value:
+        try:
+            return int(float(value))
+        except ValueError:
+            _warn_once(f"{MEMORY_BUDGET_ENV}={value!r} is not a number of bytes; ignored")
+    try:
+        dev = torch.device(device) if device is not None else torch.device("cpu")
+        if dev.type == "cuda":
+            return torch.cuda.mem_get_info(dev)[0] // 2
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024 // 2
+    except Exception:  # no way to tell: memory does not decide
+        pass
+    return 1 << 62
 
 
 def _calibrated_mode(

@@ -85,6 +85,7 @@ def taylor_shift_attention(
             device=query.device,
             dtype=query.dtype,
             backward=_backward_follows(query, key, value, temperature),
+            batch_heads=problem.batch * problem.heads,
         )
     # A masked key's content must not matter (a NaN in padding would poison the sums):
     # keys no query attends become zeros before any form sees them.
