@@ -184,6 +184,50 @@ def test_sweep_stops(monkeypatch, seconds, max_batch, stop, batches):
     assert curve[1]["samples_per_s"] == 2.0
 
 
+def test_sweep_stops_before_a_batch_predicted_over_the_memory_limit(monkeypatch):
+    # Each sample costs 10 MiB of peak extra memory; with 50 MiB to spend the sweep times
+    # batches 1, 2 and 4 and stops before 8 (predicted 80 MiB) instead of running into the
+    # OOM killer.
+    class FakePeak:
+        def __init__(self, device):
+            self.batch = 0
+
+        def reset(self):
+            pass
+
+        def extra_bytes(self):
+            return self.batch * 10 * 2**20
+
+    peaks = []
+
+    def fake_peak(device):
+        peaks.append(FakePeak(device))
+        return peaks[-1]
+
+    def call_at(batch):
+        peaks[-1].batch = batch
+        return lambda: batch
+
+    monkeypatch.setattr(bm_sweep, "PeakMemory", fake_peak)
+    monkeypatch.setattr(measure, "time_call", lambda fn, **kw: measure.TimeResult(
+        status="ok", median_s=1.0 / fn(), q1_s=1.0, q3_s=1.0, reps=1))  # fmt: skip
+    settings = bm.Settings(max_batch=64, max_memory_bytes=50 * 2**20)
+    curve, why = bm.sweep_throughput(call_at, settings, bm.Budget(None))
+    assert why == "over budget (memory)"
+    assert [p["batch"] for p in curve] == [1, 2, 4, 8]
+    assert curve[-1]["status"] == "over budget" and "predicted 0.08 GiB" in curve[-1]["error"]
+    assert [p["status"] for p in curve[:3]] == ["ok"] * 3
+
+
+def test_peak_memory_sees_an_allocation():
+    peak = bm_sweep.PeakMemory(torch.device("cpu"))
+    peak.reset()
+    block = torch.ones(64 * 2**20 // 4)  # 64 MiB, touched
+    extra = peak.extra_bytes()
+    del block
+    assert extra is None or extra >= 60 * 2**20  # None where /proc cannot tell
+
+
 def test_pareto_front_on_synthetic_points():
     points = [(1, 50), (2, 60), (3, 55), (2, 60), (None, 90), (0.5, 40), (1, 45), (4, math.nan)]
     assert bm.pareto_front(points) == [True, True, False, True, False, True, False, False]

@@ -62,6 +62,10 @@ class Settings:
     min_gain: float = 0.02  # a larger batch must be this much faster to count as improving
     memory: bool = True
     threads: int | None = None  # CPU threads of the memory worker (None: torch's default)
+    # the throughput sweep stops before a batch predicted to need more than this many bytes
+    # beyond what the process held before it (None: half the RAM on the CPU, 90 % of the
+    # GPU's memory on CUDA)
+    max_memory_bytes: int | None = None
 
 
 # Building models, inputs and steps (also used by the fresh-process memory worker)

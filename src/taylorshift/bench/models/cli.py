@@ -155,6 +155,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="largest batch of the throughput sweep (default: 1024; --quick: 8)",
     )
     add(
+        "--max-memory-gib",
+        type=positive_float,
+        metavar="GIB",
+        help="stop a throughput sweep before a batch predicted (from the last batch's peak) "
+        "to need more extra memory (default: half the RAM on the CPU, 90%% of the GPU)",
+    )
+    add(
         "--train-batch",
         type=positive_int,
         metavar="B",
@@ -384,6 +391,7 @@ def plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> tuple[lis
         "heads_sweep": list(heads),
         "heads_model": heads_model if heads else None,
         "max_batch": _resolve(args, "max_batch"),
+        "max_memory_gib": args.max_memory_gib,
         "train_batch": _resolve(args, "train_batch"),
         "target_s": _resolve(args, "target_s"),
         "budget_s": _resolve(args, "budget_s"),
@@ -416,6 +424,9 @@ def settings_from(config: dict) -> Settings:
         max_reps=10 if quick else 50,
         memory=config["memory"],
         threads=torch.get_num_threads(),
+        max_memory_bytes=None
+        if config.get("max_memory_gib") is None
+        else int(config["max_memory_gib"] * 2**30),
     )
 
 

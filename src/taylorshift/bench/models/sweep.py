@@ -49,11 +49,23 @@ def sweep_throughput(
     curve: list[dict] = []
     best = 0.0
     batch = 1
+    limit = settings.max_memory_bytes or memory_limit(device)
+    peak = PeakMemory(device)
+    per_sample: float | None = None  # extra bytes per sample, from the last batch
     while batch <= settings.max_batch:
         if budget.over():
             return curve, OVER_BUDGET
+        if per_sample is not None and per_sample * batch > limit:
+            # The OOM killer would end the whole run, not just this row: stop before.
+            curve.append({
+                "batch": batch, "status": OVER_BUDGET,
+                "error": f"predicted {per_sample * batch / 2**30:.2f} GiB > "
+                         f"{limit / 2**30:.2f} GiB (--max-memory-gib)",
+            })  # fmt: skip
+            return curve, "over budget (memory)"
         if progress is not None:
             progress(f"throughput B={batch}")
+        peak.reset()
         try:
             call = call_at(batch)
         except Exception as err:  # a failing point ends the sweep, never the run
@@ -71,6 +83,9 @@ def sweep_throughput(
         except Exception as err:  # time_call turns only RuntimeError/MemoryError into results
             result = measure.TimeResult(**failure(err, device))
         del call
+        extra = peak.extra_bytes()
+        if extra is not None:
+            per_sample = max(per_sample or 0.0, extra / batch)
         point = {
             "batch": batch,
             "status": result.status,
@@ -90,6 +105,53 @@ def sweep_throughput(
         best = max(best, point["samples_per_s"])
         batch *= 2
     return curve, "max batch"
+
+
+def memory_limit(device: torch.device) -> int:
+    """The default budget of a throughput point: 90 % of the GPU, or half the RAM."""
+    total = machine.memory_bytes(device)
+    if total is None:
+        return 1 << 62
+    return int(0.9 * total) if device.type == "cuda" else total // 2
+
+
+class PeakMemory:
+    """The peak extra memory of a stretch of work: on CUDA the allocator's peak over what
+    was allocated at ``reset``; on Linux the process's resident peak (VmHWM, reset through
+    /proc/self/clear_refs) over its resident size at ``reset``; elsewhere unknown (None)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device, self.base = device, 0
+
+    def reset(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+            self.base = torch.cuda.memory_allocated(self.device)
+            return
+        try:
+            with open("/proc/self/clear_refs", "w") as f:
+                f.write("5")  # resets VmHWM to the current resident size
+            self.base = _status_kib("VmRSS") * 1024
+        except OSError:
+            self.base = -1
+
+    def extra_bytes(self) -> int | None:
+        if self.device.type == "cuda":
+            return torch.cuda.max_memory_allocated(self.device) - self.base
+        if self.base < 0:
+            return None
+        try:
+            return max(0, _status_kib("VmHWM") * 1024 - self.base)
+        except OSError:
+            return None
+
+
+def _status_kib(field: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise OSError(f"{field} not in /proc/self/status")
 
 
 def _memory_point(
