@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ..masks import key_padding_of
 from ..taylor_shift import taylor_shift_attention
 
 CAUSAL_CHUNK = 128
@@ -93,16 +94,14 @@ def _linear_without_constant(q, k, v, attn_mask, is_causal, eps):
     nq, nk = q.shape[-2], k.shape[-2]
     key_mask = None
     if attn_mask is not None:
-        mask = attn_mask
-        while mask.dim() < 4:
-            mask = mask.unsqueeze(0)
-        if mask.shape[-2] != 1 and not bool((mask == mask[..., :1, :]).all()):
+        padding = key_padding_of(attn_mask)
+        if padding is None:
             raise ValueError(
                 "attn_mask varies over queries, which linear-time HOLT cannot express; got "
                 f"attn_mask of shape {tuple(attn_mask.shape)} (use the softmax or taylorshift "
                 "kernel with mode='direct')"
             )
-        key_mask = mask[..., 0, :]  # (·, ·, Nk)
+        key_mask = padding[..., 0, :]  # (·, ·, Nk)
     v_ones = torch.cat([v, v.new_ones((*v.shape[:-1], 1))], dim=-1)
     if key_mask is not None:
         v_ones = v_ones * key_mask.unsqueeze(-1)

@@ -13,6 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ..masks import key_padding_of
+
 CAUSAL_CHUNK = 128
 
 
@@ -72,12 +74,10 @@ def linear_attention(
     """Linear-time form; same result as ``naive_linear_attention``. (B, H, Nq, dv)."""
     key_mask = None
     if attn_mask is not None:
-        mask = attn_mask
-        while mask.dim() < 4:
-            mask = mask.unsqueeze(0)
-        if mask.shape[-2] != 1 and not bool((mask == mask[..., :1, :]).all()):
+        padding = key_padding_of(attn_mask)
+        if padding is None:  # varies over queries: only the quadratic form can
             return naive_linear_attention(query, key, value, attn_mask, is_causal, eps)
-        key_mask = mask[..., :1, :].transpose(-2, -1)  # (·, ·, Nk, 1)
+        key_mask = padding.transpose(-2, -1)  # (·, ·, Nk, 1)
     q, k = feature_map(query), feature_map(key)
     if key_mask is not None:
         k = k * key_mask

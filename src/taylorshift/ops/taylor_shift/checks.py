@@ -13,6 +13,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from ..masks import key_padding_of
+
 MODES = ("auto", "direct", "efficient")
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
@@ -137,7 +139,7 @@ def check_inputs(
         # A mask whose rows are all equal is a key-padding mask, whatever its shape says.
         # (torch.compile cannot branch on the data while tracing: there a full-shape mask
         # counts as varying, and key padding should come as (B, H, 1, Nk).)
-        if mask.shape[2] == 1 or nq <= 1 or _rows_equal(mask):
+        if nq <= 1 or key_padding_of(mask) is not None:
             key_mask = mask[:, :, 0, :]
         else:
             varies = True
@@ -160,13 +162,6 @@ def check_inputs(
                 f"masks{traced}"
             )
     return Problem(b, h, nq, nk, d, v.shape[3], mask, key_mask, varies)
-
-
-def _rows_equal(mask: Tensor) -> bool:
-    """Whether every query row of a (B, H, Nq, Nk) mask is the same (key padding)."""
-    if torch.compiler.is_compiling():
-        return False
-    return bool((mask == mask[:, :, :1, :]).all())
 
 
 def _check_temperature_and_scale(
