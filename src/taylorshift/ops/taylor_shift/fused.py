@@ -51,7 +51,9 @@ TRITON_ENV = "TAYLORSHIFT_TRITON"
 MAX_HEAD_DIM = 128
 KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 CAUSAL_STATE_BUDGET = 256 << 20
-CAUSAL_CHUNK = 256  # ops.triton.efficient_causal.DEFAULT_CHUNK, without importing Triton
+# Tokens per chunk of the Triton causal path (its DEFAULT_CHUNK), here so that the router
+# can size its states without importing Triton.
+CAUSAL_CHUNK = 256
 
 
 def causal_state_bytes(problem: Problem) -> int:

@@ -29,12 +29,14 @@ from torch import Tensor
 from ..taylor_shift.efficient import finish_outputs
 from ..taylor_shift.efficient_causal import causal_count
 from ..taylor_shift.features import scaled_key, scaled_query, score_factor, taylor_weight
+from ..taylor_shift.fused import CAUSAL_CHUNK
 from .efficient import INTERPRETED, _apply, _grad, _state, layout
 
-# Tokens per chunk. The intra-chunk block costs O(N C d) and the per-chunk states
+# Tokens per chunk (defined beside the router, which sizes the states without importing
+# Triton): the intra-chunk block costs O(N C d) and the per-chunk states
 # (N / C) · layout(d, dv + 1).size float32 per (batch, head): a larger C trades direct work
 # for state memory (docs/triton-efficient.md, "Causal").
-DEFAULT_CHUNK = 256
+DEFAULT_CHUNK = CAUSAL_CHUNK
 
 
 def _chunks(x: Tensor, n_chunks: int, chunk: int) -> Tensor:
