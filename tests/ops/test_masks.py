@@ -19,3 +19,12 @@ def test_equal_rows_are_key_padding_whatever_the_shape():
 def test_rows_that_differ_are_not_key_padding():
     causal_like = torch.ones(3, 3, dtype=torch.bool).tril()
     assert key_padding_of(causal_like) is None
+
+
+def test_meta_tensors_with_a_full_mask_give_shapes_not_an_error():
+    from taylorshift import taylor_shift_attention
+
+    q = torch.empty(1, 2, 5, 4, device="meta")
+    mask = torch.empty(1, 1, 5, 5, dtype=torch.bool, device="meta")
+    assert key_padding_of(mask) is None  # the data cannot be looked at: counts as varying
+    assert taylor_shift_attention(q, q, q, mask).shape == (1, 2, 5, 4)
