@@ -23,7 +23,7 @@ from .features import (
     scaled_input_grad,
     scaled_key,
     scaled_query,
-    score_factor,
+    split_factor,
     state_weights,
     symmetric_state,
     values_with_ones,
@@ -250,7 +250,5 @@ def efficient_taylor_shift(
     chunk = chunk_size or balanced_chunk(
         max(nk, query.shape[2]), default_chunk_size(b * h, d, value.shape[-1])
     )
-    factor = score_factor(temperature, scale, normalize, d)
-    t = factor if isinstance(factor, Tensor) else None
-    f = 0.0 if t is not None else float(factor)
+    t, f = split_factor(temperature, scale, normalize, d)
     return EfficientTaylorShiftFunction.apply(query, key, value, t, f, normalize, key_mask, chunk)

@@ -36,7 +36,7 @@ from .features import (
     scaled_input_grad,
     scaled_key,
     scaled_query,
-    score_factor,
+    split_factor,
     state_weights,
     values_with_ones,
 )
@@ -285,9 +285,7 @@ def causal_efficient_taylor_shift(
     """
     d = query.shape[-1]
     chunk = chunk_size or DEFAULT_CAUSAL_CHUNK
-    factor = score_factor(temperature, scale, normalize, d)
-    t = factor if isinstance(factor, Tensor) else None
-    f = 0.0 if t is not None else float(factor)
+    t, f = split_factor(temperature, scale, normalize, d)
     return CausalEfficientTaylorShiftFunction.apply(
         query, key, value, t, f, normalize, key_mask, chunk, initial_state, initial_count
     )

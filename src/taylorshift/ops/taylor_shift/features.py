@@ -26,6 +26,17 @@ def compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
+def split_factor(
+    temperature: Tensor | float, scale: float | None, normalize: bool, d: int
+) -> tuple[Tensor | None, float]:
+    """The query-side factor as the autograd functions take it: (a tensor τ, 0.0) or
+    (None, the float factor)."""
+    factor = score_factor(temperature, scale, normalize, d)
+    if isinstance(factor, Tensor):
+        return factor, 0.0
+    return None, float(factor)
+
+
 def score_factor(temperature: Tensor | float, scale: float | None, normalize: bool, d: int):
     """The factor on the query side: τ when normalising, else ``scale`` (default 1/sqrt(d))."""
     if normalize:

@@ -493,6 +493,22 @@ def _backward(ctx, grad_out, _grad_den, _grad_state):
 triton_efficient_forward.register_autograd(_backward, setup_context=_setup_context)
 
 
+def check_kernel_inputs(query: Tensor, torch_form: str) -> None:
+    """Refuse float64 and, outside the interpreter, tensors that are not on a CUDA device;
+    ``torch_form`` names the PyTorch form to use instead."""
+    if query.dtype == torch.float64:
+        raise TypeError(
+            "query must be float16, bfloat16 or float32 for the Triton kernels (they accumulate "
+            f"in float32); got torch.float64 (use the torch {torch_form})"
+        )
+    if not (query.is_cuda or INTERPRETED):
+        raise ValueError(
+            f"query must be on a CUDA device for the Triton kernels; got device {query.device} "
+            "(to run them on the CPU, set TRITON_INTERPRET=1 before taylorshift.ops.triton "
+            "kernels are imported)"
+        )
+
+
 def triton_efficient_taylor_shift(
     query: Tensor,
     key: Tensor,
@@ -510,17 +526,7 @@ def triton_efficient_taylor_shift(
     in float32 for float16/bfloat16/float32 inputs; float64 is refused (use the torch form).
     Differentiable in query, key, value and a tensor temperature.
     """
-    if query.dtype == torch.float64:
-        raise TypeError(
-            "query must be float16, bfloat16 or float32 for the Triton kernels (they accumulate "
-            "in float32); got torch.float64 (use the torch efficient form)"
-        )
-    if not (query.is_cuda or INTERPRETED):
-        raise ValueError(
-            f"query must be on a CUDA device for the Triton kernels; got device {query.device} "
-            "(to run them on the CPU, set TRITON_INTERPRET=1 before taylorshift.ops.triton "
-            "kernels are imported)"
-        )
+    check_kernel_inputs(query, "efficient form")
     d = query.shape[-1]
     factor = score_factor(temperature, scale, normalize, d)
     if isinstance(factor, Tensor):

@@ -30,7 +30,7 @@ from ..taylor_shift.efficient import finish_outputs
 from ..taylor_shift.efficient_causal import causal_count
 from ..taylor_shift.features import scaled_key, scaled_query, score_factor, taylor_weight
 from ..taylor_shift.fused import CAUSAL_CHUNK
-from .efficient import INTERPRETED, _apply, _grad, _state, layout
+from .efficient import _apply, _grad, _state, check_kernel_inputs, layout
 
 # Tokens per chunk (defined beside the router, which sizes the states without importing
 # Triton): the intra-chunk block costs O(N C d) and the per-chunk states
@@ -205,17 +205,7 @@ def triton_causal_efficient_taylor_shift(
     (B, H, Nq, dv) in query's dtype; sums in float32, float64 refused. Differentiable in
     query, key, value and a tensor temperature. ``chunk_size`` defaults to DEFAULT_CHUNK.
     """
-    if query.dtype == torch.float64:
-        raise TypeError(
-            "query must be float16, bfloat16 or float32 for the Triton kernels (they accumulate "
-            "in float32); got torch.float64 (use the torch causal efficient form)"
-        )
-    if not (query.is_cuda or INTERPRETED):
-        raise ValueError(
-            f"query must be on a CUDA device for the Triton kernels; got device {query.device} "
-            "(to run them on the CPU, set TRITON_INTERPRET=1 before taylorshift.ops.triton "
-            "kernels are imported)"
-        )
+    check_kernel_inputs(query, "causal efficient form")
     b, h, nq, d = query.shape
     nk = key.shape[2]
     chunk = chunk_size or DEFAULT_CHUNK
