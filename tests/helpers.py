@@ -81,3 +81,20 @@ def write_calibration(
     device_entries = data["devices"].setdefault(dispatch.device_key(device), {"entries": {}})
     device_entries["entries"].update(entries)
     return write_json(path, data)
+
+
+def forget_what_dynamo_saw() -> None:
+    """Drop Dynamo's lazily built tables of torch's functions (the rule map and the sets of
+    allowed and skipped callables, keyed by the objects they saw when built). Built while an
+    op test had torch.empty patched (tests/ops/conftest.py), they would hold the patch, and
+    every later compiled call of the real torch.empty would graph-break (tests/test_compile.py
+    failed after the op tests); dropped, the next compilation rebuilds them from what torch
+    holds then. Called after every op test and before every compile test."""
+    from torch._dynamo import trace_rules
+
+    trace_rules.get_torch_obj_rule_map.cache_clear()
+    for name in dir(trace_rules):
+        table = getattr(trace_rules, name)
+        if type(table).__name__ == "FunctionIdSet":
+            table.function_ids = table.function_names = None
+    torch._dynamo.reset()

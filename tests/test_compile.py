@@ -15,14 +15,14 @@ import torch
 from taylorshift import taylor_shift_attention
 from taylorshift.models import create_model
 from taylorshift.nn import Attention, TaylorShiftAttention
-from tests.helpers import assert_rel_close, key_padding
+from tests.helpers import assert_rel_close, forget_what_dynamo_saw, key_padding
 
 B, H, N, D = 2, 3, 37, 8
 
 
 @pytest.fixture(autouse=True)
 def fresh_dynamo():
-    torch._dynamo.reset()
+    forget_what_dynamo_saw()  # (tables built by earlier tests, see tests/helpers.py)
     yield
     torch._dynamo.reset()
 
