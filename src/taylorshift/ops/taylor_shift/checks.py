@@ -178,11 +178,7 @@ def _check_temperature_and_scale(
             raise ValueError(
                 f"temperature must be on the device of query ({q.device}); got {temperature.device}"
             )
-        try:
-            ok = torch.broadcast_shapes(temperature.shape, (b, h, 1, 1)) == (b, h, 1, 1)
-        except RuntimeError:
-            ok = False
-        if not ok or temperature.dim() > 4:
+        if not _broadcasts_to(temperature.shape, (b, h, 1, 1)):
             raise ValueError(
                 f"temperature must broadcast to (B, H, 1, 1) = ({b}, {h}, 1, 1); "
                 f"got shape {_shape(temperature)}"
@@ -238,11 +234,7 @@ def _check_mask(
             f"attn_mask must be on the device of query ({device}); got {attn_mask.device}"
         )
     target = (b, h, nq, nk)
-    try:
-        ok = attn_mask.dim() <= 4 and torch.broadcast_shapes(attn_mask.shape, target) == target
-    except RuntimeError:
-        ok = False
-    if not ok:
+    if not _broadcasts_to(attn_mask.shape, target):
         raise ValueError(
             f"attn_mask must broadcast to (B, H, Nq, Nk) = ({b}, {h}, {nq}, {nk}); "
             f"got shape {_shape(attn_mask)}"
@@ -251,3 +243,11 @@ def _check_mask(
         attn_mask = attn_mask.unsqueeze(0)
     # Keep the query dim at its own size (1 for key padding) so no (Nq, Nk) tensor appears.
     return attn_mask.expand(b, h, attn_mask.shape[2], nk)
+
+
+def _broadcasts_to(shape: tuple[int, ...], target: tuple[int, ...]) -> bool:
+    """Whether ``shape`` broadcasts to exactly ``target`` (torch.broadcast_shapes without its
+    cost: it takes a tenth of a decoding step)."""
+    if len(shape) > len(target):
+        return False
+    return all(n in (1, t) for n, t in zip(reversed(shape), reversed(target), strict=False))

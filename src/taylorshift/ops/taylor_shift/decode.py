@@ -26,15 +26,14 @@ import torch
 from torch import Tensor
 
 from .checks import check_inputs
-from .efficient import finish_outputs, query_factor
+from .efficient import query_factor
 from .efficient_causal import DEFAULT_CAUSAL_CHUNK, causal_forward
 from .features import (
+    NORM_EPS,
     compute_dtype,
     drop_masked_content,
     feature_dim,
     features,
-    scaled_key,
-    scaled_query,
     score_factor,
     state_weights,
 )
@@ -180,25 +179,50 @@ def taylor_shift_decode(
 
 
 def _decode_one(query, key, value, state, key_mask, tau, normalize, inplace):
-    """One token per row: rank-1 state update, then the readout (see ``taylor_shift_decode``)."""
+    """One token per row: rank-1 state update, then the readout (see ``taylor_shift_decode``).
+
+    The few operations a step can afford (docs/lm.md): the query and the key go through
+    one normalisation and one feature map together, the state weights c are cached, and the
+    state is read and written once each.
+    """
     b, h, _, d = query.shape
     dv = value.shape[-1]
     sums, count = state.sums, state.count
     cd = sums.dtype
-    k = scaled_key(key.to(cd), normalize)
+    if not inplace:
+        sums, count = sums.clone(), count.clone()
+    x = torch.cat([query, key], dim=2).to(cd)  # (B, H, 2, d): the query, then the key
+    if normalize:
+        x = x / torch.linalg.vector_norm(x, dim=-1, keepdim=True).clamp_min(NORM_EPS)
+    phi = features(x * _query_key_factor(tau, x))  # (B, H, 2, D)
     v = torch.cat([value.to(cd), torch.ones_like(value[..., :1], dtype=cd)], dim=-1)
-    added = 1.0
     if key_mask is not None:  # (B, H, 1): a padded token joins no sum
         real = key_mask.to(cd)
         v = v * real.unsqueeze(-1)
-        added = real.squeeze(-1)
-    if not inplace:
-        sums, count = sums.clone(), count.clone()
+        count.add_(real.squeeze(-1))
+    else:
+        count.add_(1.0)
     n = sums.shape[-2]
     # S += φ(k')ᵀ [v, 1], batched over (B, H): (BH, D, 1) @ (BH, 1, dv + 1)
-    sums.view(b * h, n, dv + 1).baddbmm_(features(k).view(b * h, n, 1), v.reshape(b * h, 1, dv + 1))
-    count.add_(added)
-    q = scaled_query(query.to(cd), tau, normalize)
-    y_prime = (features(q) * state_weights(d, cd, query.device).squeeze(-1)) @ sums
-    out, _ = finish_outputs(y_prime, count.unsqueeze(-1), normalize, d)
-    return out.to(query.dtype), state if inplace else TaylorShiftState(sums, count)
+    sums.view(b * h, n, dv + 1).baddbmm_(
+        phi[:, :, 1:].reshape(b * h, n, 1), v.reshape(b * h, 1, dv + 1)
+    )
+    # y' = (c ⊙ φ(q')) S, the token's attention to itself included
+    weights = state_weights(d, cd, query.device).squeeze(-1)
+    y_prime = (phi[:, :, :1] * weights) @ sums  # (B, H, 1, dv + 1)
+    nom, den = y_prime[..., :dv], y_prime[..., dv:]
+    n_i = count[:, :, None, None]
+    scale = torch.sqrt(n_i / d) / den if normalize else 1.0 / den
+    if key_mask is not None:  # a padded first token has n = 0 and 0/0: its row is 0
+        scale = torch.where(n_i > 0, scale, 0.0)
+    out = (nom * scale).to(query.dtype)
+    return out, state if inplace else TaylorShiftState(sums, count)
+
+
+def _query_key_factor(tau: Tensor | float, x: Tensor) -> Tensor | float:
+    """The factor of the stacked (query, key) pair: τ on the query row, 1 on the key row."""
+    if isinstance(tau, Tensor):  # (B, H, 1, 1)
+        return torch.cat([tau, torch.ones_like(tau)], dim=2)
+    if tau == 1.0:
+        return 1.0
+    return x.new_tensor([tau, 1.0]).view(1, 1, 2, 1)

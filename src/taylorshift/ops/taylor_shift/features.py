@@ -208,8 +208,22 @@ def state_weights(d: int, dtype: torch.dtype, device: torch.device) -> Tensor:
     """c with Σ_{a<=b} c_ab q_a q_b k_a k_b = (q·k)²/2 and 1 on the linear and constant rows.
 
     (q·k)² counts each off-diagonal pair twice, so c = 1/2 on the diagonal and 1 off it.
-    Shape (D, 1), to scale the rows of a (D, dv + 1) state.
+    Shape (D, 1), to scale the rows of a (D, dv + 1) state. Built once per (d, dtype,
+    device) and kept (a decoding step would otherwise spend a fifth of its time here);
+    traced by torch.compile, it is built in the graph. Read-only: never modify it in place.
     """
+    if torch.compiler.is_compiling():
+        return _state_weights(d, dtype, device)
+    return _cached_state_weights(d, dtype, torch.device(device))
+
+
+@lru_cache(maxsize=64)
+def _cached_state_weights(d: int, dtype: torch.dtype, device: torch.device) -> Tensor:
+    with torch.inference_mode(False):  # usable in and out of inference mode
+        return _state_weights(d, dtype, device)
+
+
+def _state_weights(d: int, dtype: torch.dtype, device: torch.device) -> Tensor:
     a, b = pair_index(d, device)
     quad = torch.where(a == b, 0.5, 1.0).to(dtype)
     rest = torch.ones(d + 1, dtype=dtype, device=device)
