@@ -228,6 +228,29 @@ def test_naive_softmax_matches_sdpa():
     torch.testing.assert_close(op.softmax_naive(q, k, v), op.sdpa(q, k, v))
 
 
+@pytest.mark.parametrize("mode", ["direct", "efficient"])
+def test_compiled_implementations_are_the_op_under_fullgraph_compile(monkeypatch, mode):
+    asked = []
+
+    def fake_compile(fn, **options):  # records the options; runs the function eagerly
+        asked.append(options)
+        return fn
+
+    from taylorshift.bench.op import cases
+
+    monkeypatch.setattr(torch, "compile", fake_compile)
+    monkeypatch.setattr(cases, "_COMPILED", {})
+    q, k, v, _ = op.make_inputs(33, 6, heads=2, batch=2)
+    impl = op.IMPLEMENTATIONS[f"{mode}-compiled"]
+    assert impl.family == f"taylorshift-{mode}" and not impl.default  # only on request
+    torch.testing.assert_close(impl.fn(q, k, v), op.IMPLEMENTATIONS[mode].fn(q, k, v))
+    impl.fn(q, k, v)  # compiled once per shape, then reused
+    assert asked == [{"fullgraph": True, "dynamic": False}]
+    q2, k2, v2, _ = op.make_inputs(17, 6, heads=2, batch=2)
+    torch.testing.assert_close(impl.fn(q2, k2, v2), op.IMPLEMENTATIONS[mode].fn(q2, k2, v2))
+    assert len(asked) == 2
+
+
 def point(impl, family, n, t, kind="time"):
     return {
         "kind": kind, "impl": impl, "family": family, "dtype": "fp32", "pass": "fwd",

@@ -54,6 +54,8 @@ class Implementation:
         devices: device types it runs on (a Triton kernel would say ``("cuda",)``).
         module: imported by the fresh memory-worker process when it does not know ``name``:
             the module whose import registers the implementation.
+        default: measured when ``--impl`` is not given (the compiled implementations are
+            not: each point would cost seconds of compilation).
     """
 
     name: str
@@ -64,6 +66,7 @@ class Implementation:
     n2_matrices: tuple[float, float] = (0.0, 0.0)
     devices: tuple[str, ...] = ("cpu", "cuda")
     module: str = ""
+    default: bool = True
 
     def describe(self) -> dict:
         """The JSON-ready part (no callable), stored in results.json for the report."""
@@ -132,6 +135,35 @@ def triton_efficient(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
     return triton_efficient_taylor_shift(q, k, v, None, 1.0, None, True)
 
 
+_COMPILED: dict[tuple, Callable] = {}
+
+
+def _compiled(mode: str, q: Tensor) -> Callable:
+    """``taylor_shift_attention(mode=mode)`` under ``torch.compile(fullgraph=True)`` for the
+    shape, dtype and pass of ``q``, built on first use (importing the compiler costs
+    seconds), so that a point's warm-up calls absorb its compilation. A sweep visits many
+    shapes: one graph each would pass torch's recompile limit, so a new point starts from a
+    reset compiler (only the current point's function is kept)."""
+    key = (mode, tuple(q.shape), q.dtype, q.device, q.requires_grad)
+    if key not in _COMPILED:
+        _COMPILED.clear()
+        torch._dynamo.reset()
+
+        def op(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+            return taylor_shift_attention(q, k, v, mode=mode)
+
+        _COMPILED[key] = torch.compile(op, fullgraph=True, dynamic=False)
+    return _COMPILED[key]
+
+
+def compiled_direct(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    return _compiled("direct", q)(q, k, v)
+
+
+def compiled_efficient(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    return _compiled("efficient", q)(q, k, v)
+
+
 # n2_matrices of the direct form: measured with the memory worker on a CPU at d = 64,
 # N = 4096..16384 (4.0 forward, 6.1 forward+backward), rounded up.
 for _impl in (
@@ -142,6 +174,24 @@ for _impl in (
     ),
     Implementation(
         "efficient", "TaylorShift efficient", taylorshift_efficient, "taylorshift-efficient", 1
+    ),
+    # torch.compile(fullgraph=True) of the public op, to set beside the eager calls
+    Implementation(
+        "direct-compiled",
+        "TaylorShift direct (compiled)",
+        compiled_direct,
+        "taylorshift-direct",
+        2,
+        (4.5, 7.0),
+        default=False,
+    ),
+    Implementation(
+        "efficient-compiled",
+        "TaylorShift efficient (compiled)",
+        compiled_efficient,
+        "taylorshift-efficient",
+        1,
+        default=False,
     ),
     # On CUDA the public op ("direct", "efficient") runs the fused Triton kernels where they
     # apply; these name each path explicitly, so both can be measured in one sweep.
@@ -187,6 +237,8 @@ COLOURS = {
     "softmax-naive": "tab:purple",
     "direct": "tab:orange",
     "efficient": "tab:green",
+    "direct-compiled": "tab:pink",
+    "efficient-compiled": "tab:gray",
     "direct-pytorch": "tab:brown",
     "efficient-pytorch": "tab:olive",
     "direct-triton": "tab:red",

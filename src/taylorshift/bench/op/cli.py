@@ -100,7 +100,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--impl",
         nargs="+",
         metavar="NAME",
-        help=f"implementations (default: all that run on the device: {', '.join(IMPLEMENTATIONS)})",
+        help=f"implementations: {', '.join(IMPLEMENTATIONS)} (default: all that run on the "
+        "device, except the compiled ones, which take seconds to compile per point)",
     )
     add(
         "--pass",
@@ -215,7 +216,9 @@ def settings_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser
     """The sweep's settings; bad values go through ``parser.error`` (exit status 2)."""
     device = parse_device(args.device, parser)
     if args.impl is None:
-        impls = tuple(n for n, i in IMPLEMENTATIONS.items() if device.type in i.devices)
+        impls = tuple(
+            n for n, i in IMPLEMENTATIONS.items() if device.type in i.devices and i.default
+        )
     else:
         impls = tuple(dict.fromkeys(args.impl))
         unknown = [n for n in impls if n not in IMPLEMENTATIONS]
