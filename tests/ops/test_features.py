@@ -79,3 +79,24 @@ def test_scaled_input_grad_matches_autograd(normalize, tensor_factor):
     out = scaled_key(x, normalize)
     (want_k,) = torch.autograd.grad(out, x, grad)
     torch.testing.assert_close(scaled_input_grad(x.detach(), grad, 1.0, normalize)[0], want_k)
+
+
+@pytest.mark.parametrize("d", [1, 2, 5, 16])
+def test_symmetric_state_unpacks_the_triangle_pair_by_pair(d):
+    pairs = list(itertools.combinations_with_replacement(range(d), 2))
+    packed = torch.randn(2, 3, len(pairs), 4, dtype=F64)
+    want = torch.zeros(2, 3, d, d, 4, dtype=F64)
+    for row, (a, b) in enumerate(pairs):
+        want[..., a, b, :] += packed[..., row, :]
+        want[..., b, a, :] += packed[..., row, :]  # the diagonal gets it twice
+    assert torch.equal(F_.symmetric_state(packed, d), want)
+
+
+def test_cached_tables_work_in_and_out_of_inference_mode():
+    F_._cached_state_weights.cache_clear()  # first built inside inference mode
+    with torch.inference_mode():
+        weights = state_weights(7, F64, torch.device("cpu"))
+    assert not weights.is_inference()
+    x = torch.randn(3, 7 * 8 // 2 + 7 + 1, 2, dtype=F64, requires_grad=True)
+    (x * weights).sum().backward()  # a cached table inside autograd
+    assert torch.equal(x.grad, weights.expand_as(x))
