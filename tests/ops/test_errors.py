@@ -518,3 +518,42 @@ def test_expanded_key_padding_mask_is_accepted_by_efficient(causal):
     full = expanded.expand(B, H, NK, NK).contiguous()
     y_full = taylor_shift_attention(q, k, v, full, causal, mode="efficient")
     assert_rel_close(y_full, ref, 1e-10, "output, (B, H, Nq, Nk) mask")
+
+
+# normalize=False: unbounded scores whose Taylor sums would overflow float32 are refused.
+
+
+@pytest.mark.parametrize("mode", ["direct", "efficient"])
+def test_plain_scores_that_would_overflow_are_refused(mode):
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 64, 16, generator=g) for _ in range(3))
+    big = 3e9  # float32 gives NaN here without the check
+    with pytest.raises(ValueError, match=r"normalize=False give scores up to .* overflow"):
+        taylor_shift_attention(q * big, k * big, v, normalize=False, mode=mode)
+    # a huge key under a tiny query: moderate scores, but k_a k_b overflows the state
+    with pytest.raises(ValueError, match=r"key norms up to"):
+        taylor_shift_attention(q * 1e-20, k * 1e20, v, normalize=False, mode=mode)
+
+
+@pytest.mark.parametrize("mode", ["direct", "efficient"])
+def test_large_plain_scores_below_the_bound_are_computed_right(mode):
+    g = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(1, 2, 64, 16, generator=g) for _ in range(3))
+    q, k = q * 1e8, k * 1e8
+    out = taylor_shift_attention(q, k, v, normalize=False, mode=mode)
+    want = naive_taylor_shift_attention(q.double(), k.double(), v.double(), normalize=False)
+    assert_rel_close(out, want, 1e-5)
+
+
+def test_plain_score_bound_ignores_masked_keys_and_float64():
+    g = torch.Generator().manual_seed(2)
+    q, k, v = (torch.randn(1, 1, 8, 4, generator=g) for _ in range(3))
+    k[..., -1, :] = 1e30  # padding content never counts
+    keep = torch.ones(1, 1, 1, 8, dtype=torch.bool)
+    keep[..., -1] = False
+    out = taylor_shift_attention(q, k, v, keep, normalize=False, mode="efficient")
+    assert torch.isfinite(out).all()
+    huge = taylor_shift_attention(
+        q.double() * 1e9, k.double() * 1e9, v.double(), normalize=False, mode="direct"
+    )
+    assert torch.isfinite(huge).all()  # float64 has the range: no refusal

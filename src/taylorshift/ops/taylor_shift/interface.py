@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
@@ -10,7 +12,7 @@ from .direct import direct_taylor_shift
 from .dispatch import choose_mode
 from .efficient import efficient_taylor_shift
 from .efficient_causal import causal_efficient_taylor_shift
-from .features import drop_masked_content
+from .features import compute_dtype, drop_masked_content
 from .fused import fused_form, kernel_name, probe_backward, run_guarded, shape_class
 
 
@@ -68,7 +70,8 @@ def taylor_shift_attention(
 
     Raises:
         TypeError, ValueError: for bad input, naming the argument, the expected and the
-        actual value.
+        actual value; with ``normalize=False``, also when the scores are so large that the
+        Taylor sums would overflow the compute dtype (``check_plain_score_range``).
     """
     problem = check_inputs(
         query, key, value, attn_mask, is_causal, temperature, scale, normalize, order, mode
@@ -93,6 +96,8 @@ def taylor_shift_attention(
         key, value = drop_masked_content(key, value, problem.key_mask)
     elif problem.mask is not None:
         key, value = drop_masked_content(key, value, problem.mask.any(-2))
+    if not normalize:
+        check_plain_score_range(query, key, value, scale, order)
     fused = fused_form(query, problem, mode, is_causal, order)
     if fused is not None:
         args = (query, key, value, problem.key_mask)
@@ -128,3 +133,54 @@ def _backward_follows(*inputs: object) -> bool:
     return torch.is_grad_enabled() and any(
         isinstance(t, Tensor) and t.requires_grad for t in inputs
     )
+
+
+def check_plain_score_range(
+    query: Tensor, key: Tensor, value: Tensor, scale: float | None, order: int
+) -> None:
+    """Refuse ``normalize=False`` inputs whose Taylor sums could overflow the compute dtype.
+
+    Unnormalised scores are unbounded: with |s| <= s_max = |scale| · max‖q‖ · max‖k‖, the
+    sums Σ_j w(s_ij) [v_j, 1] can reach Nk · s_max^order / order! · max(1, max|v|), and the
+    efficient form's state Σ_j k_a k_b v_j can reach Nk · max‖k‖² · max(1, max|v|) (by
+    Cauchy–Schwarz no feature product exceeds these). When either worst case passes half
+    the dtype's largest value the call raises, naming the bound, instead of returning rows
+    of zeros or NaN. The bound is a worst case: inputs whose actual scores stay far below
+    s_max may be refused although they would have fitted. Costs three reductions (and, on a
+    GPU, one synchronisation); skipped in float64, for empty inputs and while torch.compile
+    traces.
+    """
+    cd = compute_dtype(query.dtype)
+    if (
+        cd == torch.float64
+        or torch.compiler.is_compiling()
+        or query.device.type == "meta"
+        or query.numel() == 0
+        or key.numel() == 0
+    ):
+        return
+    d, nk = query.shape[-1], key.shape[-2]
+    factor = abs(scale) if scale is not None else 1.0 / math.sqrt(d)
+    with torch.no_grad():
+        # norms in float64: a float32 sum of squares would itself overflow
+        q_max = float(torch.linalg.vector_norm(query, dim=-1, dtype=torch.float64).max())
+        k_max = float(torch.linalg.vector_norm(key, dim=-1, dtype=torch.float64).max())
+        v_top = max(1.0, float(value.abs().max())) if value.numel() else 1.0
+    if not all(map(math.isfinite, (q_max, k_max, v_top))):
+        return  # NaN or Inf in the inputs: they propagate, as in every other form
+    s_max = factor * q_max * k_max
+    log_limit = math.log(torch.finfo(cd).max / 2)
+
+    def log_of(x: float) -> float:
+        return math.log(x) if x > 0 else -math.inf
+
+    weights = order * log_of(max(s_max, 1.0)) - math.lgamma(order + 1)
+    state = 2 * log_of(k_max)
+    reach = math.log(nk * v_top) + max(weights, state)
+    if reach > log_limit:
+        raise ValueError(
+            f"query and key with normalize=False give scores up to {s_max:.3g} (scale · "
+            f"max‖query‖ · max‖key‖, key norms up to {k_max:.3g}): the Taylor sums over {nk} "
+            f"keys could overflow {cd} (largest value {torch.finfo(cd).max:.3g}); use "
+            f"normalize=True, smaller query/key (or scale), or float64 inputs"
+        )
