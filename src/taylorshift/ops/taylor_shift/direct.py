@@ -19,9 +19,10 @@ from .efficient import finish_outputs, grad_outputs
 from .features import (
     attended_counts,
     compute_dtype,
+    scaled_input_grad,
     scaled_key,
     scaled_query,
-    score_factor,
+    split_factor,
 )
 
 # Entries of one block's (b, H, rows, keys) score matrix: 2^18 float32 values are 1 MiB,
@@ -41,7 +42,13 @@ def allowed_keys(
 
 
 def _taylor_(s: Tensor, order: int) -> Tensor:
-    """w(s) = Σ_{n<=order} sⁿ/n! by Horner's rule, into a new tensor (s is kept)."""
+    """w(s) = Σ_{n<=order} sⁿ/n! into a new tensor (s is kept), in as few passes over the
+    (rows, keys) block as the order allows: 1 + s (order 1, the derivative of order 2) and
+    (1 + s) + s·s/2 (order 2) directly, higher orders by Horner's rule."""
+    if order == 1:
+        return s + 1.0
+    if order == 2:
+        return (s + 1.0).addcmul_(s, s, value=0.5)
     w = s / order + 1.0
     for n in range(order - 1, 0, -1):
         w.mul_(s).div_(n).add_(1.0)
@@ -151,28 +158,54 @@ def weighted_sums_grad(
 
 
 class _DirectAttention(torch.autograd.Function):
-    """y = (w(q kᵀ) ⊙ allowed) v / rowsum · sqrt(n/d) on scaled q (B, H, Nq, d), k, v."""
+    """y = (w(q' k'ᵀ) ⊙ allowed) v / rowsum · sqrt(n/d), with q' = τ q/‖q‖ and k' = k/‖k‖
+    (or q' = scale · q, k' = k) formed inside: its backward differentiates the scaling by
+    hand (``scaled_input_grad``, as the efficient form does), so a call is one autograd node
+    instead of a dozen (a tenth of a short sequence's forward + backward)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, mask, is_causal, order, count, normalize):
+    def forward(
+        ctx, query, key, value, temperature, factor, normalize, mask, is_causal, order, count
+    ):
+        cd = compute_dtype(query.dtype)
+        tau = factor if temperature is None else temperature.to(cd)
+        q = scaled_query(query.to(cd), tau, normalize)
+        k = scaled_key(key.to(cd), normalize)
+        v = value.to(cd)
         # [v, 1]: the numerator and the row sums (denominators) in one pass
         # (v.new_ones, not ones_like(v[..., :1]): dv may be 0)
         ones = v.new_ones((*v.shape[:-1], 1))
         y_prime = weighted_sums(q, k, torch.cat([v, ones], dim=-1), mask, is_causal, order)
         out, den = finish_outputs(y_prime, count, normalize, q.shape[-1])
-        ctx.save_for_backward(q, k, v, mask, count, out, den)
-        ctx.is_causal, ctx.order, ctx.normalize = is_causal, order, normalize
-        return out
+        ctx.save_for_backward(query, key, value, temperature, q, k, mask, count, out, den)
+        ctx.factor, ctx.is_causal, ctx.order, ctx.normalize = factor, is_causal, order, normalize
+        return out.to(query.dtype)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_out):
-        q, k, v, mask, count, out, den = ctx.saved_tensors
-        g = grad_outputs(grad_out, out, den, count, ctx.normalize, q.shape[-1])
+        query, key, value, temperature, q, k, mask, count, out, den = ctx.saved_tensors
+        normalize = ctx.normalize
+        cd = q.dtype
+        g = grad_outputs(grad_out.to(cd), out, den, count, normalize, q.shape[-1])
+        v = value.to(cd)
         vp = torch.cat([v, v.new_ones((*v.shape[:-1], 1))], dim=-1)
-        need = ctx.needs_input_grad[:3]
+        need_q, need_k, need_v, need_t = ctx.needs_input_grad[:4]
+        need = (need_q or need_t, need_k, need_v)
         dq, dk, dvp = weighted_sums_grad(q, k, vp, g, mask, ctx.is_causal, ctx.order, need)
-        return dq, dk, None if dvp is None else dvp[..., :-1], None, None, None, None, None
+        gq = gt = gk = None
+        if need_q or need_t:
+            tau = ctx.factor if temperature is None else temperature.to(cd)
+            gq, gt = scaled_input_grad(query.to(cd), dq, tau, normalize)
+        if need_k:
+            gk, _ = scaled_input_grad(key.to(cd), dk, 1.0, normalize)
+        return (
+            gq.to(query.dtype) if need_q else None,
+            gk.to(key.dtype) if need_k else None,
+            dvp[..., :-1].to(value.dtype) if need_v else None,
+            gt.sum_to_size(temperature.shape).to(temperature.dtype) if need_t else None,
+            None, None, None, None, None, None,
+        )  # fmt: skip
 
 
 def direct_taylor_shift(
@@ -190,15 +223,10 @@ def direct_taylor_shift(
     b, h, nq, d = query.shape
     nk = key.shape[-2]
     cd = compute_dtype(query.dtype)
-    factor = score_factor(temperature, scale, normalize, d)
-    if isinstance(factor, Tensor):
-        factor = factor.to(cd)
-    q = scaled_query(query.to(cd), factor, normalize)
-    k = scaled_key(key.to(cd), normalize)
     if mask is not None:
         while mask.dim() < 4:
             mask = mask.unsqueeze(0)
         mask = mask.expand(b, h, mask.shape[2], nk)
     count = attended_counts(mask, is_causal, b, h, nq, nk, query.device).to(cd)[..., 0]
-    y = _DirectAttention.apply(q, k, value.to(cd), mask, is_causal, order, count, normalize)
-    return y.to(query.dtype)
+    t, f = split_factor(temperature, scale, normalize, d)
+    return _DirectAttention.apply(query, key, value, t, f, normalize, mask, is_causal, order, count)
