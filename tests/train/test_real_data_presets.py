@@ -55,3 +55,19 @@ def test_text_bytes_reports_bits_per_byte_beside_count_baselines(tmp_path, capsy
     captured = capsys.readouterr()
     out = captured.out + captured.err
     assert "count baselines: unigram" in out and "bits/byte" in out
+
+
+@pytest.mark.parametrize("preset", ["text-bytes-cpu", "lm"])
+def test_language_model_presets_train_the_temperature_ten_times_faster(preset):
+    # the recipe of docs/accuracy.md; the paper's setting is one flag away
+    from taylorshift.models import create_model
+    from taylorshift.train.optim import build_optimizer
+
+    model = create_model("lm-tiny", vocab_size=16, attn_kernel="taylorshift")
+    for overrides, factor in (({}, 10.0), ({"optim.lr_multipliers.temperature": 1}, 1.0)):
+        config = resolve_config(preset, overrides=overrides)
+        groups = build_optimizer(model, config.optim).param_groups
+        taus = [g for g in groups if g.get("lr_multiplier_of") == "temperature"]
+        assert len(taus) == 1 and len(taus[0]["params"]) == 2  # one τ per block
+        assert math.isclose(taus[0]["lr"], config.optim.lr * factor)
+        assert taus[0]["weight_decay"] == 0.0
