@@ -240,3 +240,35 @@ def test_the_memory_budget_comes_from_the_environment(monkeypatch):
     assert dispatch.default_memory_budget("cpu") == 12345
     monkeypatch.delenv(dispatch.MEMORY_BUDGET_ENV)
     assert 0 < dispatch.default_memory_budget("cpu") < 2**62  # half of MemAvailable
+
+
+# Without a calibration file, float32 non-causal calls on a CPU use the measured prior
+# (dispatch.CPU_PRIOR): the theory's switch N* (THEORY_SWITCH's 152.5 / 560.5 / 2144.5)
+# times ρ = 3.4 / 1.6 / 1.0, by hand: 518.5 / 896.8 / 2144.5.
+CPU_PRIOR_SWITCH = {16: 519, 32: 897, 64: 2145}
+
+
+@pytest.mark.parametrize(("d", "switch"), CPU_PRIOR_SWITCH.items(), ids=lambda x: str(x))
+def test_cpu_without_calibration_switches_where_cpus_measured(d, switch):
+    cpu32 = dict(device="cpu", dtype=torch.float32)
+    assert choose_mode(switch - 1, switch - 1, d, d, **FULL, **cpu32) == "direct"
+    assert choose_mode(switch, switch, d, d, **FULL, **cpu32) == "efficient"
+
+
+def test_cpu_prior_only_for_what_was_measured(isolated_cache_dir, monkeypatch):
+    n = 300  # between the theory's switch at d = 16 (153) and the prior's (519)
+    cpu32 = dict(device="cpu", dtype=torch.float32)
+    assert choose_mode(n, n, 16, 16, **FULL, **cpu32) == "direct"
+    assert choose_mode(n, n, 16, 16, **FULL, device="cpu", dtype=torch.float64) == "efficient"
+    assert choose_mode(n, n, 16, 16, **FULL) == "efficient"  # no device
+    causal = dict(FULL, causal=True)
+    assert choose_mode(4 * n, 4 * n, 16, 16, **causal, **cpu32) == choose_mode(
+        4 * n, 4 * n, 16, 16, **causal
+    )  # causal: theory
+    write_calibration(isolated_cache_dir, {16: 100.0}, dtype="float32")
+    dispatch.reload_calibration()
+    assert choose_mode(n, n, 16, 16, **FULL, **cpu32) == "efficient"  # a calibration wins
+    monkeypatch.setenv(dispatch.CALIBRATION_ENV, "off")
+    write_calibration(isolated_cache_dir, {16: 1e6}, dtype="float32")
+    dispatch.reload_calibration()
+    assert choose_mode(n, n, 16, 16, **FULL, **cpu32) == "efficient"  # off: theory only

@@ -365,6 +365,10 @@ def choose_mode(
             mode = None
         if mode is not None:
             return mode
+    if device is not None and dtype is not None and _calibration_enabled():
+        mode = _cpu_prior_mode(nq, nk, d, dv, causal, torch.device(device), dtype)
+        if mode is not None:
+            return mode
     direct = direct_ops(nq, nk, d, dv, order)
     efficient = efficient_ops(nq, nk, d, dv, causal, DEFAULT_CAUSAL_CHUNK)
     mode = "efficient" if efficient < direct else "direct"
@@ -378,6 +382,40 @@ def choose_mode(
         d,
         dv,
     )
+    return mode
+
+
+# Without a calibration of this CPU, the correction ρ(d) = N̂_measured / N̂_theory measured on
+# two CPUs (non-causal float32, forward and forward + backward): Intel Xeon, AVX-512,
+# benchmarks/op_cpu (549 / 954 / 1,418 forward, 637 / 1,083 / 1,615 forward + backward at
+# d = 16 / 32 / 64), and AMD EPYC, benchmarks/compile_cpu (≈ 470 / 810 / 2,630 and
+# 430 / 750 / 3,050). Geometric mean of the four ratios at each d. The efficient form's
+# fixed costs (its feature map row by row, narrow products) make the theory's switch,
+# N ≈ 153 at d = 16, choose it 2–3× too early on a CPU.
+CPU_PRIOR = {16: 3.4, 32: 1.6, 64: 1.0}
+
+
+def _cpu_prior_mode(
+    nq: int, nk: int, d: int, dv: int, causal: bool, device: torch.device, dtype: torch.dtype
+) -> str | None:
+    """The choice from :data:`CPU_PRIOR` for float32 non-causal calls on a CPU, else None."""
+    if device.type != "cpu" or dtype != torch.float32 or causal:
+        return None
+    ds = sorted(CPU_PRIOR)
+    log_ds = [math.log(x) for x in ds]
+    log_rhos = [math.log(CPU_PRIOR[x]) for x in ds]
+    x = min(max(math.log(d), log_ds[0]), log_ds[-1])
+    i = max(1, bisect.bisect_left(log_ds, x))
+    t = (x - log_ds[i - 1]) / (log_ds[i] - log_ds[i - 1])
+    rho = math.exp(log_rhos[i - 1] + t * (log_rhos[i] - log_rhos[i - 1]))
+    n_hat = rho * theory_crossover(d, dv, causal)
+    length = 2 * nq * nk / (nq + nk) if nq + nk else 0.0
+    mode = "efficient" if length >= n_hat else "direct"
+    logger.debug(
+        "auto -> %s (theory × CPU prior: N̂=%.0f at d=%d dv=%d (ρ=%.2f); "
+        "2·Nq·Nk/(Nq+Nk)=%.0f; no calibration of this CPU: taylorshift bench calibrate)",
+        mode, n_hat, d, dv, rho, length,
+    )  # fmt: skip
     return mode
 
 
