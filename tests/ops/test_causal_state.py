@@ -7,6 +7,8 @@ gradient w.r.t. that state is checked numerically (gradcheck, float64).
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 
@@ -66,3 +68,76 @@ def test_gradient_wrt_initial_state(normalize):
         )  # fmt: skip
 
     assert torch.autograd.gradcheck(f, (q, k, v, state, temperature))
+
+
+# The public op: initial_state= / output_final_state= (one TaylorShiftState everywhere).
+
+
+@pytest.mark.parametrize("padding", [False, True], ids=["dense", "padded"])
+@pytest.mark.parametrize("normalize", [True, False], ids=["norm", "plain"])
+def test_op_in_segments_equals_one_call_and_decoding(normalize, padding):
+    from taylorshift import taylor_shift_attention, taylor_shift_decode
+
+    q, k, v = random_qkv(2, 3, 50, 50, 6, 5, requires_grad=False)
+    mask = key_padding(2, 50, empty_row=False) if padding else None
+    whole = taylor_shift_attention(q, k, v, mask, True, normalize=normalize, mode="direct")
+    cuts, outs, state = (0, 7, 8, 31, 50), [], None
+    for i0, i1 in itertools.pairwise(cuts):
+        m = None if mask is None else mask[..., i0:i1]
+        out, state = taylor_shift_attention(
+            q[:, :, i0:i1], k[:, :, i0:i1], v[:, :, i0:i1], m, True,
+            normalize=normalize, initial_state=state, output_final_state=True,
+        )  # fmt: skip
+        outs.append(out)
+    real = torch.ones(2, 50, dtype=torch.bool) if mask is None else mask[:, 0, 0]
+    for i in range(2):  # padded query rows are not meaningful: compare the real ones
+        assert_rel_close(torch.cat(outs, 2)[i][:, real[i]], whole[i][:, real[i]], 1e-10)
+    padding_mask = None if mask is None else mask[:, 0, 0]
+    _, decoded = taylor_shift_decode(q, k, v, None, padding_mask, normalize=normalize)
+    assert_rel_close(state.sums, decoded.sums, 1e-10)
+    assert torch.equal(state.count, decoded.count)
+    assert torch.equal(state.count[:, 0], real.sum(-1).to(state.count.dtype))
+
+
+def test_op_gradients_of_a_later_segment_match_the_whole():
+    from taylorshift import taylor_shift_attention
+
+    q, k, v = random_qkv(1, 2, 40, 40, 4, 4)
+    grad = torch.randn(1, 2, 25, 4, dtype=torch.float64)
+    whole = taylor_shift_attention(q, k, v, is_causal=True, mode="efficient")
+    want = torch.autograd.grad(whole[:, :, 15:], (q, k, v), grad)
+    with torch.no_grad():
+        _, state = taylor_shift_attention(
+            q[:, :, :15], k[:, :, :15], v[:, :, :15], is_causal=True, output_final_state=True
+        )
+    q2, k2, v2 = (t[:, :, 15:].detach().requires_grad_() for t in (q, k, v))
+    state.sums.requires_grad_()
+    out = taylor_shift_attention(q2, k2, v2, is_causal=True, initial_state=state)
+    got = torch.autograd.grad(out, (q2, k2, v2, state.sums), grad)
+    for g, w in zip(got[:3], want, strict=True):
+        assert_rel_close(g, w[:, :, 15:], 1e-10)
+    assert got[3].abs().sum() > 0  # the later segment reaches back into the state
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "exc", "pattern"),
+    [
+        (dict(output_final_state=True), ValueError, r"needs is_causal=True; got is_causal=False"),
+        (dict(is_causal=True, output_final_state=True, mode="direct"), ValueError,
+         r"needs the efficient form .* got mode='direct'"),
+        (dict(is_causal=True, output_final_state=True, order=4), ValueError, r"got order=4"),
+        (dict(is_causal=True, output_final_state=1), TypeError,
+         r"output_final_state must be a bool"),
+        (dict(is_causal=True, initial_state="S"), TypeError,
+         r"initial_state must be a TaylorShiftState or None; got str"),
+    ],
+)  # fmt: skip
+def test_op_state_arguments_refused_clearly(kwargs, exc, pattern):
+    from taylorshift import TaylorShiftState, taylor_shift_attention
+
+    q, k, v = random_qkv(1, 2, 5, 5, 4, 4, requires_grad=False)
+    with pytest.raises(exc, match=pattern):
+        taylor_shift_attention(q, k, v, **kwargs)
+    wrong = TaylorShiftState.zeros(1, 2, 3, 4, dtype=torch.float64)  # d = 3, not 4
+    with pytest.raises(ValueError, match=r"initial_state must hold sums of shape \(1, 2, 15, 5\)"):
+        taylor_shift_attention(q, k, v, is_causal=True, initial_state=wrong)

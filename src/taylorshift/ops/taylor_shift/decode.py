@@ -20,8 +20,6 @@ ignored, as with a padded query of the parallel form.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 from torch import Tensor
 
@@ -32,61 +30,11 @@ from .features import (
     NORM_EPS,
     compute_dtype,
     drop_masked_content,
-    feature_dim,
     features,
     score_factor,
     state_weights,
 )
-
-
-@dataclass
-class TaylorShiftState:
-    """The causal prefix of one attention layer: what decoding carries from token to token.
-
-    Attributes:
-        sums: (B, H, D, dv + 1), Σ_j φ(k'_j)ᵀ [v_j, 1] over the real keys so far, in the
-            compute dtype (float32, or float64 for float64 inputs).
-        count: (B, H), how many real keys ``sums`` holds (the n_i of the output factor).
-    """
-
-    sums: Tensor
-    count: Tensor
-
-    @classmethod
-    def zeros(
-        cls, batch: int, heads: int, head_dim: int, value_dim: int, *, device=None, dtype=None
-    ) -> TaylorShiftState:
-        """The state before any token; ``dtype`` is the inputs' dtype (float32 by default)."""
-        cd = compute_dtype(dtype or torch.float32)
-        sums = torch.zeros(
-            (batch, heads, feature_dim(head_dim), value_dim + 1), dtype=cd, device=device
-        )
-        return cls(sums, torch.zeros((batch, heads), dtype=cd, device=device))
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes held: constant in the number of tokens decoded."""
-        return self.sums.nbytes + self.count.nbytes
-
-    def select(self, index: Tensor) -> TaylorShiftState:
-        """The states of batch items ``index`` (e.g. to drop finished sequences)."""
-        return TaylorShiftState(self.sums[index], self.count[index])
-
-
-def _check_state(state: TaylorShiftState, b: int, h: int, d: int, dv: int, dtype, device):
-    if not isinstance(state, TaylorShiftState):
-        raise TypeError(f"state must be a TaylorShiftState or None; got {type(state).__name__}")
-    want = (b, h, feature_dim(d), dv + 1)
-    if tuple(state.sums.shape) != want or tuple(state.count.shape) != (b, h):
-        raise ValueError(
-            f"state must hold sums of shape {want} and count of shape {(b, h)} for these "
-            f"inputs; got {tuple(state.sums.shape)} and {tuple(state.count.shape)}"
-        )
-    if state.sums.dtype != compute_dtype(dtype) or state.sums.device != device:
-        raise ValueError(
-            f"state must be {compute_dtype(dtype)} on {device} for {dtype} inputs; got "
-            f"{state.sums.dtype} on {state.sums.device}"
-        )
+from .state import TaylorShiftState, check_state
 
 
 @torch.no_grad()
@@ -151,7 +99,7 @@ def taylor_shift_decode(
     dv = value.shape[-1]
     if state is None:
         state = TaylorShiftState.zeros(b, h, d, dv, device=query.device, dtype=query.dtype)
-    _check_state(state, b, h, d, dv, query.dtype, query.device)
+    check_state(state, b, h, d, dv, query.dtype, query.device)
     cd = compute_dtype(query.dtype)
     factor = score_factor(temperature, scale, normalize, d)
     tau = query_factor(factor, 0.0, cd, b, h) if isinstance(factor, Tensor) else float(factor)

@@ -108,13 +108,7 @@ class EfficientTaylorShiftFunction(torch.autograd.Function):
         weights = state_weights(d, cd, query.device)  # (D, 1)
         tau = query_factor(temperature, factor, cd, b, h)
 
-        state = query.new_zeros((b, h, feature_dim(d), dv + 1), dtype=cd)
-        for j0 in range(0, nk, chunk):
-            j1 = min(j0 + chunk, nk)
-            k = scaled_key(key[:, :, j0:j1].to(cd), normalize)
-            mask = None if key_mask is None else key_mask[:, :, j0:j1]
-            v = values_with_ones(value[:, :, j0:j1].to(cd), mask)
-            state += features(k).transpose(-2, -1) @ v
+        state = key_state(key, value, key_mask, normalize, chunk)
 
         count = key_count(key_mask, nk, cd, query.device)  # (B, H, 1) or scalar tensor
         weighted = state * weights
@@ -171,6 +165,25 @@ class EfficientTaylorShiftFunction(torch.autograd.Function):
             None,
             None,
         )
+
+
+def key_state(
+    key: Tensor, value: Tensor, key_mask: Tensor | None, normalize: bool, chunk: int
+) -> Tensor:
+    """S = Σ_j φ(k'_j)ᵀ [v_j, 1] over the keys not masked, chunk by chunk, without autograd:
+    (B, H, D, dv + 1) in the compute dtype."""
+    b, h, nk, d = key.shape
+    dv = value.shape[-1]
+    cd = compute_dtype(key.dtype)
+    state = key.new_zeros((b, h, feature_dim(d), dv + 1), dtype=cd)
+    with torch.no_grad():
+        for j0 in range(0, nk, chunk):
+            j1 = min(j0 + chunk, nk)
+            k = scaled_key(key[:, :, j0:j1].to(cd), normalize)
+            mask = None if key_mask is None else key_mask[:, :, j0:j1]
+            v = values_with_ones(value[:, :, j0:j1].to(cd), mask)
+            state += features(k).transpose(-2, -1) @ v
+    return state
 
 
 def state_input_grad(x: Tensor, g: Tensor, state: Tensor) -> Tensor:

@@ -10,10 +10,11 @@ from torch import Tensor
 from .checks import check_inputs
 from .direct import direct_taylor_shift
 from .dispatch import choose_mode
-from .efficient import efficient_taylor_shift
-from .efficient_causal import causal_efficient_taylor_shift
+from .efficient import efficient_taylor_shift, key_state
+from .efficient_causal import DEFAULT_CAUSAL_CHUNK, causal_efficient_taylor_shift
 from .features import compute_dtype, drop_masked_content
 from .fused import fused_form, kernel_name, probe_backward, run_guarded, shape_class
+from .state import TaylorShiftState, check_state
 
 
 def taylor_shift_attention(
@@ -28,7 +29,9 @@ def taylor_shift_attention(
     normalize: bool = True,
     order: int = 2,
     mode: str = "auto",
-) -> Tensor:
+    initial_state: TaylorShiftState | None = None,
+    output_final_state: bool = False,
+) -> Tensor | tuple[Tensor, TaylorShiftState]:
     r"""Taylor-softmax attention (TaylorShift), in its direct or linear-time efficient form.
 
     Softmax's exponential is replaced by its Taylor polynomial of even ``order``,
@@ -63,9 +66,18 @@ def taylor_shift_attention(
         mode: ``"direct"`` materialises the (Nq, Nk) weights, O(N² d), any order and mask;
             ``"efficient"`` is linear in N, O(N d² dv), for key-padding masks (not varying
             over queries), causal, cross-attention; ``"auto"`` picks the cheaper one.
+        initial_state: causal only: a ``TaylorShiftState`` holding the keys before this
+            block (every query attends them, and they count in n_i), as returned by a call
+            with ``output_final_state=True`` or by ``taylor_shift_decode``: a sequence can
+            be fed in segments. The output is differentiable w.r.t. ``initial_state.sums``.
+        output_final_state: causal only: also return the state after this block's last key
+            (real keys only under a key-padding mask), to continue with; it carries no
+            gradient. Both run the efficient form's PyTorch code (``mode`` "auto" or
+            "efficient"; no fused kernel).
 
     Returns:
-        (B, H, Nq, dv) in the dtype of ``query``. float16/bfloat16 inputs are accumulated in
+        (B, H, Nq, dv) in the dtype of ``query``, and with ``output_final_state`` the state
+        after the block: ``(out, state)``. float16/bfloat16 inputs are accumulated in
         float32.
 
     Raises:
@@ -76,7 +88,8 @@ def taylor_shift_attention(
     problem = check_inputs(
         query, key, value, attn_mask, is_causal, temperature, scale, normalize, order, mode
     )
-    if mode == "auto":
+    requested = mode
+    if mode == "auto" and initial_state is None and not output_final_state:
         mode = _choose_mode(
             problem.n_query,
             problem.n_key,
@@ -98,6 +111,11 @@ def taylor_shift_attention(
         key, value = drop_masked_content(key, value, problem.mask.any(-2))
     if not normalize:
         check_plain_score_range(query, key, value, scale, order)
+    if initial_state is not None or output_final_state:
+        return _with_state(
+            query, key, value, problem, is_causal, temperature, scale, normalize, order,
+            requested, initial_state, output_final_state,
+        )  # fmt: skip
     fused = fused_form(query, problem, mode, is_causal, order)
     if fused is not None:
         args = (query, key, value, problem.key_mask)
@@ -184,3 +202,50 @@ def check_plain_score_range(
             f"keys could overflow {cd} (largest value {torch.finfo(cd).max:.3g}); use "
             f"normalize=True, smaller query/key (or scale), or float64 inputs"
         )
+
+
+def _with_state(
+    query, key, value, problem, is_causal, temperature, scale, normalize, order, mode,
+    initial_state, output_final_state,
+):  # fmt: skip
+    """The causal efficient form continued from ``initial_state`` and/or returning the
+    state after the block (see ``taylor_shift_attention``); inputs checked, masked keys
+    already replaced."""
+    what = "initial_state" if initial_state is not None else "output_final_state"
+    if not is_causal:
+        raise ValueError(
+            f"{what} continues a causal sweep: it needs is_causal=True; got is_causal=False"
+        )
+    if not isinstance(output_final_state, bool):
+        raise TypeError(
+            f"output_final_state must be a bool; got {type(output_final_state).__name__}"
+        )
+    if mode == "direct" or order != 2 or problem.mask_varies_over_queries:
+        why = (
+            "mode='direct'" if mode == "direct"
+            else f"order={order}" if order != 2
+            else "a mask that varies over queries"
+        )  # fmt: skip
+        raise ValueError(
+            f"{what} needs the efficient form (mode 'auto' or 'efficient', order 2, at most a "
+            f"key-padding mask); got {why}"
+        )
+    b, h, _, d = query.shape
+    dv = value.shape[-1]
+    sums = count = None
+    if initial_state is not None:
+        check_state(initial_state, b, h, d, dv, query.dtype, query.device, "initial_state")
+        sums, count = initial_state.sums, initial_state.count
+    out = causal_efficient_taylor_shift(
+        query, key, value, problem.key_mask, temperature, scale, normalize,
+        initial_state=sums, initial_count=count,
+    )  # fmt: skip
+    if not output_final_state:
+        return out
+    added = key_state(key, value, problem.key_mask, normalize, DEFAULT_CAUSAL_CHUNK)
+    real = torch.full((b, h), float(key.shape[-2]), dtype=added.dtype, device=added.device)
+    if problem.key_mask is not None:  # (B or 1, H or 1, Nk)
+        real = real.new_zeros(()) + problem.key_mask.sum(-1).to(added.dtype)
+    if initial_state is None:
+        return out, TaylorShiftState(added, real.expand(b, h).clone())
+    return out, TaylorShiftState(sums.detach() + added, count.detach() + real)

@@ -1,0 +1,71 @@
+"""The causal prefix state of TaylorShift: what a causal sweep carries past its last key.
+
+One type serves every causal path: ``taylor_shift_attention(..., is_causal=True,
+initial_state=..., output_final_state=True)`` (a sequence in segments, fla's convention),
+``taylor_shift_decode`` (prefill, then a token at a time), the layer caches of
+``taylorshift.nn`` and, as its two tensors, sequence parallelism.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from .features import compute_dtype, feature_dim
+
+
+@dataclass
+class TaylorShiftState:
+    """The causal prefix of one attention layer: what a causal sweep, a decoding step or a
+    later segment of the sequence needs of the keys before it.
+
+    Attributes:
+        sums: (B, H, D, dv + 1), Σ_j φ(k'_j)ᵀ [v_j, 1] over the real keys so far, in the
+            compute dtype (float32, or float64 for float64 inputs).
+        count: (B, H), how many real keys ``sums`` holds (the n_i of the output factor).
+    """
+
+    sums: Tensor
+    count: Tensor
+
+    @classmethod
+    def zeros(
+        cls, batch: int, heads: int, head_dim: int, value_dim: int, *, device=None, dtype=None
+    ) -> TaylorShiftState:
+        """The state before any token; ``dtype`` is the inputs' dtype (float32 by default)."""
+        cd = compute_dtype(dtype or torch.float32)
+        sums = torch.zeros(
+            (batch, heads, feature_dim(head_dim), value_dim + 1), dtype=cd, device=device
+        )
+        return cls(sums, torch.zeros((batch, heads), dtype=cd, device=device))
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held: constant in the number of tokens decoded."""
+        return self.sums.nbytes + self.count.nbytes
+
+    def select(self, index: Tensor) -> TaylorShiftState:
+        """The states of batch items ``index`` (e.g. to drop finished sequences)."""
+        return TaylorShiftState(self.sums[index], self.count[index])
+
+
+def check_state(
+    state: TaylorShiftState, b: int, h: int, d: int, dv: int, dtype, device, name: str = "state"
+) -> None:
+    """Refuse a state that does not fit inputs (B, H, ·, d) / (B, H, ·, dv) of ``dtype`` on
+    ``device``; ``name`` is the argument named in the message."""
+    if not isinstance(state, TaylorShiftState):
+        raise TypeError(f"{name} must be a TaylorShiftState or None; got {type(state).__name__}")
+    want = (b, h, feature_dim(d), dv + 1)
+    if tuple(state.sums.shape) != want or tuple(state.count.shape) != (b, h):
+        raise ValueError(
+            f"{name} must hold sums of shape {want} and count of shape {(b, h)} for these "
+            f"inputs; got {tuple(state.sums.shape)} and {tuple(state.count.shape)}"
+        )
+    if state.sums.dtype != compute_dtype(dtype) or state.sums.device != device:
+        raise ValueError(
+            f"{name} must be {compute_dtype(dtype)} on {device} for {dtype} inputs; got "
+            f"{state.sums.dtype} on {state.sums.device}"
+        )
