@@ -321,7 +321,8 @@ def build_call(
     module: str | None = None,
     warmup_n: int | None = None,
 ) -> Callable[[], object]:
-    """The memory recipe (``"taylorshift.bench.op:build_call"``): inputs built, one call.
+    """The memory recipe (``RECIPE``, ``"taylorshift.bench.op.cases:build_call"``): inputs
+    built, one call.
 
     With ``warmup_n`` the first call runs on small (``warmup_n``-token) inputs and every
     later call on the real ones. The memory worker calls once to initialise lazily, then

@@ -162,7 +162,7 @@ def fused_form(
 ) -> Callable[..., Tensor] | None:
     """The fused kernel for this call (a function with the signature of the matching
     PyTorch form, see ``interface``), or None to use the PyTorch form. Its name for the
-    failure bookkeeping is ``kernel_of(fn)``."""
+    failure bookkeeping is ``kernel_name(mode, is_causal)``."""
     setting = _setting()
     if setting == "off" or not (query.is_cuda or setting == "interpret"):
         return None
