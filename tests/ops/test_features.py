@@ -26,10 +26,10 @@ def plain_features(x: torch.Tensor) -> torch.Tensor:
     return torch.cat([torch.stack(pairs, -1), x, torch.ones_like(x[..., :1])], -1)
 
 
-@pytest.mark.parametrize("tokens", [1, 5, 64, 65, 300], ids=lambda n: f"N{n}")
+@pytest.mark.parametrize("tokens", [1, 5, 64, 512, 513, 3000], ids=lambda n: f"N{n}")
 @pytest.mark.parametrize("d", [1, 3, 16])
 def test_every_path_gives_the_plain_features_bitwise(tokens, d):
-    # up to 64 tokens (B·H·N, here B·H = 1) the outer-product path, above it the slices
+    # up to 8192 elements (B·H·N·d, here B·H = 1) the outer-product path, above the slices
     x = torch.randn(1, 1, tokens, d, generator=torch.Generator().manual_seed(d))
     assert torch.equal(features(x), plain_features(x))
 
@@ -37,7 +37,7 @@ def test_every_path_gives_the_plain_features_bitwise(tokens, d):
 def test_the_paths_agree_bitwise_across_the_switch(monkeypatch):
     x = torch.randn(2, 3, 7, 6)
     small = features(x)
-    monkeypatch.setattr(F_, "GATHER_MAX_TOKENS", 0)
+    monkeypatch.setattr(F_, "GATHER_MAX_ELEMENTS", 0)
     assert torch.equal(features(x), small)
 
 

@@ -16,9 +16,14 @@ from torch import Tensor
 # stays zero, so its scores are 0 and its weights the constant term 1.
 NORM_EPS = 1e-12
 
-# ``features`` gathers the pairs for at most this many tokens in all (B · H · C), and
-# slices row by row above: benchmarks/features_cpu has the gather ahead up to ~64 tokens.
-GATHER_MAX_TOKENS = 64
+# ``features`` gathers the pairs while its input has at most this many elements (tokens in
+# all, B · H · C, times d), and slices row by row above: the gather pays d² per token, the
+# slices a fixed cost per row of the triangle, and benchmarks/features_cpu/switch.txt has
+# them equal near 10k elements at d = 16, 32 and 64 (≈ 600 / 330 / 170 tokens). Inside the
+# efficient form a larger outer product than 2^18 values (1 MiB in float32) costs more than it
+# saves (d = 64, 128 tokens: 0.87x, benchmarks/features_cpu/efficient_paired.txt).
+GATHER_MAX_ELEMENTS = 8192
+GATHER_MAX_OUTER = 1 << 18
 
 
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -162,9 +167,10 @@ def features(x: Tensor) -> Tensor:
         a, b = pair_index(d, x.device)
         quad = x.index_select(-1, a) * x.index_select(-1, b)
         return torch.cat([quad, x, torch.ones_like(x[..., :1])], dim=-1)
-    if x.numel() <= GATHER_MAX_TOKENS * d:
-        # Few tokens (a decoding step): the outer product, then its upper triangle picked by
-        # one index, beats d small multiplies (and two gathers, 2x, benchmarks/decode_cpu);
+    if x.numel() <= GATHER_MAX_ELEMENTS and x.numel() * d <= GATHER_MAX_OUTER:
+        # Few tokens (a decoding step, a short chunk): the outer product, then its upper
+        # triangle picked by one index, beats d small multiplies (and two gathers, 2x,
+        # benchmarks/decode_cpu);
         # the products are the same, so every path agrees bitwise.
         outer = (x.unsqueeze(-1) * x.unsqueeze(-2)).flatten(-2)  # (..., N, d²)
         quad = outer[..., _flat_pair_index(d, x.device)]
