@@ -2,8 +2,10 @@
 
 - ``get_task(name).build(split, **options)`` / ``list_tasks()``: ``listops`` (generated,
   runs anywhere), ``listops-tsv``, ``cifar-pixel``, ``imdb-byte``, ``text-csv``,
-  ``text-jsonl``, ``image-folder``; language modelling: ``recall`` (generated) and ``lm``
-  (bytes of your text file). Nothing is downloaded: loaders read the files you give.
+  ``text-jsonl``, ``image-folder``, ``digits`` (scikit-learn's bundled digits as 1,024
+  pixels); language modelling: ``recall`` (generated), ``lm`` (bytes of your text file) and
+  ``text-bytes`` (bytes of the Python standard library's source). Nothing is downloaded:
+  loaders read the files you give, or files already on the machine.
 - Token datasets yield ``(LongTensor (N,), int)``, image datasets ``(FloatTensor (C, H, W),
   int)``, LM datasets ``(tokens LongTensor (N,), targets LongTensor (N,))`` with
   ``IGNORE_INDEX`` (-100) where no loss is taken; ``collate_tokens`` / ``collate_lm`` pad a
@@ -17,6 +19,7 @@ See docs/data.md.
 
 from .cifar import CifarPixelDataset, load_cifar_batch, rgb_to_gray
 from .collate import IGNORE_INDEX, collate_images, collate_lm, collate_tokens
+from .digits import DigitsDataset
 from .images import ImageFolderDataset
 from .imdb import ImdbByteDataset
 from .listops import (
@@ -31,10 +34,12 @@ from .lm_text import LMTextDataset, decode_bytes, encode_text
 from .recall import RecallDataset
 from .registry import TaskSpec, get_task, list_tasks, register_task
 from .text import TextFileDataset, encode_bytes, label_mapping
+from .text_bytes import TextBytesDataset
 
 __all__ = [
     "IGNORE_INDEX",
     "CifarPixelDataset",
+    "DigitsDataset",
     "ImageFolderDataset",
     "ImdbByteDataset",
     "LMTextDataset",
@@ -42,6 +47,7 @@ __all__ = [
     "ListOpsTSV",
     "RecallDataset",
     "TaskSpec",
+    "TextBytesDataset",
     "TextFileDataset",
     "collate_images",
     "collate_lm",
