@@ -138,6 +138,16 @@ def test_short_conv_mixes_the_tokens_it_should(causal):
     assert_rel_close(module(x, is_causal=causal), want, 1e-12, "output")
 
 
+@pytest.mark.parametrize("short_conv", [0, 3])
+def test_kernel_inputs_have_unit_stride_features(short_conv):
+    # SDPA's fused CPU kernel needs the feature axis at stride 1; a strided view after the
+    # short convolution sent softmax to its 2.5x slower math path (benchmarks/short_conv_cpu).
+    module = Attention(DIM, HEADS, attn_kernel="softmax", short_conv=short_conv).double()
+    x = randn(2, 6, DIM, seed=3)
+    for name, t in zip("qkv", module.heads_in(x, x, None, True), strict=True):
+        assert t.stride(-1) == 1, f"{name} has feature stride {t.stride(-1)}"
+
+
 # ---------------------------------------------------------------------------------------
 # super: the fixed context length.
 

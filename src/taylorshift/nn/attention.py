@@ -281,7 +281,9 @@ class Attention(nn.Module):
                 t = t * zero
             t = F.pad(t.transpose(1, 2), (left, taps - 1 - left))
             sl = slice(part * dim, (part + 1) * dim)
-            return F.conv1d(t, weight[sl], bias[sl], groups=dim).transpose(1, 2)
+            # Back to (B, N, dim) in memory: with the feature axis strided, SDPA leaves its
+            # fused CPU kernel for the math path (2.5x slower; docs/bench.md).
+            return F.conv1d(t, weight[sl], bias[sl], groups=dim).transpose(1, 2).contiguous()
 
         return mix(q, 0, real if self_attention else None), mix(k, 1, real), mix(v, 2, real)
 
