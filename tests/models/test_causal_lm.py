@@ -173,6 +173,16 @@ def test_save_and_load_round_trip(tmp_path):
     assert loaded.head.weight is loaded.token_embed.weight  # tied after loading too
 
 
+def test_config_with_the_old_projection_name_loads_renamed():
+    # configs saved before the rename of projection "efficient" to "query-only"
+    with pytest.warns(FutureWarning, match=r"now called 'query-only'"):
+        config = CausalLMConfig.from_dict({"vocab_size": 16, "dim": 8, "depth": 1,
+                                           "num_heads": 2, "projection": "efficient"})  # fmt: skip
+    assert config.projection == "query-only"
+    assert config == CausalLMConfig(vocab_size=16, dim=8, depth=1, num_heads=2,
+                                    projection="query-only")  # fmt: skip
+
+
 def test_registry_presets():
     m = create_model("lm-small", device="meta")
     assert (m.config.depth, m.config.dim, m.config.num_heads) == (4, 128, 4)

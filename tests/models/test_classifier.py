@@ -73,13 +73,13 @@ def test_padded_batch_equals_unpadded_sequences(attn_kernel, kernel_args, settin
     [
         {"pos_embedding": "learned", "max_len": 16},
         {"projection": "optimized"},
-        {"projection": "efficient"},
+        {"projection": "query-only"},
         {"projection": "super", "context_len": 16},
         {"token_embedding": "conv", "pos_embedding": "learned", "max_len": 16, "pooling": "mean"},
         {"short_conv": 3},
         {"short_conv": 4, "pooling": "mean"},
     ],
-    ids=["learned", "optimized", "efficient", "super", "conv-learned-mean", "short3", "short4"],
+    ids=["learned", "optimized", "query-only", "super", "conv-learned-mean", "short3", "short4"],
 )
 def test_padded_batch_equals_unpadded_sequences_other_settings(settings):
     model = classifier(kernel_args={"mode": "efficient"}, **settings)
@@ -188,7 +188,7 @@ def test_drop_path_rises_linearly():
         (
             {"short_conv": 3, "projection": "super", "context_len": 8},
             ValueError,
-            r"short_conv needs projection 'standard', 'optimized' or 'efficient'",
+            r"short_conv needs projection 'standard', 'optimized' or 'query-only'",
         ),
     ],
 )

@@ -41,11 +41,11 @@ def projection_params(module: nn.Module) -> int:
 PAPER_COUNTS = [
     (128, 8, 64, "standard", 66_048),
     (128, 8, 64, "optimized", 49_536),
-    (128, 8, 64, "efficient", 33_024),
+    (128, 8, 64, "query-only", 33_024),
     (128, 8, 64, "super", 37_184),
     (32, 4, 32, "standard", 4_224),
     (32, 4, 32, "optimized", 3_168),
-    (32, 4, 32, "efficient", 2_112),
+    (32, 4, 32, "query-only", 2_112),
     (32, 4, 32, "super", 3_168),
     (768, 12, None, "standard", 2_362_368),
 ]
@@ -82,7 +82,7 @@ def test_formula_counts_for_other_widths():
         assert counts == {
             "standard": 4 * base,
             "optimized": 3 * base,
-            "efficient": 2 * base,
+            "query-only": 2 * base,
             "super": 2 * base + ell * ell + ell,
         }
 
@@ -136,6 +136,14 @@ def test_short_conv_mixes_the_tokens_it_should(causal):
     want = module.kernel(*(module._heads(t) for t in mixed), None, causal)
     want = module.proj(want.transpose(1, 2).reshape(2, 6, DIM))
     assert_rel_close(module(x, is_causal=causal), want, 1e-12, "output")
+
+
+def test_old_projection_name_works_with_a_warning_naming_the_new_one():
+    with pytest.warns(FutureWarning, match=r"projection='efficient' is now called 'query-only'"):
+        old = Attention(DIM, HEADS, projection="efficient")
+    new = Attention(DIM, HEADS, projection="query-only")
+    assert old.projection == "query-only"
+    assert [n for n, _ in old.named_parameters()] == [n for n, _ in new.named_parameters()]
 
 
 @pytest.mark.parametrize("short_conv", [0, 3])
@@ -245,7 +253,7 @@ def test_cross_attention_with_a_context_of_another_length(projection):
     assert torch.equal(y2[:, 1:], y[:, 1:]) and rel_error(y2[:, 0], y[:, 0]) > 1e-3
 
 
-@pytest.mark.parametrize("projection", ["optimized", "efficient", "super"])
+@pytest.mark.parametrize("projection", ["optimized", "query-only", "super"])
 def test_context_dim_must_equal_dim_for_sliced_projections(projection):
     context_len = 8 if projection == "super" else None
     with pytest.raises(ValueError, match=r"context_dim must equal dim \(12\); got context_dim=10"):
@@ -261,7 +269,7 @@ def test_context_of_wrong_shape_is_refused(shape):
         module(randn(2, 4, DIM), context=randn(*shape))
 
 
-@pytest.mark.parametrize("projection", ["standard", "efficient"])
+@pytest.mark.parametrize("projection", ["standard", "query-only"])
 def test_context_of_wrong_width_is_refused_by_name(projection):
     module = make_attention("softmax", projection, DIM, HEADS)
     with pytest.raises(ValueError, match=r"context.*12.*got.*\(2, 5, 9\)"):
@@ -375,7 +383,7 @@ CONSTRUCTOR_ERRORS = {
     ),
     "short-conv-super": (
         dict(short_conv=3, projection="super", context_len=8),
-        r"short_conv applies to projections 'standard', 'optimized' and 'efficient'",
+        r"short_conv applies to projections 'standard', 'optimized' and 'query-only'",
     ),
     "attn-kernel": (dict(attn_kernel="nope"), r"attn_kernel must be one of .*got 'nope'"),
 }

@@ -33,7 +33,7 @@ from .encoder import (
 )
 from .registry import register_model_class
 
-DECODE_PROJECTIONS = ("standard", "optimized", "efficient")
+DECODE_PROJECTIONS = ("standard", "optimized", "query-only")
 
 
 @dataclass(frozen=True)
@@ -50,7 +50,7 @@ class CausalLMConfig(ModelConfigBase):
         qk_norm: LayerNorm on each head's queries and keys.
         attn_kernel: a name from ``taylorshift.nn.list_kernels()``.
         kernel_args: that kernel's options (JSON-serialisable), e.g. ``{"mode": "efficient"}``.
-        projection: ``standard``, ``optimized`` or ``efficient`` (``super`` fixes the
+        projection: ``standard``, ``optimized`` or ``query-only`` (``super`` fixes the
             context length and cannot decode token by token).
         pos_embedding: ``"cosine"`` (any length) or ``"learned"`` (up to ``max_len``).
         max_len: the longest sequence of ``pos_embedding="learned"``.

@@ -18,7 +18,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 
-from ..nn import PROJECTIONS, Block, list_kernels
+from ..nn import PROJECTIONS, Block, canonical_projection, list_kernels
 from .embedding import CosinePositionEmbedding, LearnedPositionEmbedding
 
 POS_EMBEDDINGS = ("cosine", "learned")
@@ -119,7 +119,7 @@ class EncoderConfig(ModelConfigBase):
         attn_kernel: a name from ``taylorshift.nn.list_kernels()``.
         kernel_args: that kernel's options, e.g. ``{"mode": "efficient"}``; must be
             JSON-serialisable (it is saved in the weights file).
-        projection: ``standard``, ``optimized``, ``efficient`` or ``super`` (see
+        projection: ``standard``, ``optimized``, ``query-only`` or ``super`` (see
             ``taylorshift.nn.Attention``).
         context_len: ℓ of ``projection="super"``: the most tokens it takes, CLS included.
         pos_embedding: ``"cosine"`` (fixed sinusoidal, any length) or ``"learned"``.
@@ -178,6 +178,8 @@ def check_trunk(config: Any, projections: tuple[str, ...]) -> None:
     _flag("qkv_bias", config.qkv_bias)
     _flag("qk_norm", config.qk_norm)
     _choice("attn_kernel", config.attn_kernel, tuple(list_kernels()))
+    if config.projection != (projection := canonical_projection(config.projection)):
+        object.__setattr__(config, "projection", projection)  # an old name, renamed
     _choice("projection", config.projection, projections)
     _choice("pos_embedding", config.pos_embedding, POS_EMBEDDINGS)
     for name in ("dropout", "attn_drop", "drop_path"):
@@ -186,7 +188,7 @@ def check_trunk(config: Any, projections: tuple[str, ...]) -> None:
     if isinstance(taps, bool) or not isinstance(taps, int) or taps < 0:
         raise ValueError(f"short_conv must be an int >= 0 (taps); got {taps!r}")
     if taps and config.projection == "super":
-        raise ValueError("short_conv needs projection 'standard', 'optimized' or 'efficient'")
+        raise ValueError("short_conv needs projection 'standard', 'optimized' or 'query-only'")
     check_kernel_args(config.kernel_args)
 
 

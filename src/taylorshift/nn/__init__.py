@@ -1,6 +1,12 @@
 """nn.Modules: attention layers (kernel × projection variant) and Transformer blocks."""
 
-from .attention import PROJECTIONS, Attention, TaylorShiftAttention
+from .attention import (
+    PROJECTION_RENAMES,
+    PROJECTIONS,
+    Attention,
+    TaylorShiftAttention,
+    canonical_projection,
+)
 from .block import Block, DropPath, Mlp
 from .cache import CACHE_KINDS, KVCache, StateCache
 from .kernels import AttentionKernel, create_kernel, list_kernels, register_kernel
@@ -8,6 +14,7 @@ from .kernels import AttentionKernel, create_kernel, list_kernels, register_kern
 __all__ = [
     "CACHE_KINDS",
     "PROJECTIONS",
+    "PROJECTION_RENAMES",
     "Attention",
     "AttentionKernel",
     "Block",
@@ -16,6 +23,7 @@ __all__ = [
     "Mlp",
     "StateCache",
     "TaylorShiftAttention",
+    "canonical_projection",
     "create_kernel",
     "list_kernels",
     "register_kernel",

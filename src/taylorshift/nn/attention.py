@@ -1,7 +1,8 @@
 """Multi-head attention layers: a projection variant around a named attention kernel.
 
-Projection variants (Hosseini et al., SPEC §4; not to be confused with the *efficient form*
-of TaylorShift, which is how the kernel computes):
+Projection variants (Hosseini et al., SPEC §4, who call ``query-only`` "Efficient
+Attention"; the name was ``efficient`` here until it was renamed, so that "efficient" names
+only TaylorShift's linear-time *form*; the old name still works, with a FutureWarning):
 
 =============  =============================================  ============================
 projection     what it learns                                 parameters (with biases)
@@ -9,8 +10,8 @@ projection     what it learns                                 parameters (with b
 ``standard``   W_Q, W_K, W_V, W_O                             4 (d² + d)
 ``optimized``  W_Q, W_K, W_O; head i's values are its slice   3 (d² + d)
                of the input (no W_V)
-``efficient``  W_Q, W_O; keys and values are slices           2 (d² + d)
-``super``      ``efficient`` plus an alignment W_A (ℓ × ℓ,    2 (d² + d) + ℓ² + ℓ
+``query-only`` W_Q, W_O; keys and values are slices          2 (d² + d)
+``super``      ``query-only`` plus an alignment W_A (ℓ × ℓ,   2 (d² + d) + ℓ² + ℓ
                with bias) mixing values over tokens, shared
                by the heads, lower triangular when causal
 =============  =============================================  ============================
@@ -34,6 +35,7 @@ the last k − 1 projected tokens of each row in the cache (``conv``).
 from __future__ import annotations
 
 import math
+import warnings
 
 import torch
 import torch.nn.functional as F
@@ -41,7 +43,25 @@ from torch import Tensor, nn
 
 from .kernels import create_kernel
 
-PROJECTIONS = ("standard", "optimized", "efficient", "super")
+PROJECTIONS = ("standard", "optimized", "query-only", "super")
+#: Old projection names -> their names now (accepted with a FutureWarning).
+PROJECTION_RENAMES = {"efficient": "query-only"}
+
+
+def canonical_projection(projection: object) -> object:
+    """``projection`` under its current name: an old name (``PROJECTION_RENAMES``) is mapped
+    with a FutureWarning naming the new spelling; anything else comes back unchanged (the
+    caller checks it)."""
+    if isinstance(projection, str) and projection in PROJECTION_RENAMES:
+        new = PROJECTION_RENAMES[projection]
+        warnings.warn(
+            f'projection={projection!r} is now called {new!r} ("efficient" names only the '
+            f"linear-time form of TaylorShift); pass projection={new!r}",
+            FutureWarning,
+            stacklevel=3,
+        )
+        return new
+    return projection
 
 
 def _check_dims(dim: int, num_heads: int) -> int:
@@ -95,7 +115,8 @@ class Attention(nn.Module):
         device, dtype: where and in which dtype parameters are created.
         attn_kernel: a name from ``taylorshift.nn.list_kernels()``.
         kernel_args: options of that kernel (e.g. ``{"mode": "efficient"}``).
-        projection: ``standard``, ``optimized``, ``efficient`` or ``super`` (module docstring).
+        projection: ``standard``, ``optimized``, ``query-only`` or ``super`` (module
+            docstring; the old name ``efficient`` is accepted with a FutureWarning).
         context_len: ℓ, the fixed context length of ``super``.
         context_dim: width of ``context`` for cross-attention (default ``dim``).
         short_conv: taps of the depthwise convolution on q, k and v over the sequence (see
@@ -127,9 +148,10 @@ class Attention(nn.Module):
         self.head_dim = _check_dims(dim, num_heads)
         if isinstance(short_conv, bool) or not isinstance(short_conv, int) or short_conv < 0:
             raise ValueError(f"short_conv must be an int >= 0 (taps); got {short_conv!r}")
+        projection = canonical_projection(projection)
         if short_conv and projection == "super":
             raise ValueError(
-                "short_conv applies to projections 'standard', 'optimized' and 'efficient'; "
+                "short_conv applies to projections 'standard', 'optimized' and 'query-only'; "
                 "got projection='super' (its W_A mixes the values over tokens already)"
             )
         if projection not in PROJECTIONS:
@@ -310,7 +332,7 @@ class Attention(nn.Module):
         if self.projection == "super" or self.context_dim != self.dim:
             raise ValueError(
                 "decode needs causal self-attention with projection 'standard', 'optimized' or "
-                f"'efficient'; this layer has projection={self.projection!r} and context_dim="
+                f"'query-only'; this layer has projection={self.projection!r} and context_dim="
                 f"{self.context_dim} (dim={self.dim})"
             )
         return self.kernel.new_cache(kind)
