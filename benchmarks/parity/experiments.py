@@ -8,13 +8,15 @@
 Every run is ``taylorshift train --preset <task preset> --seed <k> <variant's flags>`` into
 ``RUNS/<task>/<variant>-seed<k>``, one torch thread each. ``run`` starts the runs that are
 missing, resumes the unfinished ones (``--resume``) and skips the finished, ``--jobs`` at a
-time. ``summarize`` reads the metrics of every finished run and writes results.json,
+time. ``summarize`` reads the metrics of every finished run (added to the runs of the
+results.json already in ``--out``, so older runs need not be kept) and writes results.json,
 table.md and one learning-curve figure per task.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shlex
 import statistics
@@ -75,6 +77,9 @@ VARIANTS = {
     "direct-tau4": Variant(
         "TaylorShift, τ0 = 4", ("--mode", "direct", *_kernel_args(temperature=4.0))
     ),
+    "direct-tau8": Variant(
+        "TaylorShift, τ0 = 8", ("--mode", "direct", *_kernel_args(temperature=8.0))
+    ),
     "direct-taulr10": Variant(
         "TaylorShift, τ lr × 10",
         ("--mode", "direct", "--set", "optim.lr_multipliers.temperature=10"),
@@ -124,6 +129,18 @@ VARIANTS = {
     "direct-conv-taulr10": Variant(
         "TaylorShift direct + short conv, τ lr × 10",
         ("--mode", "direct", "{conv}", "--set", "optim.lr_multipliers.temperature=10"),
+    ),
+    # τ0 = 8 solved recall where τ0 = 1 did not (benchmarks/recall_cpu/short-conv)
+    "direct-conv-taulr10-tau8": Variant(
+        "TaylorShift direct + short conv, τ lr × 10, τ0 = 8",
+        (
+            "--mode",
+            "direct",
+            "{conv}",
+            "--set",
+            "optim.lr_multipliers.temperature=10",
+            *_kernel_args(temperature=8.0),
+        ),
     ),
 }
 
@@ -334,8 +351,25 @@ def plot(task: str, results: dict, path: Path) -> None:
     write_figure(path, fig)
 
 
+def merged(recorded: dict, found: dict) -> dict:
+    """The runs of an earlier ``results.json`` with those found now added (a run found now
+    replaces its recorded copy), so that a new variant joins the comparison without its
+    older runs' folders."""
+    results = {task: {v: dict(seeds) for v, seeds in variants.items()}
+               for task, variants in recorded.items()}  # fmt: skip
+    for task, variants in found.items():
+        for variant, seeds in variants.items():
+            results.setdefault(task, {}).setdefault(variant, {}).update(seeds)
+    return results
+
+
 def summarize(runs: Path, out: Path) -> None:
     results = collect(runs)
+    if (out / "results.json").exists():
+        recorded = json.loads((out / "results.json").read_text())["runs"]
+        recorded = {t: {v: {int(k): r for k, r in seeds.items()} for v, seeds in vs.items()}
+                    for t, vs in recorded.items()}  # fmt: skip
+        results = merged(recorded, results)
     rows = summary(results)
     write_json(out / "results.json", {"summary": rows, "runs": results})
     parts = []

@@ -1,29 +1,57 @@
 """Plot and tabulate the MQAR results of run_recall.py: test accuracy vs width per sequence
 length, one line per attention kernel.
 
-    python benchmarks/recall_cpu/plot_recall.py [results.json] [--out recall.png]
+    python benchmarks/recall_cpu/plot_recall.py [results.json ...] [--out recall.png]
 
-Also prints the markdown table of report.md (test accuracy per kernel × seq_len × width).
+Several results files (same setup otherwise) are read together. Per kernel × seq_len ×
+width, among the learning rates run with the most seeds, the one with the best mean
+*validation* accuracy is chosen (a tie: the smaller), and the *test* accuracy at that
+learning rate is reported as mean ± std over its seeds (std only with at least 2 seeds).
+Prints the markdown tables of the report: the chosen cells, the learning-rate sweep, the
+wall times.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
+from collections import defaultdict
 from pathlib import Path
 
 from taylorshift.bench.files import write_figure
 
 HERE = Path(__file__).resolve().parent
-LABELS = {"taylorshift": "TaylorShift", "softmax": "softmax (SDPA)", "linear": "linear (elu+1)"}
-COLOURS = {"taylorshift": "tab:orange", "softmax": "tab:blue", "linear": "tab:green"}
-KERNEL_ORDER = ("softmax", "taylorshift", "linear")
+LABELS = {
+    "taylorshift": "TaylorShift (τ0 = 1, paper)",
+    "taylorshift-tau8": "TaylorShift (τ0 = 8)",
+    "softmax": "softmax (SDPA)",
+    "linear": "linear (elu+1)",
+}
+COLOURS = {
+    "taylorshift": "tab:orange",
+    "taylorshift-tau8": "tab:red",
+    "softmax": "tab:blue",
+    "linear": "tab:green",
+}
+KERNEL_ORDER = ("softmax", "taylorshift-tau8", "taylorshift", "linear")
 
 
-def load_points(path: Path) -> tuple[dict, list[dict]]:
-    results = json.loads(path.read_text())
-    rows = [row for row in results["points"].values() if "error" not in row]
-    return results["setup"], rows
+def load_points(paths: list[Path]) -> tuple[dict, list[dict]]:
+    """The setup of the first file and the finished points of all; a point made before the
+    learning-rate and seed sweeps takes them from its file's setup."""
+    setup, rows = None, []
+    for path in paths:
+        results = json.loads(path.read_text())
+        setup = setup or results["setup"]
+        for row in results["points"].values():
+            if "error" in row:
+                continue
+            row = dict(row)
+            row.setdefault("lr", results["setup"].get("lr"))
+            row.setdefault("seed", results["setup"].get("seed"))
+            rows.append(row)
+    return setup, rows
 
 
 def kernels_of(rows: list[dict]) -> list[str]:
@@ -37,77 +65,121 @@ def chance(setup: dict) -> float:
     return 1 / num_values
 
 
-def plot(setup: dict, rows: list[dict], path: Path) -> None:
+def mean_std(values: list[float]) -> tuple[float, float | None]:
+    return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else None
+
+
+def cells(rows: list[dict]) -> dict[tuple, dict]:
+    """(kernel, seq_len, width) -> the chosen learning rate's summary."""
+    by_lr: dict[tuple, dict[float, list[dict]]] = defaultdict(lambda: defaultdict(list))
+    for r in rows:
+        by_lr[(r["kernel"], r["seq_len"], r["width"])][r["lr"]].append(r)
+    chosen = {}
+    for key, lrs in by_lr.items():
+        sweep = {lr: statistics.fmean(r["val_accuracy"] for r in runs) for lr, runs in lrs.items()}
+        # Only the learning rates run with the most seeds compete (a rate dropped after its
+        # first seed cannot win on one lucky run); a tie goes to the smaller rate.
+        most = max(len(runs) for runs in lrs.values())
+        lr = max(sorted(lr for lr in lrs if len(lrs[lr]) == most), key=sweep.get)
+        runs = sorted(lrs[lr], key=lambda r: r["seed"])
+        mean, std = mean_std([r["test_accuracy"] for r in runs])
+        chosen[key] = {
+            "lr": lr,
+            "sweep": dict(sorted(sweep.items())),
+            "seeds": [r["seed"] for r in runs],
+            "test": [r["test_accuracy"] for r in runs],
+            "mean": mean,
+            "std": std,
+            "wall_s": statistics.fmean(r["wall_s"] for r in runs),
+        }
+    return chosen
+
+
+def plot(setup: dict, chosen: dict, path: Path) -> None:
     from matplotlib.figure import Figure
 
-    seq_lens = sorted({r["seq_len"] for r in rows})
-    widths = sorted({r["width"] for r in rows})
+    seq_lens = sorted({n for _, n, _ in chosen})
+    widths = sorted({w for _, _, w in chosen})
+    kernels = kernels_of([{"kernel": k} for k, _, _ in chosen])
     fig = Figure(figsize=(4 * len(seq_lens), 3.6))
     axes = fig.subplots(1, len(seq_lens), sharey=True, squeeze=False)[0]
-    top = min(1.0, max(0.5, max(r["test_accuracy"] for r in rows) + 0.1))
     for ax, n in zip(axes, seq_lens, strict=True):
-        for kernel in kernels_of(rows):
-            points = sorted(
-                (r["width"], r["test_accuracy"])
-                for r in rows
-                if r["seq_len"] == n and r["kernel"] == kernel
-            )
+        for kernel in kernels:
+            points = [(w, chosen[(kernel, n, w)]) for w in widths if (kernel, n, w) in chosen]
             if points:
-                ax.plot(
-                    *zip(*points, strict=True),
+                ax.errorbar(
+                    [w for w, _ in points],
+                    [c["mean"] for _, c in points],
+                    yerr=[c["std"] or 0.0 for _, c in points],
                     marker="o",
+                    capsize=3,
                     color=COLOURS.get(kernel),
                     label=LABELS.get(kernel, kernel),
                 )
-        pairs = n // setup["pairs_divisor"]
+        pairs = setup.get("num_pairs") or n // setup["pairs_divisor"]
         ax.axhline(chance(setup), color="grey", ls=":", lw=1, label="chance (1 / values)")
         ax.axhline(1 / pairs, color="grey", ls="--", lw=1, label="1 / pairs (copy any value)")
         ax.set(
             title=f"seq_len {n}, {pairs} pairs",
             xlabel=f"model width (head_dim {setup['head_dim']})",
             xticks=widths,
-            ylim=(0, top),
+            ylim=(0, 1.02),
         )
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("test accuracy (queried values)")
-    axes[-1].legend(fontsize=8, loc="upper left")
+    axes[-1].legend(fontsize=7, loc="lower left")
+    conv = setup.get("short_conv", 0)
     fig.suptitle(
-        f"MQAR on the CPU: {setup['depth']}-layer LM, {setup['steps']} steps × batch "
-        f"{setup['batch_size']}, lr {setup['lr']:g}, vocab {setup['vocab_size']}, "
-        f"seed {setup['seed']}",
+        f"MQAR on the CPU: {setup['depth']}-layer LM"
+        + (f" with a {conv}-tap short conv" if conv else "")
+        + f", {setup['steps']} steps × batch {setup['batch_size']}, vocab "
+        f"{setup['vocab_size']}; best lr per point, mean ± std over seeds",
         fontsize=10,
     )
     write_figure(path, fig)
 
 
-def table(rows: list[dict], cell) -> str:
-    """Markdown table: one row per kernel, one column per (seq_len, width), ``cell(row)``."""
-    seq_lens = sorted({r["seq_len"] for r in rows})
-    widths = sorted({r["width"] for r in rows})
-    by = {(r["kernel"], r["seq_len"], r["width"]): r for r in rows}
+def table(chosen: dict, cell) -> str:
+    """Markdown table: one row per kernel, one column per (seq_len, width), ``cell(c)``."""
+    seq_lens = sorted({n for _, n, _ in chosen})
+    widths = sorted({w for _, _, w in chosen})
     cols = [(n, w) for n in seq_lens for w in widths]
     head = "| kernel | " + " | ".join(f"N={n}, D={w}" for n, w in cols) + " |"
     lines = [head, "|---" * (len(cols) + 1) + "|"]
-    for kernel in kernels_of(rows):
-        cells = [by.get((kernel, *key)) for key in cols]
-        cells = ["–" if r is None else cell(r) for r in cells]
-        lines.append(f"| {LABELS.get(kernel, kernel)} | " + " | ".join(cells) + " |")
+    for kernel in kernels_of([{"kernel": k} for k, _, _ in chosen]):
+        row = [chosen.get((kernel, *key)) for key in cols]
+        text = ["–" if c is None else cell(c) for c in row]
+        lines.append(f"| {LABELS.get(kernel, kernel)} | " + " | ".join(text) + " |")
     return "\n".join(lines)
+
+
+def accuracy_cell(c: dict) -> str:
+    text = f"{100 * c['mean']:.1f}"
+    if c["std"] is not None:
+        text += f" ± {100 * c['std']:.1f}"
+    return text + ("" if len(c["seeds"]) > 1 else " (1 seed)")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("results", type=Path, nargs="?", default=HERE / "results.json")
+    parser.add_argument("results", type=Path, nargs="*", default=[HERE / "results.json"])
     parser.add_argument("--out", type=Path, default=HERE / "recall.png")
     args = parser.parse_args()
     setup, rows = load_points(args.results)
     if not rows:
-        raise SystemExit(f"no finished points in {args.results}")
-    plot(setup, rows, args.out)
-    print("Test accuracy (%) over the queried values:\n")
-    print(table(rows, lambda r: f"{100 * r['test_accuracy']:.1f}"))
-    print("\nWall time per point (s, training + evaluation):\n")
-    print(table(rows, lambda r: f"{r['wall_s']:.0f}"))
+        raise SystemExit(f"no finished points in {', '.join(map(str, args.results))}")
+    chosen = cells(rows)
+    plot(setup, chosen, args.out)
+    print("Test accuracy (%) over the queried values, at the best learning rate:\n")
+    print(table(chosen, accuracy_cell))
+    print("\nThe learning rate chosen (best mean validation accuracy):\n")
+    print(table(chosen, lambda c: f"{c['lr']:g}"))
+    print("\nValidation accuracy (%) per learning rate, mean over seeds:\n")
+    print(
+        table(chosen, lambda c: ", ".join(f"{lr:g}: {100 * a:.1f}" for lr, a in c["sweep"].items()))
+    )
+    print("\nWall time per run (s, training + evaluation, mean over seeds):\n")
+    print(table(chosen, lambda c: f"{c['wall_s']:.0f}"))
 
 
 if __name__ == "__main__":

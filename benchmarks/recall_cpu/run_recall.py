@@ -33,19 +33,32 @@ from taylorshift.atomic import write_atomic
 from taylorshift.bench.machine import machine_info
 
 HERE = Path(__file__).resolve().parent
-KERNELS = ("taylorshift", "softmax", "linear")
+# name -> (model.kernel, model overrides): the kernels and kernel settings compared
+KERNELS = {
+    "taylorshift": ("taylorshift", {}),  # the paper's: learnable τ per head, initially 1
+    "taylorshift-tau8": ("taylorshift", {"kernel_args": {"temperature": 8.0}}),
+    "softmax": ("softmax", {}),
+    "linear": ("linear", {}),
+}
 
 
-def point_key(kernel: str, seq_len: int, width: int) -> str:
-    return f"{kernel}/N{seq_len}/D{width}"
+def point_key(kernel: str, seq_len: int, width: int, lr: float, seed: int) -> str:
+    return f"{kernel}/N{seq_len}/D{width}/lr{lr:g}/seed{seed}"
 
 
-def grid(args: argparse.Namespace) -> list[tuple[str, int, int]]:
+def grid(args: argparse.Namespace) -> list[tuple[str, int, int, float, int]]:
     """The points, most expensive first (long sequences, TaylorShift, wide) so that a pool of
     workers does not end on one long point."""
-    cost = {"taylorshift": 3, "softmax": 1, "linear": 1}
-    points = [(k, n, w) for k in args.kernels for n in args.seq_lens for w in args.widths]
-    return sorted(points, key=lambda p: (-p[1] * cost.get(p[0], 1), -p[2], p[0]))
+    cost = {k: 3 if v[0] == "taylorshift" else 1 for k, v in KERNELS.items()}
+    points = [
+        (k, n, w, lr, seed)
+        for k in args.kernels
+        for n in args.seq_lens
+        for w in args.widths
+        for lr in args.lrs
+        for seed in args.seeds
+    ]
+    return sorted(points, key=lambda p: (-p[1] * cost.get(p[0], 1), -p[2], p[0], p[3], p[4]))
 
 
 def setup_of(args: argparse.Namespace) -> dict:
@@ -58,24 +71,32 @@ def setup_of(args: argparse.Namespace) -> dict:
         "qk_norm": args.qk_norm,
         "vocab_size": args.vocab_size,
         "pairs_divisor": args.pairs_divisor,
+        "num_pairs": args.num_pairs,
+        "short_conv": args.short_conv,
         "steps": args.steps,
         "batch_size": args.batch_size,
-        "lr": args.lr,
         "warmup_fraction": args.warmup_fraction,
         "val_samples": args.val_samples,
         "test_samples": args.test_samples,
-        "seed": args.seed,
         "threads": args.threads,
+        "set": dict(args.set),
     }
 
 
-def overrides_for(setup: dict, kernel: str, seq_len: int, width: int, out_dir: str) -> dict:
+def pairs_of(setup: dict, seq_len: int) -> int:
+    """Key-value pairs per sequence: ``--num-pairs`` at every length, else seq_len / divisor."""
+    return setup.get("num_pairs") or seq_len // setup["pairs_divisor"]
+
+
+def overrides_for(
+    setup: dict, kernel: str, seq_len: int, width: int, lr: float, seed: int, out_dir: str
+) -> dict:
     """Dotted-key overrides of the ``recall`` preset for one point: one epoch of exactly
     ``steps`` batches (fresh samples throughout), warm-up then cosine over that epoch."""
     if width % setup["head_dim"]:
         raise ValueError(f"width {width} is not a multiple of head_dim {setup['head_dim']}")
-    num_pairs = seq_len // setup["pairs_divisor"]
-    return {
+    num_pairs = pairs_of(setup, seq_len)
+    overrides = {
         "data.task": "recall",
         "data.options": {
             "seq_len": seq_len,
@@ -89,32 +110,51 @@ def overrides_for(setup: dict, kernel: str, seq_len: int, width: int, out_dir: s
         },
         "data.batch_size": setup["batch_size"],
         "model.name": setup["model"],
-        "model.kernel": kernel,
+        "model.kernel": KERNELS[kernel][0],
         "model.overrides": {
+            **KERNELS[kernel][1],
             "dim": width,
             "depth": setup["depth"],
             "num_heads": width // setup["head_dim"],
             "qk_norm": setup["qk_norm"],
+            "short_conv": setup["short_conv"],
         },
-        "optim.lr": setup["lr"],
+        "optim.lr": lr,
         "optim.epochs": 1,
         "optim.warmup_epochs": setup["warmup_fraction"],
-        "run.seed": setup["seed"],
+        "run.seed": seed,
         "run.device": "cpu",
         "run.threads": setup["threads"],
         "run.progress": False,
         "run.log_every": 25,
         "run.out_dir": out_dir,
     }
+    for key, value in setup.get("set", {}).items():
+        if key.startswith("model.overrides."):
+            overrides["model.overrides"][key.removeprefix("model.overrides.")] = value
+        else:
+            overrides[key] = value
+    return overrides
 
 
-def run_point(setup: dict, kernel: str, seq_len: int, width: int) -> dict:
+def parse_setting(text: str) -> tuple[str, object]:
+    """``KEY=VALUE`` of ``--set``: VALUE is JSON when it parses, else text."""
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"--set takes KEY=VALUE, got {text!r}")
+    try:
+        return key, json.loads(value)
+    except json.JSONDecodeError:
+        return key, value
+
+
+def run_point(setup: dict, kernel: str, seq_len: int, width: int, lr: float, seed: int) -> dict:
     """Train and test one point (in a worker process); a dict for the results file."""
     from taylorshift.train import read_metrics, resolve_config, train
 
     with tempfile.TemporaryDirectory(prefix="recall-") as out_dir:
         config = resolve_config(
-            "recall", overrides=overrides_for(setup, kernel, seq_len, width, out_dir)
+            "recall", overrides=overrides_for(setup, kernel, seq_len, width, lr, seed, out_dir)
         )
         start = time.perf_counter()
         try:
@@ -131,8 +171,10 @@ def run_point(setup: dict, kernel: str, seq_len: int, width: int) -> dict:
         "kernel": kernel,
         "seq_len": seq_len,
         "width": width,
+        "lr": lr,
+        "seed": seed,
         "num_heads": width // setup["head_dim"],
-        "num_pairs": seq_len // setup["pairs_divisor"],
+        "num_pairs": pairs_of(setup, seq_len),
         "parameters": first.get("parameters"),
         "steps": result.step,
         "test_accuracy": result.test["accuracy"],
@@ -170,7 +212,9 @@ def save(path: Path, results: dict) -> None:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--kernels", nargs="+", default=list(KERNELS))
+    p.add_argument(
+        "--kernels", nargs="+", choices=list(KERNELS), default=["taylorshift", "softmax", "linear"]
+    )
     p.add_argument("--seq-lens", nargs="+", type=int, default=[64, 128, 256])
     p.add_argument("--widths", nargs="+", type=int, default=[32, 64])
     p.add_argument("--head-dim", type=int, default=16, help="heads = width / head_dim")
@@ -185,13 +229,33 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--pairs-divisor", type=int, default=16, help="num_pairs = seq_len // this (Zoology's)"
     )
+    p.add_argument(
+        "--num-pairs", type=int, default=None, help="pairs at every length (not seq_len / divisor)"
+    )
     p.add_argument("--steps", type=int, default=2000, help="optimizer steps per point")
     p.add_argument("--batch-size", type=int, default=16)
-    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument(
+        "--short-conv",
+        type=int,
+        default=0,
+        help="taps of the causal short convolution on q, k, v (0: none)",
+    )
+    p.add_argument(
+        "--lrs", nargs="+", type=float, default=[3e-3], help="learning rates (one run each)"
+    )
     p.add_argument("--warmup-fraction", type=float, default=0.1, help="of the steps")
     p.add_argument("--val-samples", type=int, default=256)
     p.add_argument("--test-samples", type=int, default=1024)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--set",
+        type=parse_setting,
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="another dotted override of the recall preset for every point, e.g. "
+        "optim.lr_multipliers='{\"temperature\": 10}' or model.overrides.kernel_args=...",
+    )
+    p.add_argument("--seeds", nargs="+", type=int, default=[0], help="run seeds")
     p.add_argument("--threads", type=int, default=1, help="torch threads per worker")
     p.add_argument("--jobs", type=int, default=1, help="points trained at once")
     p.add_argument("--out", type=Path, default=HERE / "results.json")
