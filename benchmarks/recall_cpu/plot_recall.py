@@ -35,6 +35,8 @@ COLOURS = {
     "linear": "tab:green",
 }
 KERNEL_ORDER = ("softmax", "taylorshift-tau8", "taylorshift", "linear")
+# softmax drawn large and hollow, so that a kernel level with it stays visible
+STYLES = {"softmax": {"marker": "o", "ms": 11, "mfc": "none", "ls": "--"}}
 
 
 def load_points(paths: list[Path]) -> tuple[dict, list[dict]]:
@@ -91,6 +93,7 @@ def cells(rows: list[dict]) -> dict[tuple, dict]:
             "mean": mean,
             "std": std,
             "wall_s": statistics.fmean(r["wall_s"] for r in runs),
+            "steps": max(r["steps"] for r in runs),
         }
     return chosen
 
@@ -111,7 +114,7 @@ def plot(setup: dict, chosen: dict, path: Path) -> None:
                     [w for w, _ in points],
                     [c["mean"] for _, c in points],
                     yerr=[c["std"] or 0.0 for _, c in points],
-                    marker="o",
+                    **STYLES.get(kernel, {"marker": "o"}),
                     capsize=3,
                     color=COLOURS.get(kernel),
                     label=LABELS.get(kernel, kernel),
@@ -119,8 +122,9 @@ def plot(setup: dict, chosen: dict, path: Path) -> None:
         pairs = setup.get("num_pairs") or n // setup["pairs_divisor"]
         ax.axhline(chance(setup), color="grey", ls=":", lw=1, label="chance (1 / values)")
         ax.axhline(1 / pairs, color="grey", ls="--", lw=1, label="1 / pairs (copy any value)")
+        steps = sorted({c["steps"] for (_, m, _), c in chosen.items() if m == n})
         ax.set(
-            title=f"seq_len {n}, {pairs} pairs",
+            title=f"seq_len {n}, {pairs} pairs, {'/'.join(map(str, steps))} steps",
             xlabel=f"model width (head_dim {setup['head_dim']})",
             xticks=widths,
             ylim=(0, 1.02),
@@ -132,7 +136,7 @@ def plot(setup: dict, chosen: dict, path: Path) -> None:
     fig.suptitle(
         f"MQAR on the CPU: {setup['depth']}-layer LM"
         + (f" with a {conv}-tap short conv" if conv else "")
-        + f", {setup['steps']} steps × batch {setup['batch_size']}, vocab "
+        + f", batch {setup['batch_size']}, vocab "
         f"{setup['vocab_size']}; best lr per point, mean ± std over seeds",
         fontsize=10,
     )
