@@ -20,6 +20,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from taylorshift.bench.files import write_figure
+from taylorshift.data.recall import recall_vocab
 
 HERE = Path(__file__).resolve().parent
 LABELS = {
@@ -63,8 +64,7 @@ def kernels_of(rows: list[dict]) -> list[str]:
 
 def chance(setup: dict) -> float:
     """Accuracy of guessing uniformly among the value ids."""
-    num_values = setup["vocab_size"] - 2 - (setup["vocab_size"] - 2) // 2
-    return 1 / num_values
+    return 1 / len(recall_vocab(setup["vocab_size"])[1])
 
 
 def mean_std(values: list[float]) -> tuple[float, float | None]:

@@ -304,7 +304,8 @@ class Attention(nn.Module):
             t = F.pad(t.transpose(1, 2), (left, taps - 1 - left))
             sl = slice(part * dim, (part + 1) * dim)
             # Back to (B, N, dim) in memory: with the feature axis strided, SDPA leaves its
-            # fused CPU kernel for the math path (2.5x slower; docs/bench.md).
+            # fused CPU kernel for the math path (1.2-3.8x slower at N = 64-1,024:
+            # benchmarks/short_conv_cpu).
             return F.conv1d(t, weight[sl], bias[sl], groups=dim).transpose(1, 2).contiguous()
 
         return mix(q, 0, real if self_attention else None), mix(k, 1, real), mix(v, 2, real)
