@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import inspect
 import sys
 
 import pytest
@@ -32,6 +33,18 @@ def test_attn_layer_class_refuses_unknown_kernels_and_arguments():
     cls = ts_timm.attn_layer_class()
     with pytest.raises(TypeError, match="depth"):
         cls(16, num_heads=2, depth=3)
+
+
+def test_attn_layer_class_takes_timms_arguments_in_order_and_keeps_its_binding():
+    cls = ts_timm.attn_layer_class("linear")
+    # timm's positional order: dim, num_heads, qkv_bias, qk_norm, scale_norm, proj_bias, ...
+    layer = cls(16, 2, True, False, False, False, dtype=torch.float64)
+    assert layer.num_heads == 2 and layer.q_proj.bias is not None and layer.proj.bias is None
+    assert layer.kernel.name == "linear"
+    with pytest.raises(TypeError, match="attn_kernel"):
+        cls(16, num_heads=2, attn_kernel="softmax")
+    shown = inspect.signature(cls)
+    assert "qkv_bias" in shown.parameters and "attn_kernel" not in shown.parameters
 
 
 def test_split_qkv_maps_timm_fused_weights_onto_ours():

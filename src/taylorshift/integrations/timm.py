@@ -68,38 +68,23 @@ def attn_layer_class(
     bound = dict(kernel_args or {})
 
     class TimmAttention(Attention):
-        def __init__(
-            self,
-            dim: int,
-            num_heads: int = 8,
-            qkv_bias: bool = False,
-            qk_norm: bool = False,
-            scale_norm: bool = False,
-            proj_bias: bool = True,
-            attn_drop: float = 0.0,
-            proj_drop: float = 0.0,
-            norm_layer: type[nn.Module] | None = None,
-            device=None,
-            dtype=None,
-        ):
+        # Attention's own signature (timm's arguments come first in it), with the bound
+        # settings added: a caller that passes one of them again gets Python's TypeError.
+        def __init__(self, *args: Any, **kwargs: Any):
             super().__init__(
-                dim,
-                num_heads,
-                qkv_bias,
-                qk_norm,
-                scale_norm,
-                proj_bias,
-                attn_drop,
-                proj_drop,
-                norm_layer,
-                device,
-                dtype,
+                *args,
+                **kwargs,
                 attn_kernel=attn_kernel,
                 kernel_args=dict(bound),
                 projection=projection,
                 context_len=context_len,
             )
 
+    bound_names = ("attn_kernel", "kernel_args", "projection", "context_len")
+    signature = inspect.signature(Attention.__init__)
+    TimmAttention.__init__.__signature__ = signature.replace(  # type: ignore[attr-defined]
+        parameters=[p for p in signature.parameters.values() if p.name not in bound_names]
+    )
     TimmAttention.__doc__ = (
         f"taylorshift Attention for timm: attn_kernel={attn_kernel!r}, kernel_args={bound}, "
         f"projection={projection!r}, context_len={context_len}"
