@@ -148,3 +148,24 @@ def test_inductor_compiles_the_efficient_form_end_to_end():
     compiled = torch.compile(op, fullgraph=True)
     for got, want in zip(_grads(compiled, [q, k, v]), _grads(op, [q, k, v]), strict=True):
         assert_rel_close(got, want, 1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize(
+    "kernel, cache", [("taylorshift", "state"), ("softmax", "kv"), ("linear", "state")]
+)
+def test_decoding_step_compiles_whole(kernel, cache):
+    # the step a generation loop compiles: model.decode of one token, caches updated in
+    # place; dynamic shapes for the key/value cache, which grows by a token per step
+    torch.manual_seed(0)
+    model = create_model("lm-tiny", attn_kernel=kernel).eval()
+    step = torch.compile(model.decode, backend="aot_eager", fullgraph=True, dynamic=cache == "kv")
+    prompt = torch.randint(0, 20, (2, 9))
+    with torch.inference_mode():
+        eager_caches, compiled_caches = model.new_caches(cache), model.new_caches(cache)
+        for caches in (eager_caches, compiled_caches):
+            model.decode(prompt, caches, torch.arange(9).expand(2, 9))
+        for i in range(3):
+            token, position = torch.randint(0, 20, (2, 1)), torch.full((2, 1), 9 + i)
+            want = model.decode(token, eager_caches, position)
+            got = step(token, compiled_caches, position)
+            assert_rel_close(got, want, 1e-5, atol=1e-6)

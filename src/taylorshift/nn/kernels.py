@@ -137,7 +137,10 @@ class AttentionKernel(nn.Module):
             # goes token by token, each seeing its prefix of the cache.
             if t == 1 or t == n:
                 key_mask = mask[:, None, None, :] if cache.padded else None
-                return self.attend(q, keys, values, key_mask, t == n)
+                # causal exactly when t == n > 1, written as t > 1: under
+                # torch.compile(dynamic=True) t == n is a symbolic bool, which SDPA's
+                # is_causal refuses, while t = 1 is specialised
+                return self.attend(q, keys, values, key_mask, t > 1)
             past = n - t
             rows = [
                 self.attend(q[..., i : i + 1, :], keys[..., : past + i + 1, :],
