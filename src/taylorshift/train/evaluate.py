@@ -10,11 +10,10 @@ import os
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset, Subset
 
-from ..data import IGNORE_INDEX, TaskSpec, get_task
+from ..data import TaskSpec, get_kind, get_task
 from ..data.text_bytes import count_baselines
 from ..models import load_model
 from .checkpoint import MODEL_FILE, find_checkpoint, load_state, read_config, verify_checkpoint
@@ -65,30 +64,14 @@ def _build_split(config: TrainConfig, spec: TaskSpec, split: str) -> Dataset:
 
 
 def task_losses(logits: Tensor, labels: Tensor, kind: str) -> tuple[Tensor, Tensor, Tensor]:
-    """(summed cross entropy, correct predictions, scored predictions) of a batch.
+    """(summed cross entropy, correct predictions, scored predictions) of a batch of a task
+    of kind ``kind``: ``get_kind(kind).losses(logits, labels)`` (``taylorshift.data.kinds``).
 
     Classification: one prediction per sample, logits (B, C) and labels (B,). Language
     modelling (kind ``"lm"``): one per target token, logits (B, N, V) and targets (B, N)
     with ``IGNORE_INDEX`` where no prediction is scored.
     """
-    logits = logits.float()
-    if kind == "lm":
-        logits, labels = logits.flatten(0, 1), labels.flatten()
-    scored = labels != IGNORE_INDEX
-    loss = F.cross_entropy(logits, labels, reduction="sum", ignore_index=IGNORE_INDEX)
-    correct = ((logits.argmax(-1) == labels) & scored).sum()
-    return loss, correct, scored.sum()
-
-
-def _unpack(batch, kind: str, device: torch.device):
-    """(model inputs, labels, real tokens) of a collated batch."""
-    if kind == "image":
-        images, labels = batch
-        inputs = (images.to(device, non_blocking=True),)
-        return inputs, labels.to(device, non_blocking=True), None
-    tokens, mask, labels = batch
-    inputs = (tokens.to(device, non_blocking=True), mask.to(device, non_blocking=True))
-    return inputs, labels.to(device, non_blocking=True), mask.sum()
+    return get_kind(kind).losses(logits, labels)
 
 
 def _amp_dtype(amp: str, device: torch.device) -> torch.dtype | None:
@@ -128,8 +111,9 @@ def evaluate(
 
     Returns:
         ``{"loss": float, "accuracy": float, "samples": int}``: per sample for
-        classification; per scored target token for language modelling (kind ``"lm"``:
-        ``samples`` counts target tokens, and ``perplexity`` = exp(loss) is added).
+        classification; per scored target token for language modelling (kind ``"lm"``, a
+        ``per_token`` kind: ``samples`` counts target tokens, and ``perplexity`` = exp(loss)
+        is added).
     """
     dist_info = dist_info or Dist()
     sequence = sequence or SequenceGroup(data_rank=dist_info.rank, data_world=dist_info.world_size)
@@ -146,14 +130,15 @@ def evaluate(
         pin_memory=device.type == "cuda",
         generator=torch.Generator(),
     )
+    kind = spec.behaviour
     totals = torch.zeros(3, dtype=torch.float64, device=device)  # loss sum, correct, count
     try:
         for batch in loader:
-            inputs, labels, _ = _unpack(batch, spec.kind, device)
+            inputs, labels, _ = kind.unpack(batch, device)
             inputs, kwargs, labels = shard_sequence(inputs, labels, sequence)
             with _autocast(device, amp_dtype):
                 logits = model(*inputs, **kwargs)
-            loss, correct, scored = task_losses(logits, labels, spec.kind)
+            loss, correct, scored = kind.losses(logits, labels)
             totals[0] += loss.double()
             totals[1] += correct
             totals[2] += scored
@@ -166,7 +151,7 @@ def evaluate(
         "accuracy": correct / denominator,
         "samples": int(count),
     }
-    if spec.kind == "lm":
+    if kind.per_token:
         result["perplexity"] = math.exp(min(result["loss"], 700.0))
     if spec.byte_tokens:
         result["bits_per_byte"] = result["loss"] / math.log(2.0)

@@ -61,11 +61,9 @@ from .evaluate import (
     _autocast,
     _build_split,
     _setting,
-    _unpack,
     byte_baselines,
     evaluate,
     shard_sequence,
-    task_losses,
 )
 from .lock import RunLock
 from .metrics import MetricsLogger, Progress
@@ -162,9 +160,10 @@ def model_overrides(
                 f"{probe.config.attn_kernel!r} (set model.kernel=taylorshift)"
             )
         overrides["kernel_args"] = {**probe.config.kernel_args, "mode": m.mode}
+    kind = spec.behaviour
     is_lm = isinstance(probe, CausalLM)
-    if (spec.kind == "lm") != is_lm:
-        wanted = "a causal language model (lm-tiny, lm-small, ...)" if spec.kind == "lm" else (
+    if kind.causal_lm != is_lm:
+        wanted = "a causal language model (lm-tiny, lm-small, ...)" if kind.causal_lm else (
             "a classifier")  # fmt: skip
         raise ConfigError(
             f"task {spec.name!r} (kind {spec.kind!r}) needs {wanted}; model {m.name!r} is a "
@@ -179,7 +178,7 @@ def model_overrides(
     if num_classes not in (None, probe.num_classes) and "num_classes" not in overrides:
         overrides["num_classes"] = num_classes
     takes_tokens = hasattr(probe, "vocab_size")
-    if spec.kind == "tokens":
+    if kind.takes_tokens:
         if not takes_tokens:
             raise ConfigError(
                 f"model {m.name!r} takes images but task {spec.name!r} gives token sequences"
@@ -295,6 +294,7 @@ def _train(config: TrainConfig, resume: bool, dist_info: Dist, device: torch.dev
         state = load_state(existing)
 
     spec = _setting("data.task", get_task, data.task)
+    kind = spec.behaviour
     train_set = _setting(f"data (task {data.task!r})", _build_split, config, spec, "train")
     eval_set = _setting(f"data (task {data.task!r})", _build_split, config, spec, data.eval_split)
     num_classes = spec.num_classes or getattr(train_set, "num_classes", None)
@@ -466,7 +466,7 @@ def _train(config: TrainConfig, resume: bool, dist_info: Dist, device: torch.dev
             "grad_norm": None if grad_norm is None else float(grad_norm),
             "samples_per_s": round(window["samples"] / elapsed, 2),
         }
-        if spec.kind in ("tokens", "lm"):
+        if kind.takes_tokens:
             record["tokens_per_s"] = round(window["tokens"] / elapsed, 1)
         metrics.log("train", step, **record)
         progress.update(
@@ -504,12 +504,12 @@ def _train(config: TrainConfig, resume: bool, dist_info: Dist, device: torch.dev
             )
             net.train()
             for batch in loader:
-                inputs, labels, tokens = _unpack(batch, spec.kind, device)
+                inputs, labels, tokens = kind.unpack(batch, device)
                 inputs, kwargs, labels = shard_sequence(inputs, labels, seq)
                 previous_lr, lr = lr, optimizer.param_groups[0]["lr"]
                 with _autocast(device, amp_dtype):
                     logits = net(*inputs, **kwargs)
-                loss_sum, _, scored = task_losses(logits, labels, spec.kind)
+                loss_sum, _, scored = kind.losses(logits, labels)
                 if seq.size > 1:
                     # The group's mean over all its targets, times the group size: DDP
                     # averages gradients over every process, and the slices' gradients
@@ -585,7 +585,7 @@ def _sequence_parallel(
     model: nn.Module, spec: TaskSpec, size: int, dist_info: Dist
 ) -> SequenceGroup:
     """Make the model's kernels sequence-parallel when ``run.sequence_parallel`` > 1."""
-    if size > 1 and spec.kind != "lm":
+    if size > 1 and not spec.behaviour.causal_lm:
         raise ConfigError(
             f"run.sequence_parallel needs a causal language-model task (kind 'lm'); task "
             f"{spec.name!r} is kind {spec.kind!r}"
