@@ -15,6 +15,7 @@
 The command line: ``taylorshift train`` and ``taylorshift eval``. See docs/train.md.
 """
 
+from .build import build_model
 from .checkpoint import find_checkpoint, latest_checkpoint, load_state
 from .config import (
     ConfigError,
@@ -26,7 +27,7 @@ from .config import (
 )
 from .evaluate import evaluate, evaluate_checkpoint
 from .lock import RunLock, RunLockedError
-from .loop import NonFiniteLossError, TrainResult, build_model, train
+from .loop import NonFiniteLossError, TrainResult, train
 from .metrics import read_metrics
 from .optim import Lamb, WarmupCosine, build_optimizer, build_scheduler
 from .presets import PRESETS, get_preset, list_presets

@@ -1,6 +1,5 @@
-"""Evaluation and the data side of a run: :func:`evaluate` a model on a split,
-:func:`evaluate_checkpoint` a saved run, the per-task loss (:func:`task_losses`), and the
-splits a config names, built with errors that name the setting."""
+"""Evaluation: :func:`evaluate` a model on a split, :func:`evaluate_checkpoint` a saved run,
+the per-task loss (:func:`task_losses`)."""
 
 from __future__ import annotations
 
@@ -11,15 +10,15 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
-from torch.utils.data import DataLoader, Dataset, Subset
+from torch.utils.data import DataLoader, Dataset
 
 from ..data import TaskSpec, get_kind, get_task
 from ..data.text_bytes import count_baselines
 from ..models import load_model
+from .build import _build_split
 from .checkpoint import MODEL_FILE, find_checkpoint, load_state, read_config, verify_checkpoint
-from .config import ConfigError, TrainConfig
+from .config import TrainConfig
 from .distributed import Dist, SequenceGroup, eval_shard, setup
-from .lock import RunLockedError
 
 __all__ = [
     "byte_baselines",
@@ -28,39 +27,6 @@ __all__ = [
     "shard_sequence",
     "task_losses",
 ]
-
-
-def _setting(what: str, fn, *args):
-    """``fn(*args)``, with the errors a bad setting gives (a missing or malformed data file,
-    an unknown task, a device that is not there, an unwritable run folder) raised as
-    :class:`ConfigError` naming the setting, so the CLI prints one error line for them."""
-    try:
-        return fn(*args)
-    except (ConfigError, RunLockedError):
-        raise
-    except (ValueError, OSError, RuntimeError, ImportError) as err:
-        raise ConfigError(f"{what}: {err}") from err
-
-
-def _build_split(config: TrainConfig, spec: TaskSpec, split: str) -> Dataset:
-    options = {**config.data.options, **config.data.split_options.get(split, {})}
-    if isinstance(options.get("operators"), list):
-        options["operators"] = tuple(options["operators"])
-    dataset = spec.build(split, **options)
-    if split != "train" and getattr(dataset, "single_file", False):
-        # One file read as every split would score the model on its own training data.
-        raise ConfigError(
-            f"data path of task {spec.name!r} must be a folder with one file per split when "
-            f"training or evaluating on split {split!r}; got the single file "
-            f"{str(dataset.path)!r}, which would be the train split as well (docs/data.md)"
-        )
-    limit = config.data.train_limit if split == "train" else config.data.eval_limit
-    if limit is not None and limit < len(dataset):
-        kept = {k: getattr(dataset, k, None) for k in ("num_classes", "vocab_size")}
-        dataset = Subset(dataset, range(limit))
-        for key, value in kept.items():
-            setattr(dataset, key, value)
-    return dataset
 
 
 def task_losses(logits: Tensor, labels: Tensor, kind: str) -> tuple[Tensor, Tensor, Tensor]:

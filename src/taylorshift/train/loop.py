@@ -1,4 +1,5 @@
-"""The training loop: :func:`train` a config (evaluation lives in ``evaluate.py``).
+"""The training loop: :func:`train` a config (the model and splits a config builds are in
+``build.py``, evaluation in ``evaluate.py``).
 
 One optimizer step per global batch: forward under autocast (bf16 where enabled), cross
 entropy in float32, backward (gradients averaged over processes by DDP), optional clipping
@@ -32,7 +33,8 @@ from torch.utils.data import DataLoader, Dataset
 
 from ..atomic import write_atomic
 from ..data import TaskSpec, get_task
-from ..models import CausalLM, create_model, load_weights
+from ..models import load_weights
+from .build import _build_split, _setting, build_model
 from .checkpoint import (
     CHECKPOINT_DIR,
     CONFIG_FILE,
@@ -59,8 +61,6 @@ from .distributed import (
 from .evaluate import (
     _amp_dtype,
     _autocast,
-    _build_split,
-    _setting,
     byte_baselines,
     evaluate,
     shard_sequence,
@@ -116,9 +116,6 @@ class TrainResult:
     best_accuracy: float | None
 
 
-# Data
-
-
 def _collective_timeout(dist_info: Dist, timeout_s: float) -> CollectiveTimeoutError:
     """The error of a collective that ran out of time, naming the silent ranks if it can."""
     silent = dist_info.silent_ranks(min(30.0, timeout_s))
@@ -132,81 +129,6 @@ def _collective_timeout(dist_info: Dist, timeout_s: float) -> CollectiveTimeoutE
         f"and {who}: that process crashed, hangs or was stopped. The last checkpoint is kept; "
         f"restart the job with --resume"
     )
-
-
-# Model
-
-
-def model_overrides(
-    config: TrainConfig, spec: TaskSpec, num_classes: int | None, vocab_size: int | None = None
-) -> dict:
-    """The ``create_model`` overrides of a run: ``model.overrides``, the kernel and mode
-    shortcuts, and the task's ``num_classes`` / ``vocab_size`` where the preset differs
-    (``vocab_size``: the built dataset's, when its options set it)."""
-    m = config.model
-    overrides = dict(m.overrides)
-    if m.kernel is not None:
-        overrides["attn_kernel"] = m.kernel
-    try:
-        probe = create_model(m.name, device="meta", **overrides)
-    except TypeError as err:
-        raise ConfigError(f"model.overrides: {err}") from None
-    except ValueError as err:
-        raise ConfigError(f"model: {err}") from None
-    if m.mode is not None:
-        if probe.config.attn_kernel != "taylorshift":
-            raise ConfigError(
-                f"model.mode applies to the taylorshift kernel; model {m.name!r} uses "
-                f"{probe.config.attn_kernel!r} (set model.kernel=taylorshift)"
-            )
-        overrides["kernel_args"] = {**probe.config.kernel_args, "mode": m.mode}
-    kind = spec.behaviour
-    is_lm = isinstance(probe, CausalLM)
-    if kind.causal_lm != is_lm:
-        wanted = "a causal language model (lm-tiny, lm-small, ...)" if kind.causal_lm else (
-            "a classifier")  # fmt: skip
-        raise ConfigError(
-            f"task {spec.name!r} (kind {spec.kind!r}) needs {wanted}; model {m.name!r} is a "
-            f"{type(probe).__name__}"
-        )
-    if is_lm:
-        wanted = vocab_size or spec.vocab_size
-        if wanted not in (None, probe.config.vocab_size) and "vocab_size" not in overrides:
-            overrides["vocab_size"] = wanted
-        return overrides
-    probe = probe.config
-    if num_classes not in (None, probe.num_classes) and "num_classes" not in overrides:
-        overrides["num_classes"] = num_classes
-    takes_tokens = hasattr(probe, "vocab_size")
-    if kind.takes_tokens:
-        if not takes_tokens:
-            raise ConfigError(
-                f"model {m.name!r} takes images but task {spec.name!r} gives token sequences"
-            )
-        wanted = spec.vocab_size
-        if wanted not in (None, probe.vocab_size) and "vocab_size" not in overrides:
-            overrides["vocab_size"] = wanted
-    elif takes_tokens:
-        raise ConfigError(f"model {m.name!r} takes token ids but task {spec.name!r} gives images")
-    return overrides
-
-
-def build_model(
-    config: TrainConfig,
-    spec: TaskSpec,
-    num_classes: int | None,
-    device=None,
-    vocab_size: int | None = None,
-) -> nn.Module:
-    """``create_model`` with :func:`model_overrides` applied."""
-    overrides = model_overrides(config, spec, num_classes, vocab_size)
-    return create_model(config.model.name, device=device, **overrides)
-
-
-# Evaluation
-
-
-# Training
 
 
 def _check_resume(config: TrainConfig, checkpoint: Path) -> None:
