@@ -10,6 +10,8 @@
   int)``, LM datasets ``(tokens LongTensor (N,), targets LongTensor (N,))`` with
   ``IGNORE_INDEX`` (-100) where no loss is taken; ``collate_tokens`` / ``collate_lm`` pad a
   batch and return its mask (True = real token), ``collate_images`` stacks one.
+- ``get_kind(spec.kind)`` (or ``spec.behaviour``): the :class:`TaskKind` of a task's kind,
+  which collates, unpacks a batch into model inputs and labels, and sums the loss.
 - ``taylorshift.data.listops``: the ListOps generator, evaluator and tokenizer;
   ``taylorshift.data.recall``: multi-query associative recall; ``taylorshift.data.lm_text``:
   byte windows of a file, ``encode_text`` / ``decode_bytes`` for prompts and samples.
@@ -22,6 +24,7 @@ from .collate import IGNORE_INDEX, collate_images, collate_lm, collate_tokens
 from .digits import DigitsDataset
 from .images import ImageFolderDataset
 from .imdb import ImdbByteDataset
+from .kinds import TaskKind, get_kind
 from .listops import (
     ListOpsDataset,
     ListOpsTSV,
@@ -46,6 +49,7 @@ __all__ = [
     "ListOpsDataset",
     "ListOpsTSV",
     "RecallDataset",
+    "TaskKind",
     "TaskSpec",
     "TextBytesDataset",
     "TextFileDataset",
@@ -58,6 +62,7 @@ __all__ = [
     "encode_text",
     "evaluate",
     "generate_expression",
+    "get_kind",
     "get_task",
     "label_mapping",
     "list_tasks",

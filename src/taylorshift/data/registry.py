@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import difflib
-import functools
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -13,10 +12,10 @@ from torch.utils.data import Dataset
 
 from ._common import check_split
 from .cifar import CifarPixelDataset
-from .collate import collate_images, collate_lm, collate_tokens
 from .digits import DigitsDataset
 from .images import ImageFolderDataset
 from .imdb import ImdbByteDataset
+from .kinds import KINDS, TaskKind, get_kind
 from .listops import ListOpsDataset, ListOpsTSV
 from .lm_text import LMTextDataset
 from .recall import RECALL_PAD_ID, RecallDataset
@@ -32,8 +31,6 @@ from .vocab import (
 )
 
 __all__ = ["TaskSpec", "get_task", "list_tasks", "register_task"]
-
-KINDS = ("tokens", "image", "lm")
 
 
 @dataclass(frozen=True)
@@ -53,7 +50,8 @@ class TaskSpec:
         kind: ``"tokens"`` (classification, items ``(LongTensor (N,), int)``), ``"image"``
             (items ``(FloatTensor (C, H, W), int)``) or ``"lm"`` (per-token targets, items
             ``(tokens LongTensor (N,), targets LongTensor (N,))`` with ``targets[i]`` the id
-            to predict at position i or ``IGNORE_INDEX`` = -100 for no loss).
+            to predict at position i or ``IGNORE_INDEX`` = -100 for no loss); its
+            behaviour is ``spec.behaviour`` (``taylorshift.data.kinds``).
         description: one line for listings.
         builder: ``builder(split, **options)`` makes the dataset (a dataset class or a
             function); its keyword-only arguments are the task's options.
@@ -77,11 +75,16 @@ class TaskSpec:
             raise ValueError(f"kind must be one of {KINDS}, got {self.kind!r}")
         if not callable(self.builder):
             raise ValueError(f"builder must be callable, got {self.builder!r}")
-        if self.kind == "lm" and self.num_classes is not None:
+        if self.behaviour.per_token and self.num_classes is not None:
             raise ValueError(
-                f"num_classes must be None for kind 'lm' (targets are token ids), "
+                f"num_classes must be None for kind {self.kind!r} (targets are token ids), "
                 f"got {self.num_classes!r}"
             )
+
+    @property
+    def behaviour(self) -> TaskKind:
+        """What depends on ``kind``: collate, unpack a batch, losses (``get_kind(kind)``)."""
+        return get_kind(self.kind)
 
     @property
     def options(self) -> dict[str, Any]:
@@ -109,10 +112,7 @@ class TaskSpec:
     def collate(self, pad_to_multiple: int | None = None) -> Callable:
         """The DataLoader ``collate_fn`` for this task (picklable, works with workers):
         ``collate_images``, ``collate_tokens`` or, for kind ``"lm"``, ``collate_lm``."""
-        if self.kind == "image":
-            return collate_images
-        collate = collate_lm if self.kind == "lm" else collate_tokens
-        return functools.partial(collate, pad_id=self.pad_id, pad_to_multiple=pad_to_multiple)
+        return self.behaviour.collate(self.pad_id, pad_to_multiple)
 
 
 _TASKS: dict[str, TaskSpec] = {}

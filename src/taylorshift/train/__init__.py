@@ -8,6 +8,9 @@
   on CUDA, gradient clipping, evaluation every epoch, metrics as JSON Lines, atomic
   checkpoints from which a resumed run continues bitwise (on a CPU); under ``torchrun``,
   DistributedDataParallel.
+- ``Trainer``: what ``train`` runs on each process (the run's objects and the loop);
+  ``TrainState``: its progress (step, epoch, best accuracy, the metrics window), saved in
+  every checkpoint.
 - ``RunLock``: one training process per run folder (``RunLockedError`` for a second).
 - ``evaluate_checkpoint(path, split)``: accuracy and loss of a saved run.
 - ``Lamb``, ``WarmupCosine``: the optimizer and schedule.
@@ -15,6 +18,7 @@
 The command line: ``taylorshift train`` and ``taylorshift eval``. See docs/train.md.
 """
 
+from .build import build_model
 from .checkpoint import find_checkpoint, latest_checkpoint, load_state
 from .config import (
     ConfigError,
@@ -26,11 +30,12 @@ from .config import (
 )
 from .evaluate import evaluate, evaluate_checkpoint
 from .lock import RunLock, RunLockedError
-from .loop import NonFiniteLossError, TrainResult, build_model, train
+from .loop import NonFiniteLossError, Trainer, TrainResult, train
 from .metrics import read_metrics
 from .optim import Lamb, WarmupCosine, build_optimizer, build_scheduler
 from .presets import PRESETS, get_preset, list_presets
 from .resolve import load_config_file, resolve_config
+from .state import TrainState
 
 __all__ = [
     "PRESETS",
@@ -45,6 +50,8 @@ __all__ = [
     "RunLockedError",
     "TrainConfig",
     "TrainResult",
+    "TrainState",
+    "Trainer",
     "WarmupCosine",
     "build_model",
     "build_optimizer",

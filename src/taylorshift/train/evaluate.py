@@ -1,6 +1,5 @@
-"""Evaluation and the data side of a run: :func:`evaluate` a model on a split,
-:func:`evaluate_checkpoint` a saved run, the per-task loss (:func:`task_losses`), and the
-splits a config names, built with errors that name the setting."""
+"""Evaluation: :func:`evaluate` a model on a split, :func:`evaluate_checkpoint` a saved run,
+the per-task loss (:func:`task_losses`)."""
 
 from __future__ import annotations
 
@@ -10,17 +9,16 @@ import os
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.utils.data import DataLoader, Dataset, Subset
+from torch.utils.data import DataLoader, Dataset
 
-from ..data import IGNORE_INDEX, TaskSpec, get_task
+from ..data import TaskSpec, get_kind, get_task
 from ..data.text_bytes import count_baselines
 from ..models import load_model
+from .build import _build_split
 from .checkpoint import MODEL_FILE, find_checkpoint, load_state, read_config, verify_checkpoint
-from .config import ConfigError, TrainConfig
+from .config import TrainConfig
 from .distributed import Dist, SequenceGroup, eval_shard, setup
-from .lock import RunLockedError
 
 __all__ = [
     "byte_baselines",
@@ -31,64 +29,15 @@ __all__ = [
 ]
 
 
-def _setting(what: str, fn, *args):
-    """``fn(*args)``, with the errors a bad setting gives (a missing or malformed data file,
-    an unknown task, a device that is not there, an unwritable run folder) raised as
-    :class:`ConfigError` naming the setting, so the CLI prints one error line for them."""
-    try:
-        return fn(*args)
-    except (ConfigError, RunLockedError):
-        raise
-    except (ValueError, OSError, RuntimeError, ImportError) as err:
-        raise ConfigError(f"{what}: {err}") from err
-
-
-def _build_split(config: TrainConfig, spec: TaskSpec, split: str) -> Dataset:
-    options = {**config.data.options, **config.data.split_options.get(split, {})}
-    if isinstance(options.get("operators"), list):
-        options["operators"] = tuple(options["operators"])
-    dataset = spec.build(split, **options)
-    if split != "train" and getattr(dataset, "single_file", False):
-        # One file read as every split would score the model on its own training data.
-        raise ConfigError(
-            f"data path of task {spec.name!r} must be a folder with one file per split when "
-            f"training or evaluating on split {split!r}; got the single file "
-            f"{str(dataset.path)!r}, which would be the train split as well (docs/data.md)"
-        )
-    limit = config.data.train_limit if split == "train" else config.data.eval_limit
-    if limit is not None and limit < len(dataset):
-        kept = {k: getattr(dataset, k, None) for k in ("num_classes", "vocab_size")}
-        dataset = Subset(dataset, range(limit))
-        for key, value in kept.items():
-            setattr(dataset, key, value)
-    return dataset
-
-
 def task_losses(logits: Tensor, labels: Tensor, kind: str) -> tuple[Tensor, Tensor, Tensor]:
-    """(summed cross entropy, correct predictions, scored predictions) of a batch.
+    """(summed cross entropy, correct predictions, scored predictions) of a batch of a task
+    of kind ``kind``: ``get_kind(kind).losses(logits, labels)`` (``taylorshift.data.kinds``).
 
     Classification: one prediction per sample, logits (B, C) and labels (B,). Language
     modelling (kind ``"lm"``): one per target token, logits (B, N, V) and targets (B, N)
     with ``IGNORE_INDEX`` where no prediction is scored.
     """
-    logits = logits.float()
-    if kind == "lm":
-        logits, labels = logits.flatten(0, 1), labels.flatten()
-    scored = labels != IGNORE_INDEX
-    loss = F.cross_entropy(logits, labels, reduction="sum", ignore_index=IGNORE_INDEX)
-    correct = ((logits.argmax(-1) == labels) & scored).sum()
-    return loss, correct, scored.sum()
-
-
-def _unpack(batch, kind: str, device: torch.device):
-    """(model inputs, labels, real tokens) of a collated batch."""
-    if kind == "image":
-        images, labels = batch
-        inputs = (images.to(device, non_blocking=True),)
-        return inputs, labels.to(device, non_blocking=True), None
-    tokens, mask, labels = batch
-    inputs = (tokens.to(device, non_blocking=True), mask.to(device, non_blocking=True))
-    return inputs, labels.to(device, non_blocking=True), mask.sum()
+    return get_kind(kind).losses(logits, labels)
 
 
 def _amp_dtype(amp: str, device: torch.device) -> torch.dtype | None:
@@ -128,8 +77,9 @@ def evaluate(
 
     Returns:
         ``{"loss": float, "accuracy": float, "samples": int}``: per sample for
-        classification; per scored target token for language modelling (kind ``"lm"``:
-        ``samples`` counts target tokens, and ``perplexity`` = exp(loss) is added).
+        classification; per scored target token for language modelling (kind ``"lm"``, a
+        ``per_token`` kind: ``samples`` counts target tokens, and ``perplexity`` = exp(loss)
+        is added).
     """
     dist_info = dist_info or Dist()
     sequence = sequence or SequenceGroup(data_rank=dist_info.rank, data_world=dist_info.world_size)
@@ -146,14 +96,15 @@ def evaluate(
         pin_memory=device.type == "cuda",
         generator=torch.Generator(),
     )
+    kind = spec.behaviour
     totals = torch.zeros(3, dtype=torch.float64, device=device)  # loss sum, correct, count
     try:
         for batch in loader:
-            inputs, labels, _ = _unpack(batch, spec.kind, device)
+            inputs, labels, _ = kind.unpack(batch, device)
             inputs, kwargs, labels = shard_sequence(inputs, labels, sequence)
             with _autocast(device, amp_dtype):
                 logits = model(*inputs, **kwargs)
-            loss, correct, scored = task_losses(logits, labels, spec.kind)
+            loss, correct, scored = kind.losses(logits, labels)
             totals[0] += loss.double()
             totals[1] += correct
             totals[2] += scored
@@ -166,7 +117,7 @@ def evaluate(
         "accuracy": correct / denominator,
         "samples": int(count),
     }
-    if spec.kind == "lm":
+    if kind.per_token:
         result["perplexity"] = math.exp(min(result["loss"], 700.0))
     if spec.byte_tokens:
         result["bits_per_byte"] = result["loss"] / math.log(2.0)

@@ -1,4 +1,7 @@
-"""The training loop: :func:`train` a config (evaluation lives in ``evaluate.py``).
+"""The training loop: :func:`train` a config, run by a :class:`Trainer` whose progress is a
+:class:`~taylorshift.train.state.TrainState` (the model and splits a config builds are in
+``build.py``, evaluation in ``evaluate.py``, what depends on the task's kind in
+``taylorshift.data.kinds``).
 
 One optimizer step per global batch: forward under autocast (bf16 where enabled), cross
 entropy in float32, backward (gradients averaged over processes by DDP), optional clipping
@@ -20,7 +23,6 @@ import json
 import math
 import platform
 import random
-import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,7 +34,8 @@ from torch.utils.data import DataLoader, Dataset
 
 from ..atomic import write_atomic
 from ..data import TaskSpec, get_task
-from ..models import CausalLM, create_model, load_weights
+from ..models import load_weights
+from .build import _build_split, _setting, build_model
 from .checkpoint import (
     CHECKPOINT_DIR,
     CONFIG_FILE,
@@ -59,21 +62,19 @@ from .distributed import (
 from .evaluate import (
     _amp_dtype,
     _autocast,
-    _build_split,
-    _setting,
-    _unpack,
     byte_baselines,
     evaluate,
     shard_sequence,
-    task_losses,
 )
 from .lock import RunLock
 from .metrics import MetricsLogger, Progress
 from .optim import build_optimizer, build_scheduler
+from .state import MetricsWindow, TrainState
 
 __all__ = [
     "NonFiniteLossError",
     "TrainResult",
+    "Trainer",
     "build_model",
     "train",
 ]
@@ -118,9 +119,6 @@ class TrainResult:
     best_accuracy: float | None
 
 
-# Data
-
-
 def _collective_timeout(dist_info: Dist, timeout_s: float) -> CollectiveTimeoutError:
     """The error of a collective that ran out of time, naming the silent ranks if it can."""
     silent = dist_info.silent_ranks(min(30.0, timeout_s))
@@ -134,80 +132,6 @@ def _collective_timeout(dist_info: Dist, timeout_s: float) -> CollectiveTimeoutE
         f"and {who}: that process crashed, hangs or was stopped. The last checkpoint is kept; "
         f"restart the job with --resume"
     )
-
-
-# Model
-
-
-def model_overrides(
-    config: TrainConfig, spec: TaskSpec, num_classes: int | None, vocab_size: int | None = None
-) -> dict:
-    """The ``create_model`` overrides of a run: ``model.overrides``, the kernel and mode
-    shortcuts, and the task's ``num_classes`` / ``vocab_size`` where the preset differs
-    (``vocab_size``: the built dataset's, when its options set it)."""
-    m = config.model
-    overrides = dict(m.overrides)
-    if m.kernel is not None:
-        overrides["attn_kernel"] = m.kernel
-    try:
-        probe = create_model(m.name, device="meta", **overrides)
-    except TypeError as err:
-        raise ConfigError(f"model.overrides: {err}") from None
-    except ValueError as err:
-        raise ConfigError(f"model: {err}") from None
-    if m.mode is not None:
-        if probe.config.attn_kernel != "taylorshift":
-            raise ConfigError(
-                f"model.mode applies to the taylorshift kernel; model {m.name!r} uses "
-                f"{probe.config.attn_kernel!r} (set model.kernel=taylorshift)"
-            )
-        overrides["kernel_args"] = {**probe.config.kernel_args, "mode": m.mode}
-    is_lm = isinstance(probe, CausalLM)
-    if (spec.kind == "lm") != is_lm:
-        wanted = "a causal language model (lm-tiny, lm-small, ...)" if spec.kind == "lm" else (
-            "a classifier")  # fmt: skip
-        raise ConfigError(
-            f"task {spec.name!r} (kind {spec.kind!r}) needs {wanted}; model {m.name!r} is a "
-            f"{type(probe).__name__}"
-        )
-    if is_lm:
-        wanted = vocab_size or spec.vocab_size
-        if wanted not in (None, probe.config.vocab_size) and "vocab_size" not in overrides:
-            overrides["vocab_size"] = wanted
-        return overrides
-    probe = probe.config
-    if num_classes not in (None, probe.num_classes) and "num_classes" not in overrides:
-        overrides["num_classes"] = num_classes
-    takes_tokens = hasattr(probe, "vocab_size")
-    if spec.kind == "tokens":
-        if not takes_tokens:
-            raise ConfigError(
-                f"model {m.name!r} takes images but task {spec.name!r} gives token sequences"
-            )
-        wanted = spec.vocab_size
-        if wanted not in (None, probe.vocab_size) and "vocab_size" not in overrides:
-            overrides["vocab_size"] = wanted
-    elif takes_tokens:
-        raise ConfigError(f"model {m.name!r} takes token ids but task {spec.name!r} gives images")
-    return overrides
-
-
-def build_model(
-    config: TrainConfig,
-    spec: TaskSpec,
-    num_classes: int | None,
-    device=None,
-    vocab_size: int | None = None,
-) -> nn.Module:
-    """``create_model`` with :func:`model_overrides` applied."""
-    overrides = model_overrides(config, spec, num_classes, vocab_size)
-    return create_model(config.model.name, device=device, **overrides)
-
-
-# Evaluation
-
-
-# Training
 
 
 def _check_resume(config: TrainConfig, checkpoint: Path) -> None:
@@ -263,7 +187,7 @@ def train(config: TrainConfig, *, resume: bool = False) -> TrainResult:
         lock = RunLock(config.run.out_dir) if dist_info.is_main else contextlib.nullcontext()
         _setting("run.out_dir", lock.__enter__)
         try:
-            return _train(config, resume, dist_info, device)
+            return Trainer(config, resume=resume, dist_info=dist_info, device=device).run()
         except RuntimeError as err:
             if dist_info.enabled and timed_out(err):
                 raise _collective_timeout(dist_info, config.run.collective_timeout_s) from err
@@ -274,318 +198,376 @@ def train(config: TrainConfig, *, resume: bool = False) -> TrainResult:
         dist_info.shutdown()
 
 
-def _train(config: TrainConfig, resume: bool, dist_info: Dist, device: torch.device):
-    run, data, optim = config.run, config.data, config.optim
-    if run.threads is not None:
-        torch.set_num_threads(run.threads)
-    out_dir = Path(run.out_dir)
-    if not resume and (out_dir / CHECKPOINT_DIR / "latest").exists():
-        raise FileExistsError(
-            f"{out_dir} holds checkpoints already; pass --resume to continue that run, or "
-            f"choose another run.out_dir"
-        )
-    # The checkpoint `latest` names, verified; a damaged one is skipped for the newest
-    # intact kept one, said in a warning (train/checkpoint.py).
-    existing, skipped = resumable_checkpoint(out_dir) if resume else (None, None)
-    if skipped and dist_info.is_main:
-        warnings.warn(skipped, stacklevel=2)
-    state = None
-    if existing is not None:
-        _check_resume(config, existing)
-        state = load_state(existing)
+class Trainer:
+    """One call of :func:`train` on one process: a run's objects, built from its config and
+    the checkpoint it resumes, and the loop over them.
 
-    spec = _setting("data.task", get_task, data.task)
-    train_set = _setting(f"data (task {data.task!r})", _build_split, config, spec, "train")
-    eval_set = _setting(f"data (task {data.task!r})", _build_split, config, spec, data.eval_split)
-    num_classes = spec.num_classes or getattr(train_set, "num_classes", None)
-    vocab_size = getattr(train_set, "vocab_size", None)
+    Constructing it checks the run folder, reads the checkpoint to resume (``resume``),
+    builds the splits, the model, the optimizer, the schedule and the batch sampler, and
+    restores the :class:`TrainState` and the random states; :meth:`run` then trains (call
+    it once). The progress a checkpoint keeps is ``state``; what a call reports but a
+    checkpoint does not keep (its losses, the last evaluation and checkpoint) are
+    attributes of the trainer.
 
-    _seed_all(run.seed)
-    model = build_model(config, spec, num_classes, vocab_size=vocab_size).to(device)
-    if existing is not None:
-        load_weights(model, existing / MODEL_FILE)
-    seq = _sequence_parallel(model, spec, run.sequence_parallel, dist_info)
-    optimizer = build_optimizer(model, optim)
-    sampler = _setting(
-        "data.batch_size", ShardedBatchSampler,
-        len(train_set), data.batch_size, run.seed, seq.data_rank, seq.data_world,
-    )  # fmt: skip
-    steps_per_epoch = sampler.batches_per_epoch()
-    scheduler = build_scheduler(optimizer, optim, steps_per_epoch)
-    total_steps = optim.epochs * steps_per_epoch
-    stop_at = min(total_steps, run.max_steps) if run.max_steps else total_steps
+    Args:
+        config: the run.
+        resume: continue from the latest intact checkpoint in ``run.out_dir`` if any.
+        dist_info: the processes of the job (``train/distributed.py``).
+        device: this process's device.
 
-    # Training randomness (drop path, dropout) differs between processes.
-    # (The processes of one sequence-parallel group draw alike: drop path must drop the same
-    # samples on every slice.)
-    _seed_all(derive_seed(run.seed, "train", seq.data_rank))
-    step = epoch = batch_in_epoch = 0
-    best_accuracy: float | None = None
-    if state is not None:
-        if state["steps_per_epoch"] != steps_per_epoch:
-            raise ConfigError(
-                f"cannot resume from {existing}: it has {state['steps_per_epoch']} steps per "
-                f"epoch, this data gives {steps_per_epoch}"
+    Attributes:
+        spec, kind: the task and its :class:`~taylorshift.data.kinds.TaskKind`.
+        model: the model; ``net`` is the module trained (``model``, or its DDP wrapper).
+        state: the :class:`TrainState`.
+        steps_per_epoch, total_steps: of the whole run; ``stop_at``: the step this call
+            stops at (``run.max_steps`` or ``total_steps``).
+        resumed_from: the checkpoint resumed from, or None.
+        losses: the global loss of every step this call took.
+        last_eval: the last evaluation of ``data.eval_split`` (None before the first).
+        last_checkpoint, checkpoint_step: the last checkpoint written (or resumed from) and
+            its step.
+    """
+
+    def __init__(
+        self, config: TrainConfig, *, resume: bool, dist_info: Dist, device: torch.device
+    ) -> None:
+        run, data, optim = config.run, config.data, config.optim
+        self.config, self.dist_info, self.device = config, dist_info, device
+        if run.threads is not None:
+            torch.set_num_threads(run.threads)
+        self.out_dir = Path(run.out_dir)
+        if not resume and (self.out_dir / CHECKPOINT_DIR / "latest").exists():
+            raise FileExistsError(
+                f"{self.out_dir} holds checkpoints already; pass --resume to continue that "
+                f"run, or choose another run.out_dir"
             )
-        optimizer.load_state_dict(state["optimizer"])
-        scheduler.load_state_dict(state["scheduler"])
-        step, epoch, batch_in_epoch = state["step"], state["epoch"], state["batch_in_epoch"]
-        best_accuracy = state.get("best_accuracy")
-        rng = state["rng"]
+        # The checkpoint `latest` names, verified; a damaged one is skipped for the newest
+        # intact kept one, said in a warning (train/checkpoint.py).
+        existing, skipped = resumable_checkpoint(self.out_dir) if resume else (None, None)
+        if skipped and dist_info.is_main:
+            warnings.warn(skipped, stacklevel=2)
+        saved = None
+        if existing is not None:
+            _check_resume(config, existing)
+            saved = load_state(existing)
+        self.resumed_from: Path | None = existing
+
+        self.spec = spec = _setting("data.task", get_task, data.task)
+        self.kind = spec.behaviour
+        where = f"data (task {data.task!r})"
+        self.train_set = _setting(where, _build_split, config, spec, "train")
+        self.eval_set = _setting(where, _build_split, config, spec, data.eval_split)
+        num_classes = spec.num_classes or getattr(self.train_set, "num_classes", None)
+        vocab_size = getattr(self.train_set, "vocab_size", None)
+
+        _seed_all(run.seed)
+        self.model = build_model(config, spec, num_classes, vocab_size=vocab_size).to(device)
+        if existing is not None:
+            load_weights(self.model, existing / MODEL_FILE)
+        self.seq = _sequence_parallel(self.model, spec, run.sequence_parallel, dist_info)
+        self.optimizer = build_optimizer(self.model, optim)
+        self.sampler = _setting(
+            "data.batch_size", ShardedBatchSampler,
+            len(self.train_set), data.batch_size, run.seed, self.seq.data_rank,
+            self.seq.data_world,
+        )  # fmt: skip
+        self.steps_per_epoch = self.sampler.batches_per_epoch()
+        self.scheduler = build_scheduler(self.optimizer, optim, self.steps_per_epoch)
+        self.total_steps = optim.epochs * self.steps_per_epoch
+        self.stop_at = min(self.total_steps, run.max_steps) if run.max_steps else self.total_steps
+
+        # Training randomness (drop path, dropout) differs between processes.
+        # (The processes of one sequence-parallel group draw alike: drop path must drop the
+        # same samples on every slice.)
+        _seed_all(derive_seed(run.seed, "train", self.seq.data_rank))
+        self.state = TrainState()
+        if saved is not None:
+            self._restore(saved)
+
+        self.net: nn.Module = self.model
+        if dist_info.enabled:
+            self.net = nn.parallel.DistributedDataParallel(
+                self.model, device_ids=[device.index] if device.type == "cuda" else None
+            )
+        self.amp_dtype = _amp_dtype(run.amp, device)
+
+        self.losses: list[float] = []
+        self.last_eval: dict[str, Any] | None = None
+        self.last_checkpoint = existing
+        self.checkpoint_step = self.state.step if existing is not None else None
+        self.grad_norm: torch.Tensor | None = None  # of the last step, with optim.grad_clip
+        self.lr = self.optimizer.param_groups[0]["lr"]  # of the last step taken
+        self.metrics = MetricsLogger(self.out_dir, enabled=False)  # opened by run()
+        self.progress = Progress(self.stop_at, self.state.step, enabled=False)
+
+    def _restore(self, saved: dict[str, Any]) -> None:
+        """Optimizer, schedule, :class:`TrainState` and random states of a checkpoint."""
+        if saved["steps_per_epoch"] != self.steps_per_epoch:
+            raise ConfigError(
+                f"cannot resume from {self.resumed_from}: it has {saved['steps_per_epoch']} "
+                f"steps per epoch, this data gives {self.steps_per_epoch}"
+            )
+        self.optimizer.load_state_dict(saved["optimizer"])
+        self.scheduler.load_state_dict(saved["scheduler"])
+        self.state = TrainState.from_dict(saved)
+        rng, dist_info = saved["rng"], self.dist_info
         if len(rng) == dist_info.world_size:
             restore_rng(rng[dist_info.rank])
         else:
             warnings.warn(
                 f"the checkpoint holds random states of {len(rng)} processes, this run has "
                 f"{dist_info.world_size}: reseeding (the run continues, not bitwise)",
-                stacklevel=2,
+                stacklevel=3,
             )
-            _seed_all(derive_seed(run.seed, "train", seq.data_rank, step))
+            seed = derive_seed(self.config.run.seed, "train", self.seq.data_rank, self.state.step)
+            _seed_all(seed)
 
-    net: nn.Module = model
-    if dist_info.enabled:
-        net = nn.parallel.DistributedDataParallel(
-            model, device_ids=[device.index] if device.type == "cuda" else None
+    def run(self) -> TrainResult:
+        """Train to ``stop_at``, evaluating, logging and checkpointing on the way, then
+        evaluate ``data.test_split`` if the run reached its last step."""
+        run, data, is_main = self.config.run, self.config.data, self.dist_info.is_main
+        self.metrics = MetricsLogger(self.out_dir, enabled=is_main, tensorboard=run.tensorboard)
+        try:
+            self._log_start()
+            self.state.window.restart_clock()
+            self.progress = Progress(
+                self.stop_at, self.state.step, enabled=run.progress and is_main
+            )
+            if self.resumed_from is None:
+                self.log_baselines(data.eval_split, self.eval_set)
+            while self.state.step < self.stop_at:
+                self._run_epoch()
+            if self.checkpoint_step != self.state.step:
+                self.checkpoint()
+            test_result = None
+            if data.test_split is not None and self.state.step == self.total_steps:
+                test_set = _build_split(self.config, self.spec, data.test_split)
+                self.log_baselines(data.test_split, test_set)
+                test_result = self.evaluate_split(data.test_split, test_set)
+            self.metrics.log(
+                "end", self.state.step, epoch=self.state.epoch,
+                best_accuracy=self.state.best_accuracy,
+            )  # fmt: skip
+        finally:
+            self.progress.close()
+            self.metrics.close()
+        return TrainResult(
+            out_dir=self.out_dir,
+            step=self.state.step,
+            epoch=self.state.epoch,
+            checkpoint=self.last_checkpoint,
+            losses=self.losses,
+            eval=self.last_eval,
+            test=test_result,
+            best_accuracy=self.state.best_accuracy,
         )
-    amp_dtype = _amp_dtype(run.amp, device)
 
-    metrics = MetricsLogger(out_dir, enabled=dist_info.is_main, tensorboard=run.tensorboard)
-    if dist_info.is_main:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        if existing is None:
-            metrics.path.unlink(missing_ok=True)
-        else:
-            metrics.truncate_after(step)
-        write_atomic(
-            out_dir / CONFIG_FILE,
-            (json.dumps(config.to_dict(), indent=2, sort_keys=True) + "\n").encode(),
-        )
-    metrics.log(
-        "start",
-        step,
-        world_size=dist_info.world_size,
-        steps_per_epoch=steps_per_epoch,
-        total_steps=total_steps,
-        parameters=sum(p.numel() for p in model.parameters()),
-        device=str(device),
-        amp=str(amp_dtype).replace("torch.", "") if amp_dtype else "off",
-        python=platform.python_version(),
-        torch=torch.__version__,
-        resumed_from=step if existing is not None else None,
-        model=model.config.to_dict(),
-        config=config.to_dict(),
-    )
-    progress = Progress(stop_at, step, enabled=run.progress and dist_info.is_main)
-
-    def say(text: str) -> None:
+    def _log_start(self) -> None:
+        """Prepare the run folder (config.json; a fresh or truncated metrics log) and log
+        the ``start`` record."""
+        config, dist_info, model, step = self.config, self.dist_info, self.model, self.state.step
         if dist_info.is_main:
-            progress.write(text)
+            self.out_dir.mkdir(parents=True, exist_ok=True)
+            if self.resumed_from is None:
+                self.metrics.path.unlink(missing_ok=True)
+            else:
+                self.metrics.truncate_after(step)
+            write_atomic(
+                self.out_dir / CONFIG_FILE,
+                (json.dumps(config.to_dict(), indent=2, sort_keys=True) + "\n").encode(),
+            )
+        amp_dtype = self.amp_dtype
+        self.metrics.log(
+            "start",
+            step,
+            world_size=dist_info.world_size,
+            steps_per_epoch=self.steps_per_epoch,
+            total_steps=self.total_steps,
+            parameters=sum(p.numel() for p in model.parameters()),
+            device=str(self.device),
+            amp=str(amp_dtype).replace("torch.", "") if amp_dtype else "off",
+            python=platform.python_version(),
+            torch=torch.__version__,
+            resumed_from=step if self.resumed_from is not None else None,
+            model=model.config.to_dict(),
+            config=config.to_dict(),
+        )
 
-    def run_eval(split_name: str, dataset: Dataset) -> dict[str, Any]:
-        result = evaluate(
-            model,
-            dataset,
-            spec,
-            batch_size=data.eval_batch_size or data.batch_size,
-            device=device,
-            amp_dtype=amp_dtype,
-            dist_info=dist_info,
+    def _run_epoch(self) -> None:
+        """The rest of the current epoch, or of the run if it stops first."""
+        state, run, data = self.state, self.config.run, self.config.data
+        self.sampler.set_epoch(state.epoch, state.batch_in_epoch)
+        loader = DataLoader(
+            self.train_set,
+            batch_sampler=self.sampler,
+            collate_fn=self.spec.collate(data.pad_to_multiple),
             num_workers=data.num_workers,
-            pad_to_multiple=data.pad_to_multiple,
-            sequence=seq,
+            pin_memory=self.device.type == "cuda",
+            generator=torch.Generator().manual_seed(
+                derive_seed(run.seed, "workers", state.epoch, state.batch_in_epoch)
+            ),
         )
-        metrics.log("eval", step, epoch=epoch, split=split_name, **result)
-        bpb = f" bits/byte {result['bits_per_byte']:.3f}" if "bits_per_byte" in result else ""
-        say(
-            f"step {step} epoch {epoch}: {split_name} accuracy {result['accuracy']:.4f} "
-            f"loss {result['loss']:.4f}{bpb} ({result['samples']} samples)"
-        )
-        return result
+        self.net.train()
+        for batch in loader:
+            self._step(batch)
+            if state.step >= self.stop_at:
+                break
 
-    def log_baselines(split_name: str, dataset: Dataset) -> None:
-        counts = byte_baselines(spec, train_set, dataset)
-        if counts is None:
-            return
-        metrics.log("baseline", step, split=split_name, **counts)
-        say(
-            f"{split_name} count baselines: unigram {counts['unigram_bpb']:.3f}, bigram "
-            f"{counts['bigram_bpb']:.3f} bits/byte (a model must beat the bigram)"
-        )
+    def _step(self, batch) -> None:
+        """One optimizer step on ``batch``, then the logging, evaluation and checkpoint due."""
+        state, seq, dist_info = self.state, self.seq, self.dist_info
+        inputs, labels, tokens = self.kind.unpack(batch, self.device)
+        inputs, kwargs, labels = shard_sequence(inputs, labels, seq)
+        previous_lr, self.lr = self.lr, self.optimizer.param_groups[0]["lr"]
+        with _autocast(self.device, self.amp_dtype):
+            logits = self.net(*inputs, **kwargs)
+        loss_sum, _, scored = self.kind.losses(logits, labels)
+        if seq.size > 1:
+            # The group's mean over all its targets, times the group size: DDP averages
+            # gradients over every process, and the slices' gradients must add up within
+            # a group.
+            scored = scored.detach().clone()
+            torch.distributed.all_reduce(scored, group=seq.group)
+            loss = loss_sum / scored.clamp(min=1) * seq.size
+        else:
+            loss = loss_sum / scored.clamp(min=1)
+        global_loss = dist_info.all_reduce_sum(loss.detach().clone())
+        value = global_loss.item() / dist_info.world_size
+        if not math.isfinite(value):
+            if state.window.steps:
+                self._log_train(previous_lr)
+            raise _nonfinite(self.metrics, state.step, state.epoch, value, self.last_checkpoint)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        grad_clip = self.config.optim.grad_clip
+        if grad_clip is not None:
+            self.grad_norm = nn.utils.clip_grad_norm_(self.model.parameters(), grad_clip)
+        self.optimizer.step()
+        self.scheduler.step()
+        epoch_end = state.advance(self.steps_per_epoch)
+        self.losses.append(value)
+        real_tokens = None if tokens is None else int(tokens) * dist_info.world_size
+        state.window.add(value, len(labels) * seq.data_world, real_tokens)
+        self._after_step(epoch_end)
 
-    def checkpoint() -> Path:
-        rng = dist_info.all_gather_object(capture_rng())
-        train_state = {
-            "optimizer": optimizer.state_dict(),
-            "scheduler": scheduler.state_dict(),
-            "step": step,
-            "epoch": epoch,
-            "batch_in_epoch": batch_in_epoch,
-            "steps_per_epoch": steps_per_epoch,
-            "world_size": dist_info.world_size,
-            "best_accuracy": best_accuracy,
-            "rng": rng,
-            # the train records' averaging window, so that a resumed run logs the same
-            # means as an uninterrupted one (throughput excepted)
-            "log_window": {
-                **{k: window[k] for k in ("loss", "steps", "samples", "tokens")},
-                "elapsed": time.perf_counter() - window["start"],
-            },
-        }
-        path = out_dir / "checkpoints" / f"step-{step:08d}"
-        if dist_info.is_main:
-            # The record goes first and is fsynced with the log: a crash after `latest` moves
-            # cannot lose it, and one before leaves it past the resumed step, where the
-            # resume's truncate_after drops it.
-            metrics.log("checkpoint", step, path=str(path))
-            metrics.sync()
-            path = save_checkpoint(
-                out_dir,
-                step=step,
-                model=model,
-                state=train_state,
-                config=config.to_dict(),
-                keep=run.keep_checkpoints,
-            )
-            kill_hook("checkpoint-done", step)
-        dist_info.barrier()
-        return path
+    def _after_step(self, epoch_end: bool) -> None:
+        """The train record, evaluation and checkpoint due after a step."""
+        state, run, step = self.state, self.config.run, self.state.step
+        if step % run.log_every == 0 or epoch_end or step == self.stop_at:
+            self._log_train(self.lr)
+        self.progress.update(1)
+        if epoch_end or (run.eval_every and step % run.eval_every == 0):
+            self.last_eval = self.evaluate_split(self.config.data.eval_split, self.eval_set)
+            state.record_accuracy(self.last_eval["accuracy"])
+        if (
+            epoch_end
+            or (run.checkpoint_every and step % run.checkpoint_every == 0)
+            or step == self.stop_at
+        ):
+            self.checkpoint()
+        kill_hook("step", step)
 
-    window: dict[str, Any] = {}
-    grad_norm: torch.Tensor | None = None
-
-    def reset_window() -> None:
-        window.update(loss=0.0, steps=0, samples=0, tokens=0, start=time.perf_counter())
-
-    def log_train(lr: float) -> None:
-        """One train record: the mean loss of the steps since the previous one."""
-        elapsed = max(time.perf_counter() - window["start"], 1e-9)
+    def _log_train(self, lr: float) -> None:
+        """One train record, the mean loss of the steps since the previous one; a new
+        window."""
+        state, window = self.state, self.state.window
+        elapsed = max(window.elapsed(), 1e-9)
+        grad_norm = self.grad_norm
         record = {
-            "epoch": epoch,
-            "loss": window["loss"] / window["steps"],
+            "epoch": state.epoch,
+            "loss": window.loss / window.steps,
             "lr": lr,
             "grad_norm": None if grad_norm is None else float(grad_norm),
-            "samples_per_s": round(window["samples"] / elapsed, 2),
+            "samples_per_s": round(window.samples / elapsed, 2),
         }
-        if spec.kind in ("tokens", "lm"):
-            record["tokens_per_s"] = round(window["tokens"] / elapsed, 1)
-        metrics.log("train", step, **record)
-        progress.update(
+        if self.kind.takes_tokens:
+            record["tokens_per_s"] = round(window.tokens / elapsed, 1)
+        self.metrics.log("train", state.step, **record)
+        self.progress.update(
             0,
             loss=f"{record['loss']:.4f}",
             lr=f"{lr:.2e}",
             samples_s=f"{record['samples_per_s']:.0f}",
         )
-        reset_window()
+        state.window = MetricsWindow()
 
-    losses: list[float] = []
-    last_checkpoint = existing
-    checkpoint_step = step if existing is not None else None
-    last_eval: dict[str, Any] | None = None
-    reset_window()
-    if state is not None and "log_window" in state:
-        saved = dict(state["log_window"])
-        window.update(saved, start=time.perf_counter() - saved.pop("elapsed"))
-    lr = optimizer.param_groups[0]["lr"]
-    collate = spec.collate(data.pad_to_multiple)
-    if existing is None:
-        log_baselines(data.eval_split, eval_set)
-    try:
-        while step < stop_at:
-            sampler.set_epoch(epoch, batch_in_epoch)
-            loader = DataLoader(
-                train_set,
-                batch_sampler=sampler,
-                collate_fn=collate,
-                num_workers=data.num_workers,
-                pin_memory=device.type == "cuda",
-                generator=torch.Generator().manual_seed(
-                    derive_seed(run.seed, "workers", epoch, batch_in_epoch)
-                ),
+    def _say(self, text: str) -> None:
+        if self.dist_info.is_main:
+            self.progress.write(text)
+
+    def evaluate_split(self, split_name: str, dataset: Dataset) -> dict[str, Any]:
+        """:func:`evaluate` the model on ``dataset`` (of split ``split_name``), logged."""
+        data, state = self.config.data, self.state
+        result = evaluate(
+            self.model,
+            dataset,
+            self.spec,
+            batch_size=data.eval_batch_size or data.batch_size,
+            device=self.device,
+            amp_dtype=self.amp_dtype,
+            dist_info=self.dist_info,
+            num_workers=data.num_workers,
+            pad_to_multiple=data.pad_to_multiple,
+            sequence=self.seq,
+        )
+        self.metrics.log("eval", state.step, epoch=state.epoch, split=split_name, **result)
+        bpb = f" bits/byte {result['bits_per_byte']:.3f}" if "bits_per_byte" in result else ""
+        self._say(
+            f"step {state.step} epoch {state.epoch}: {split_name} accuracy "
+            f"{result['accuracy']:.4f} loss {result['loss']:.4f}{bpb} "
+            f"({result['samples']} samples)"
+        )
+        return result
+
+    def log_baselines(self, split_name: str, dataset: Dataset) -> None:
+        """Log the count baselines of ``dataset`` (byte tasks; nothing otherwise)."""
+        counts = byte_baselines(self.spec, self.train_set, dataset)
+        if counts is None:
+            return
+        self.metrics.log("baseline", self.state.step, split=split_name, **counts)
+        self._say(
+            f"{split_name} count baselines: unigram {counts['unigram_bpb']:.3f}, bigram "
+            f"{counts['bigram_bpb']:.3f} bits/byte (a model must beat the bigram)"
+        )
+
+    def checkpoint(self) -> Path:
+        """Save a checkpoint of this step (every process takes part); its folder."""
+        dist_info, state = self.dist_info, self.state
+        rng = dist_info.all_gather_object(capture_rng())
+        train_state = {
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "steps_per_epoch": self.steps_per_epoch,
+            "world_size": dist_info.world_size,
+            "rng": rng,
+            **state.to_dict(),
+        }
+        path = self.out_dir / CHECKPOINT_DIR / f"step-{state.step:08d}"
+        if dist_info.is_main:
+            # The record goes first and is fsynced with the log: a crash after `latest`
+            # moves cannot lose it, and one before leaves it past the resumed step, where
+            # the resume's truncate_after drops it.
+            self.metrics.log("checkpoint", state.step, path=str(path))
+            self.metrics.sync()
+            path = save_checkpoint(
+                self.out_dir,
+                step=state.step,
+                model=self.model,
+                state=train_state,
+                config=self.config.to_dict(),
+                keep=self.config.run.keep_checkpoints,
             )
-            net.train()
-            for batch in loader:
-                inputs, labels, tokens = _unpack(batch, spec.kind, device)
-                inputs, kwargs, labels = shard_sequence(inputs, labels, seq)
-                previous_lr, lr = lr, optimizer.param_groups[0]["lr"]
-                with _autocast(device, amp_dtype):
-                    logits = net(*inputs, **kwargs)
-                loss_sum, _, scored = task_losses(logits, labels, spec.kind)
-                if seq.size > 1:
-                    # The group's mean over all its targets, times the group size: DDP
-                    # averages gradients over every process, and the slices' gradients
-                    # must add up within a group.
-                    scored = scored.detach().clone()
-                    torch.distributed.all_reduce(scored, group=seq.group)
-                    loss = loss_sum / scored.clamp(min=1) * seq.size
-                else:
-                    loss = loss_sum / scored.clamp(min=1)
-                global_loss = dist_info.all_reduce_sum(loss.detach().clone())
-                value = global_loss.item() / dist_info.world_size
-                if not math.isfinite(value):
-                    if window["steps"]:
-                        log_train(previous_lr)
-                    raise _nonfinite(metrics, step, epoch, value, last_checkpoint)
-                optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                if optim.grad_clip is not None:
-                    grad_norm = nn.utils.clip_grad_norm_(model.parameters(), optim.grad_clip)
-                optimizer.step()
-                scheduler.step()
-                step += 1
-                batch_in_epoch += 1
-                losses.append(value)
-                window["loss"] += value
-                window["steps"] += 1
-                window["samples"] += len(labels) * seq.data_world
-                if tokens is not None:
-                    window["tokens"] += int(tokens) * dist_info.world_size
-                epoch_end = batch_in_epoch == steps_per_epoch
-                if epoch_end:
-                    epoch, batch_in_epoch = epoch + 1, 0
-                if step % run.log_every == 0 or epoch_end or step == stop_at:
-                    log_train(lr)
-                progress.update(1)
-                if epoch_end or (run.eval_every and step % run.eval_every == 0):
-                    last_eval = run_eval(data.eval_split, eval_set)
-                    if best_accuracy is None or last_eval["accuracy"] > best_accuracy:
-                        best_accuracy = last_eval["accuracy"]
-                if (
-                    epoch_end
-                    or (run.checkpoint_every and step % run.checkpoint_every == 0)
-                    or step == stop_at
-                ):
-                    last_checkpoint, checkpoint_step = checkpoint(), step
-                kill_hook("step", step)
-                if step >= stop_at:
-                    break
-        if checkpoint_step != step:
-            last_checkpoint, checkpoint_step = checkpoint(), step
-        test_result = None
-        if data.test_split is not None and step == total_steps:
-            test_set = _build_split(config, spec, data.test_split)
-            log_baselines(data.test_split, test_set)
-            test_result = run_eval(data.test_split, test_set)
-        metrics.log("end", step, epoch=epoch, best_accuracy=best_accuracy)
-    finally:
-        progress.close()
-        metrics.close()
-    return TrainResult(
-        out_dir=out_dir,
-        step=step,
-        epoch=epoch,
-        checkpoint=last_checkpoint,
-        losses=losses,
-        eval=last_eval,
-        test=test_result,
-        best_accuracy=best_accuracy,
-    )
+            kill_hook("checkpoint-done", state.step)
+        dist_info.barrier()
+        self.last_checkpoint, self.checkpoint_step = path, state.step
+        return path
 
 
 def _sequence_parallel(
     model: nn.Module, spec: TaskSpec, size: int, dist_info: Dist
 ) -> SequenceGroup:
     """Make the model's kernels sequence-parallel when ``run.sequence_parallel`` > 1."""
-    if size > 1 and spec.kind != "lm":
+    if size > 1 and not spec.behaviour.causal_lm:
         raise ConfigError(
             f"run.sequence_parallel needs a causal language-model task (kind 'lm'); task "
             f"{spec.name!r} is kind {spec.kind!r}"
