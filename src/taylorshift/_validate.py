@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 import numbers
 from collections.abc import Iterable
-from typing import TypeVar
+from typing import Literal, TypeVar, overload
 
 T = TypeVar("T")
 
@@ -53,6 +53,19 @@ def _within(value, gt=None, ge=None, lt=None, le=None) -> bool:
     )
 
 
+@overload
+def check_int(
+    name: str,
+    value: object,
+    *,
+    ge: int | None = None,
+    le: int | None = None,
+    allow_none: Literal[False] = False,
+) -> int: ...
+@overload
+def check_int(
+    name: str, value: object, *, ge: int | None = None, le: int | None = None, allow_none: bool
+) -> int | None: ...
 def check_int(
     name: str,
     value: object,
@@ -74,6 +87,30 @@ def check_int(
     return int(value)
 
 
+@overload
+def check_number(
+    name: str,
+    value: object,
+    *,
+    gt: float | None = None,
+    ge: float | None = None,
+    lt: float | None = None,
+    le: float | None = None,
+    finite: bool = True,
+    allow_none: Literal[False] = False,
+) -> float: ...
+@overload
+def check_number(
+    name: str,
+    value: object,
+    *,
+    gt: float | None = None,
+    ge: float | None = None,
+    lt: float | None = None,
+    le: float | None = None,
+    finite: bool = True,
+    allow_none: bool,
+) -> float | None: ...
 def check_number(
     name: str,
     value: object,
@@ -104,7 +141,7 @@ def check_number(
 
 def check_probability(name: str, value: object) -> float:
     """``value`` as a float in [0, 1): a dropout rate, a held-out fraction."""
-    return check_number(name, value, ge=0, lt=1)  # type: ignore[return-value]
+    return check_number(name, value, ge=0, lt=1)
 
 
 def check_bool(name: str, value: object) -> bool:
