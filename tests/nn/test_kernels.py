@@ -364,7 +364,10 @@ def test_temperature_with_plain_scores_is_refused():
 
 @pytest.mark.parametrize(
     "kwargs, pattern",
-    [({"mode": "fast"}, r"mode must be one of.*'fast'"), ({"order": 3}, r"order must be even")],
+    [
+        ({"mode": "fast"}, r"mode must be one of.*'fast'"),
+        ({"order": 3}, r"order must be an even int"),
+    ],
     ids=["mode", "order"],
 )
 def test_bad_taylorshift_options_are_refused_by_name(kwargs, pattern):
