@@ -269,24 +269,28 @@ def test_optimal_head_dim_entries_is_the_root_of_eq_11(n):
 @pytest.mark.parametrize(
     ("call", "error", "match"),
     [
-        (lambda: theory.ops_direct(0, 8), ValueError, r"n must be a positive int \(>= 1\); got 0"),
-        (lambda: theory.ops_direct(8, -2), ValueError, r"d must be a positive int .*got -2"),
+        (lambda: theory.ops_direct(0, 8), ValueError, r"n must be a positive int; got 0"),
+        (lambda: theory.ops_direct(8, -2), ValueError, r"d must be a positive int; got -2"),
         (
             lambda: theory.ops_efficient(8, 1.5),
             TypeError,
-            r"d must be a positive int; got float 1.5",
+            r"d must be a positive int; got 1.5",
         ),
-        (lambda: theory.entries_direct(True, 8), TypeError, r"n must be .*; got bool True"),
-        (lambda: theory.entries_efficient("8", 8), TypeError, r"n must be .*; got str '8'"),
+        (lambda: theory.entries_direct(True, 8), TypeError, r"n must be a positive int; got True"),
+        (lambda: theory.entries_efficient("8", 8), TypeError, r"n must be a positive int; got '8'"),
         (
             lambda: theory.ops_efficient(8, 8, symmetric=1),
             TypeError,
-            r"symmetric must be a bool; got int 1",
+            r"symmetric must be a bool; got 1",
         ),
-        (lambda: theory.speed_crossover(0), ValueError, r"d must be a positive int .*got 0"),
+        (lambda: theory.speed_crossover(0), ValueError, r"d must be a positive int; got 0"),
         (lambda: theory.memory_crossover(8, exact="yes"), TypeError, r"exact must be a bool"),
         (lambda: theory.speed_crossover_bound(0), ValueError, r"d must be a positive int"),
-        (lambda: theory.memory_crossover_bound(2.0), TypeError, r"d must be .*got float 2.0"),
+        (
+            lambda: theory.memory_crossover_bound(2.0),
+            TypeError,
+            r"d must be a positive int; got 2.0",
+        ),
         (lambda: theory.pair_count(0), ValueError, r"d must be a positive int"),
         (lambda: theory.divisors(0), ValueError, r"n must be a positive int"),
         (

@@ -31,10 +31,11 @@ Table 2 is reproduced by :func:`crossover_table`. Nothing here imports torch.
 from __future__ import annotations
 
 import math
-import numbers
 from collections.abc import Iterable
 from dataclasses import dataclass
 from fractions import Fraction
+
+from ._validate import check_bool, check_int
 
 __all__ = [
     "DEFAULT_TABLE_DIMS",
@@ -68,24 +69,10 @@ DEFAULT_TABLE_DIMS: tuple[int, ...] = (8, 16, 32, 64, 128)
 A100_SPEED_OFFSET_PER_DIM = 18
 
 
-def _positive_int(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name} must be a positive int; got {type(value).__name__} {value!r}")
-    if value < 1:
-        raise ValueError(f"{name} must be a positive int (>= 1); got {value}")
-    return int(value)
-
-
-def _flag(name: str, value: object) -> bool:
-    if not isinstance(value, bool):
-        raise TypeError(f"{name} must be a bool; got {type(value).__name__} {value!r}")
-    return value
-
-
 def _head_dim(d_emb: object, heads: object) -> tuple[int, int]:
     """Validate a multi-head split; return (heads, d) with d = d_emb / heads."""
-    d_emb = _positive_int("d_emb", d_emb)
-    heads = _positive_int("heads", heads)
+    d_emb = check_int("d_emb", d_emb, ge=1)
+    heads = check_int("heads", heads, ge=1)
     if d_emb % heads:
         raise ValueError(
             f"heads must divide d_emb={d_emb} (expected one of {divisors(d_emb)}); got {heads}"
@@ -95,7 +82,7 @@ def _head_dim(d_emb: object, heads: object) -> tuple[int, int]:
 
 def pair_count(d: int) -> int:
     """P = d (d+1) / 2, the number of index pairs k ≤ l kept by the symmetric form."""
-    d = _positive_int("d", d)
+    d = check_int("d", d, ge=1)
     return d * (d + 1) // 2
 
 
@@ -110,7 +97,7 @@ def ops_direct(n: int, d: int) -> int:
     2 n² d for Q Kᵀ, 4 n² for x ↦ ½x² + x + 1 elementwise, 2 n² for the row normalisation,
     2 n² d for the product with V.
     """
-    n, d = _positive_int("n", n), _positive_int("d", d)
+    n, d = check_int("n", n, ge=1), check_int("d", d, ge=1)
     return n * n * (4 * d + 6)
 
 
@@ -136,8 +123,8 @@ def efficient_ops_breakdown(n: int, d: int, *, symmetric: bool = False) -> dict[
     The terms sum to ``n (4d³ + 10d² + 9d + 4)`` for the paper's form and to
     ``n (2d³ + 9d² + 12d + 4) + d (d+1)² / 2`` for the symmetric one.
     """
-    n, d = _positive_int("n", n), _positive_int("d", d)
-    symmetric = _flag("symmetric", symmetric)
+    n, d = check_int("n", n, ge=1), check_int("d", d, ge=1)
+    symmetric = check_bool("symmetric", symmetric)
     f = _squared_features(d, symmetric)
     return {
         "feature_maps": 2 * n * f,
@@ -161,7 +148,7 @@ def ops_efficient(n: int, d: int, *, symmetric: bool = False) -> int:
 
 def entries_direct(n: int, d: int) -> int:
     """Entries held at once by direct TaylorShift, one head: ``d n + 2 n²`` (V, Q Kᵀ, result)."""
-    n, d = _positive_int("n", n), _positive_int("d", d)
+    n, d = check_int("n", n, ge=1), check_int("d", d, ge=1)
     return d * n + 2 * n * n
 
 
@@ -171,8 +158,8 @@ def entries_efficient(n: int, d: int, *, symmetric: bool = False) -> int:
     Paper: ``d² (d+1) + 2 d n + (d+1) n + d² n`` for the state, Q and K, V' and K ⊠ K.
     Symmetric: ``P (d+1) + 2 d n + (d+1) n + P n`` with P = d(d+1)/2.
     """
-    n, d = _positive_int("n", n), _positive_int("d", d)
-    f = _squared_features(d, _flag("symmetric", symmetric))
+    n, d = check_int("n", n, ge=1), check_int("d", d, ge=1)
+    f = _squared_features(d, check_bool("symmetric", symmetric))
     return f * (d + 1) + 2 * d * n + (d + 1) * n + f * n
 
 
@@ -217,8 +204,8 @@ def speed_crossover(d: int, *, symmetric: bool = False, exact: bool = False) -> 
     more FLOPs than the direct one (computed in integers, so exact for any d), or the root
     itself as a float with ``exact=True``. ``speed_crossover(64) == 4161``.
     """
-    d = _positive_int("d", d)
-    symmetric, exact = _flag("symmetric", symmetric), _flag("exact", exact)
+    d = check_int("d", d, ge=1)
+    symmetric, exact = check_bool("symmetric", symmetric), check_bool("exact", exact)
     ceil, root = _positive_root(*_speed_coefficients(d, symmetric))
     return root if exact else ceil
 
@@ -233,8 +220,8 @@ def memory_crossover(d: int, *, symmetric: bool = False, exact: bool = False) ->
     Returns ``ceil(N1)`` as an int (exact integer arithmetic), or the root as a float with
     ``exact=True``. ``memory_crossover(64) == 2174``.
     """
-    d = _positive_int("d", d)
-    symmetric, exact = _flag("symmetric", symmetric), _flag("exact", exact)
+    d = check_int("d", d, ge=1)
+    symmetric, exact = check_bool("symmetric", symmetric), check_bool("exact", exact)
     ceil, root = _positive_root(*_memory_coefficients(d, symmetric))
     return root if exact else ceil
 
@@ -246,8 +233,8 @@ def speed_crossover_bound(d: int, *, symmetric: bool = False) -> Fraction:
     (the root r satisfies r = b/a + c/(a r) ≤ b/a + c/b, with
     b/a = ½d² + 3/2 d + 3/4 − 1/(8d + 12) and c/b < ¼).
     """
-    d = _positive_int("d", d)
-    if _flag("symmetric", symmetric):
+    d = check_int("d", d, ge=1)
+    if check_bool("symmetric", symmetric):
         return Fraction(d * d, 2) + Fraction(3 * d, 2) + 1
     return Fraction(d * d + d) + Fraction(3, 4)
 
@@ -258,8 +245,8 @@ def memory_crossover_bound(d: int, *, symmetric: bool = False) -> Fraction:
     Paper (eq. 9, Appendix A.4): ``N1 ≤ ½ d² + 2d + ½``. Symmetric: ``N1 ≤ ¼ (d² + 9d + 6)``
     (r ≤ b/a + c/b = (P + 2d + 1)/2 + P (d+1) / (P + 2d + 1) < (P + 2d + 1)/2 + d + 1).
     """
-    d = _positive_int("d", d)
-    if _flag("symmetric", symmetric):
+    d = check_int("d", d, ge=1)
+    if check_bool("symmetric", symmetric):
         return Fraction(d * d + 9 * d + 6, 4)
     return Fraction(d * d, 2) + 2 * d + Fraction(1, 2)
 
@@ -286,7 +273,7 @@ def crossover_table(ds: Iterable[int] = DEFAULT_TABLE_DIMS) -> list[CrossoverRow
     """Table 2 of the paper for each head dim in ``ds``, plus the symmetric crossovers."""
     rows = []
     for i, d in enumerate(ds):
-        d = _positive_int(f"ds[{i}]", d)
+        d = check_int(f"ds[{i}]", d, ge=1)
         n0 = speed_crossover(d)
         rows.append(
             CrossoverRow(
@@ -303,7 +290,7 @@ def crossover_table(ds: Iterable[int] = DEFAULT_TABLE_DIMS) -> list[CrossoverRow
 
 def divisors(n: int) -> list[int]:
     """The positive divisors of ``n`` in increasing order (the allowed head counts)."""
-    n = _positive_int("n", n)
+    n = check_int("n", n, ge=1)
     small = [k for k in range(1, math.isqrt(n) + 1) if n % k == 0]
     return small + [n // k for k in reversed(small) if k * k != n]
 
@@ -371,7 +358,7 @@ def heads_analysis(d_emb: int, n: int, *, heads: Iterable[int] | None = None) ->
     As the paper shows (§4.3), the efficient costs fall and the direct costs grow with h over
     the divisors of d_emb; the symmetric form behaves the same way.
     """
-    d_emb, n = _positive_int("d_emb", d_emb), _positive_int("n", n)
+    d_emb, n = check_int("d_emb", d_emb, ge=1), check_int("n", n, ge=1)
     chosen = divisors(d_emb) if heads is None else sorted({_head_dim(d_emb, h)[0] for h in heads})
     rows = []
     for h in chosen:
@@ -421,7 +408,7 @@ def optimal_head_dim_entries(n: int) -> float:
     and exceeds n at d = 1, so the one positive root lies below 1 and the optimum ĥ1 lies
     past h = d_emb. Found by bisection to float precision.
     """
-    n = _positive_int("n", n)
+    n = check_int("n", n, ge=1)
     lo, hi = 0.0, 1.0
     for _ in range(200):
         mid = (lo + hi) / 2

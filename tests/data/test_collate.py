@@ -44,14 +44,14 @@ def test_collate_tokens_pad_to_multiple_and_dtypes():
         (
             [(torch.tensor([1]), 0)],
             {"pad_to_multiple": 0},
-            "pad_to_multiple must be an int >= 1, got 0",
+            "pad_to_multiple must be a positive int; got 0",
         ),
     ],
 )
 def test_collate_tokens_errors(batch, kwargs, match):
     with pytest.raises(ValueError, match=match):
         collate_tokens(batch, 0, **kwargs)
-    with pytest.raises(ValueError, match="pad_id must be an int, got None"):
+    with pytest.raises(TypeError, match="pad_id must be an int; got None"):
         collate_tokens([(torch.tensor([1]), 0)], None)
 
 
@@ -100,14 +100,18 @@ def test_collate_lm_pads_tokens_and_targets():
         (
             [(torch.tensor([1]), torch.tensor([1]))],
             {"pad_to_multiple": 0},
-            "pad_to_multiple must be an int >= 1, got 0",
+            "pad_to_multiple must be a positive int; got 0",
         ),
-        ([(torch.tensor([1]), torch.tensor([1]))], {"pad_id": None}, "pad_id must be an int"),
     ],
 )
 def test_collate_lm_errors(batch, kwargs, match):
     with pytest.raises(ValueError, match=match):
         collate_lm(batch, **{"pad_id": 0, **kwargs})
+
+
+def test_collate_lm_pad_id_must_be_an_int():
+    with pytest.raises(TypeError, match="pad_id must be an int; got None"):
+        collate_lm([(torch.tensor([1]), torch.tensor([1]))], pad_id=None)
 
 
 def test_collate_images():

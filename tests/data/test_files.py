@@ -108,7 +108,7 @@ def test_cifar_errors(tmp_path):
     folder = _cifar_folder(tmp_path)
     with pytest.raises(ValueError, match="val_size must be smaller than the 10 training images"):
         CifarPixelDataset("train", path=folder, val_size=10)
-    with pytest.raises(ValueError, match="val_size must be an int >= 0, got -1"):
+    with pytest.raises(ValueError, match="val_size must be an int >= 0; got -1"):
         CifarPixelDataset("train", path=folder, val_size=-1)
     with pytest.raises(ValueError, match="split must be one of 'train', 'val', 'test'"):
         CifarPixelDataset("training", path=folder)
@@ -176,7 +176,7 @@ def test_imdb_errors(tmp_path):
     root = _imdb_tree(tmp_path)
     with pytest.raises(ValueError, match="val_size must be smaller than the 6 training reviews"):
         ImdbByteDataset("val", path=root, val_size=6)
-    with pytest.raises(ValueError, match="max_len must be an int >= 1, got 0"):
+    with pytest.raises(ValueError, match="max_len must be a positive int or None; got 0"):
         ImdbByteDataset("train", path=root, max_len=0)
     for f in (root / "test" / "neg").iterdir():
         f.unlink()
@@ -255,7 +255,7 @@ def test_text_errors(tmp_path):
         TextFileDataset("train", path=tmp_path, labels="pos")
     with pytest.raises(ValueError, match="delimiter must be one character, got ';;'"):
         TextFileDataset("train", path=tmp_path, delimiter=";;")
-    with pytest.raises(ValueError, match="text_column must be a non-empty str, got ''"):
+    with pytest.raises(ValueError, match="text_column must be a non-empty str; got ''"):
         TextFileDataset("train", path=tmp_path, text_column="")
     (tmp_path / "train.jsonl").write_text("{not json}\n")
     with pytest.raises(ValueError, match="line 1 must be a JSON object"):
@@ -305,7 +305,7 @@ def test_image_folder_errors(tmp_path, monkeypatch):
     (root / "val" / "bird").mkdir()
     with pytest.raises(ValueError, match=r"must be among the training classes .* got \['bird'\]"):
         ImageFolderDataset("val", path=root)
-    with pytest.raises(ValueError, match="image_size must be an int >= 1, got 0"):
+    with pytest.raises(ValueError, match="image_size must be a positive int; got 0"):
         ImageFolderDataset("train", path=root, image_size=0)
     with pytest.raises(ValueError, match=r"std must be 3 positive numbers, got \(1, 0, 1\)"):
         ImageFolderDataset("train", path=root, std=(1, 0, 1))

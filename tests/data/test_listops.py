@@ -220,16 +220,13 @@ def test_default_split_sizes():
 @pytest.mark.parametrize(
     "kwargs, match",
     [
-        (dict(split="dev"), "split must be one of 'train', 'val', 'test', got 'dev'"),
-        (dict(num_samples=0), "num_samples must be an int >= 1, got 0"),
-        (dict(min_len=1.5), "min_len must be an int, got 1.5"),
-        (dict(max_depth=0), "max_depth must be an int >= 1, got 0"),
-        (dict(max_depth=101), "max_depth must be <= 100, got 101"),
-        (dict(max_args=1), "max_args must be an int >= 2, got 1"),
+        (dict(split="dev"), "split must be one of 'train', 'val', 'test'; got 'dev'"),
+        (dict(num_samples=0), "num_samples must be a positive int; got 0"),
+        (dict(max_depth=0), r"max_depth must be an int in \[1, 100\]; got 0"),
+        (dict(max_depth=101), r"max_depth must be an int in \[1, 100\]; got 101"),
+        (dict(max_args=1), "max_args must be an int >= 2; got 1"),
         (dict(operators="MAX"), "operators must be a sequence of names, got 'MAX'"),
         (dict(operators=("MAX", "ADD")), r"operators must be a non-empty sequence of MIN, .*"),
-        (dict(exact_length=1), "exact_length must be True or False, got 1"),
-        (dict(seed="a"), "seed must be an int, got 'a'"),
         (
             dict(min_len=30, max_len=100, max_depth=3, max_args=4),
             "must leave a length min_len < n < max_len .* got min_len=30, max_len=100",
@@ -238,7 +235,7 @@ def test_default_split_sizes():
             dict(min_len=4, max_len=10, max_args=3, exact_length=True),
             r"max_args >= 4 .* got 1 impossible, e.g. \[6\]",
         ),
-        (dict(min_len=50, max_len=40, exact_length=True), "max_len must be an int >= 50, got 40"),
+        (dict(min_len=50, max_len=40, exact_length=True), "max_len must be an int >= 50; got 40"),
     ],
 )
 def test_dataset_errors(kwargs, match):
@@ -246,10 +243,25 @@ def test_dataset_errors(kwargs, match):
         ListOpsDataset(**kwargs)
 
 
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(split=None), "split must be one of 'train', 'val', 'test'; got None"),
+        (dict(min_len=1.5), "min_len must be an int >= 0; got 1.5"),
+        (dict(max_depth=True), r"max_depth must be an int in \[1, 100\]; got True"),
+        (dict(exact_length=1), "exact_length must be a bool; got 1"),
+        (dict(seed="a"), "seed must be an int; got 'a'"),
+    ],
+)
+def test_dataset_type_errors(kwargs, match):
+    with pytest.raises(TypeError, match=match):
+        ListOpsDataset(**kwargs)
+
+
 def test_generate_expression_errors():
     with pytest.raises(ValueError, match=r"length must be a length that trees .* got 6"):
         generate_expression(random.Random(0), length=6, max_args=3)
-    with pytest.raises(ValueError, match="length must be an int >= 1, got 0"):
+    with pytest.raises(ValueError, match="length must be a positive int; got 0"):
         generate_expression(random.Random(0), length=0)
     with pytest.raises(IndexError, match=r"index must be in \[0, 2\), got 2"):
         ListOpsDataset(num_samples=2)[2]

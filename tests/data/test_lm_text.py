@@ -112,11 +112,10 @@ def test_too_short_split_names_split_and_sizes(tmp_path):
         ({}, "task 'lm' needs the option path"),
         ({"path": "/no/such/file.txt"}, "must be an existing file or folder, got '/no/such/"),
         ({"path": "FOLDER"}, "path must be a text file for task 'lm', got the folder"),
-        ({"seq_len": 0}, "seq_len must be an int >= 1, got 0"),
-        ({"stride": 0}, "stride must be an int >= 1, got 0"),
-        ({"val_fraction": 1.0}, r"val_fraction must be a number in \[0, 1\), got 1.0"),
-        ({"test_fraction": -0.1}, r"test_fraction must be a number in \[0, 1\), got -0.1"),
-        ({"val_fraction": "0.1"}, r"val_fraction must be a number in \[0, 1\), got '0.1'"),
+        ({"seq_len": 0}, "seq_len must be a positive int; got 0"),
+        ({"stride": 0}, "stride must be a positive int or None; got 0"),
+        ({"val_fraction": 1.0}, r"val_fraction must be a number in \[0, 1\); got 1.0"),
+        ({"test_fraction": -0.1}, r"test_fraction must be a number in \[0, 1\); got -0.1"),
         (
             {"val_fraction": 0.5, "test_fraction": 0.5},
             "val_fraction \\+ test_fraction must be < 1 .* got 0.5 \\+ 0.5",
@@ -131,6 +130,18 @@ def test_bad_options(text_file, options, match):
         options = {"path": path, **options}
     with pytest.raises(ValueError, match=match):
         get_task("lm").build("train", **options)
+
+
+@pytest.mark.parametrize(
+    "options, match",
+    [
+        ({"val_fraction": "0.1"}, r"val_fraction must be a number in \[0, 1\); got '0.1'"),
+        ({"seq_len": 8.0}, "seq_len must be a positive int; got 8.0"),
+    ],
+)
+def test_options_of_a_wrong_type(text_file, options, match):
+    with pytest.raises(TypeError, match=match):
+        get_task("lm").build("train", path=text_file[0], **options)
 
 
 def test_encode_and_decode():

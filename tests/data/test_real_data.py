@@ -89,10 +89,10 @@ def test_upsampling_keeps_constants_and_corners():
 @pytest.mark.parametrize(
     "option, value, match",
     [
-        ("image_size", 0, r"image_size must be an int >= 1, got 0"),
-        ("val_size", 0, r"val_size must be an int >= 1, got 0"),
+        ("image_size", 0, r"image_size must be a positive int; got 0"),
+        ("val_size", 0, r"val_size must be a positive int; got 0"),
         ("test_size", 1700, r"val_size \+ test_size must leave training images"),
-        ("split_seed", -1, r"split_seed must be an int >= 0, got -1"),
+        ("split_seed", -1, r"split_seed must be an int >= 0; got -1"),
     ],
 )
 def test_digit_options_are_checked(option, value, match):
@@ -157,7 +157,7 @@ def test_the_default_text_is_this_pythons_standard_library():
     [
         ({"path": "missing-folder"}, r"path must be a folder of text files, got '.*missing-f"),
         ({"pattern": "*.nothing"}, r"split 'train' of task 'text-bytes' must hold at least one"),
-        ({"seq_len": 0}, r"seq_len must be an int >= 1, got 0"),
+        ({"seq_len": 0}, r"seq_len must be a positive int; got 0"),
         ({"pattern": ""}, r"pattern must be a non-empty str"),
     ],
 )

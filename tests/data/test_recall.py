@@ -116,7 +116,7 @@ def test_defaults_vocabulary_and_registry():
 @pytest.mark.parametrize(
     "options, match",
     [
-        (dict(seq_len=0), "seq_len must be an int >= 1, got 0"),
+        (dict(seq_len=0), "seq_len must be a positive int; got 0"),
         (
             dict(seq_len=20, num_pairs=6),
             r"seq_len must be >= 2 \* num_pairs \+ 2 \* num_queries = 24 .* got 20",
@@ -125,14 +125,12 @@ def test_defaults_vocabulary_and_registry():
             dict(seq_len=20, num_pairs=6, num_queries=5),
             r"seq_len must be >= 2 \* num_pairs \+ 2 \* num_queries = 22 .* got 20",
         ),
-        (dict(num_pairs=0), "num_pairs must be an int >= 1, got 0"),
-        (dict(num_pairs=2.0), "num_pairs must be an int, got 2.0"),
-        (dict(vocab_size=3), "vocab_size must be an int >= 4, got 3"),
+        (dict(num_pairs=0), "num_pairs must be a positive int; got 0"),
+        (dict(vocab_size=3), "vocab_size must be an int >= 4; got 3"),
         (dict(num_pairs=8, vocab_size=17), r"vocab_size must be >= 2 \+ 2 \* num_pairs = 18 .*17"),
         (dict(num_pairs=4, num_queries=5), r"num_queries must be in \[1, num_pairs = 4\].* 5"),
-        (dict(num_queries=0), "num_queries must be an int >= 1, got 0"),
-        (dict(num_samples=0), "num_samples must be an int >= 1, got 0"),
-        (dict(seed="a"), "seed must be an int, got 'a'"),
+        (dict(num_queries=0), "num_queries must be a positive int; got 0"),
+        (dict(num_samples=0), "num_samples must be a positive int; got 0"),
     ],
 )
 def test_bad_options(options, match):
@@ -140,8 +138,20 @@ def test_bad_options(options, match):
         RecallDataset("train", **options)
 
 
+@pytest.mark.parametrize(
+    "options, match",
+    [
+        (dict(num_pairs=2.0), "num_pairs must be a positive int; got 2.0"),
+        (dict(seed="a"), "seed must be an int; got 'a'"),
+    ],
+)
+def test_options_of_a_wrong_type(options, match):
+    with pytest.raises(TypeError, match=match):
+        RecallDataset("train", **options)
+
+
 def test_bad_split_and_index():
-    with pytest.raises(ValueError, match="split must be one of 'train', 'val', 'test', got 'dev'"):
+    with pytest.raises(ValueError, match="split must be one of 'train', 'val', 'test'; got 'dev'"):
         RecallDataset("dev")
     ds = RecallDataset("train", num_samples=3)
     with pytest.raises(IndexError, match=r"index must be in \[0, 3\), got 3"):

@@ -102,7 +102,7 @@ def test_build_recall_and_load_lm_batches():
         ),
         (
             lambda: get_task("listops").build("dev"),
-            "split must be one of 'train', 'val', 'test', got 'dev'",
+            "split must be one of 'train', 'val', 'test'; got 'dev'",
         ),
         (
             lambda: get_task("listops").build("train", length=5),
@@ -110,7 +110,7 @@ def test_build_recall_and_load_lm_batches():
         ),
         (
             lambda: get_task("listops").build("train", min_len=-1),
-            "min_len must be an int >= 0, got -1",
+            "min_len must be an int >= 0; got -1",
         ),
         (
             lambda: get_task("cifar-pixel").build("train"),

@@ -35,8 +35,8 @@ V = torch.zeros(2, 3, 5, 6)
         ({"key_padding_mask": torch.ones(5, dtype=torch.bool, device="meta")}, ValueError,
          r"key_padding_mask must be on the device of query \(cpu\); got meta"),
         ({"chunk_size": 0}, ValueError, r"chunk_size must be a positive int or None; got 0"),
-        ({"chunk_size": 2.5}, ValueError, r"chunk_size must be a positive int or None; got 2.5"),
-        ({"chunk_size": True}, ValueError, r"chunk_size must be a positive int or None; got True"),
+        ({"chunk_size": 2.5}, TypeError, r"chunk_size must be a positive int or None; got 2.5"),
+        ({"chunk_size": True}, TypeError, r"chunk_size must be a positive int or None; got True"),
         ({"group": "world"}, TypeError,
          r"group must be a torch.distributed.ProcessGroup or None; got str"),
         ({"temperature": 2.0, "normalize": False}, ValueError,
@@ -67,13 +67,14 @@ def test_tensor_checks_are_the_ops():
 @pytest.mark.parametrize(
     ("args", "error", "match"),
     [
-        ((5, 2, 2), ValueError, r"rank must be in \[0, world_size = 2\); got 2"),
-        ((5, -1, 2), ValueError, r"rank must be in \[0, world_size = 2\); got -1"),
-        ((5, 0, 0), ValueError, r"world_size must be >= 1; got 0"),
-        ((-1, 0, 2), ValueError, r"n must be >= 0; got -1"),
-        ((5.0, 0, 2), TypeError, r"n must be an int; got float"),
+        ((5, 2, 2), ValueError, r"rank must be an int in \[0, world_size = 2\); got 2"),
+        ((5, -1, 2), ValueError, r"rank must be an int >= 0; got -1"),
+        ((5, 0, 0), ValueError, r"world_size must be a positive int; got 0"),
+        ((-1, 0, 2), ValueError, r"n must be an int >= 0; got -1"),
+        ((5.0, 0, 2), TypeError, r"n must be an int >= 0; got 5\.0"),
+        ((5, True, 2), TypeError, r"rank must be an int >= 0; got True"),
     ],
-    ids=["rank-high", "rank-negative", "world-0", "n-negative", "n-float"],
+    ids=["rank-high", "rank-negative", "world-0", "n-negative", "n-float", "rank-bool"],
 )
 def test_sequence_shard_refuses_bad_arguments(args, error, match):
     with pytest.raises(error, match=match):

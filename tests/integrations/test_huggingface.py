@@ -447,7 +447,7 @@ def test_attention_dropout_is_refused_in_training_unless_ignored():
 
 BAD_OPTIONS = {
     "mode": ({"mode": "fast"}, ValueError, r"register\(\): mode must be one of .*got 'fast'"),
-    "order": ({"order": 3}, ValueError, r"register\(\): order must be even.*got 3"),
+    "order": ({"order": 3}, ValueError, r"register\(\): order must be an even int.*got 3"),
     "tau-type": ({"temperature": "hot"}, TypeError, r"temperature must be a float; got str"),
     "tau-inf": ({"temperature": float("inf")}, ValueError, r"temperature must be finite; got inf"),
     "tau-unnormalized": (
@@ -455,8 +455,12 @@ BAD_OPTIONS = {
         ValueError,
         r"temperature applies only with normalize=True.*temperature=2.0",
     ),
-    "normalize": ({"normalize": 1}, TypeError, r"normalize must be a bool; got int"),
-    "dropout": ({"ignore_dropout": "yes"}, TypeError, r"ignore_dropout must be a bool; got str"),
+    "normalize": ({"normalize": 1}, TypeError, r"normalize must be a bool; got 1"),
+    "dropout": (
+        {"ignore_dropout": "yes"},
+        TypeError,
+        r"register\(\): ignore_dropout must be a bool; got 'yes'",
+    ),
 }
 
 

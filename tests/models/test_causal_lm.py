@@ -208,6 +208,10 @@ def test_bad_input_is_refused():
         model.generate(x, 1, temperature=-1.0)
     with pytest.raises(ValueError, match=r"top_k must be a positive int or None; got 0"):
         model.generate(x, 1, top_k=0)
+    with pytest.raises(TypeError, match=r"top_k must be a positive int or None; got 2.0"):
+        model.generate(x, 1, top_k=2.0)
+    with pytest.raises(TypeError, match=r"temperature must be a number >= 0; got 'hot'"):
+        model.generate(x, 1, temperature="hot")
     with pytest.raises(ValueError, match=r"tokens must be ids in \[0, vocab_size=23\)"):
         model(x + V)
     with pytest.raises(ValueError, match=r"tokens must be token ids of shape \(B, N\)"):

@@ -372,21 +372,27 @@ CONSTRUCTOR_ERRORS = {
         dict(context_len=8),
         r"context_len applies to projection='super' only; got context_len=8",
     ),
-    "attn-drop": (dict(attn_drop=1.0), r"attn_drop must be in \[0, 1\); got 1\.0"),
+    "attn-drop": (dict(attn_drop=1.0), r"attn_drop must be a number in \[0, 1\); got 1\.0"),
     "short-conv-negative": (
         dict(short_conv=-1),
-        r"short_conv must be an int >= 0 \(taps\); got -1",
+        r"short_conv must be an int >= 0; got -1",
     ),
     "short-conv-float": (
         dict(short_conv=2.0),
-        r"short_conv must be an int >= 0 \(taps\); got 2\.0",
+        r"short_conv must be an int >= 0; got 2\.0",
     ),
     "short-conv-super": (
         dict(short_conv=3, projection="super", context_len=8),
         r"short_conv applies to projections 'standard', 'optimized' and 'query-only'",
     ),
     "attn-kernel": (dict(attn_kernel="nope"), r"attn_kernel must be one of .*got 'nope'"),
+    "attn-kernel-none": (dict(attn_kernel=None), r"attn_kernel must be one of .*got None"),
+    "projection-none": (dict(projection=None), r"projection must be one of .*got None"),
 }
+# A wrong Python type is a TypeError, a wrong value of the right type a ValueError.
+CONSTRUCTOR_TYPE_ERRORS = {
+    "dim-float", "heads-bool", "short-conv-float", "attn-kernel-none", "projection-none",
+}  # fmt: skip
 
 
 @pytest.mark.parametrize("case", list(CONSTRUCTOR_ERRORS))
@@ -394,7 +400,8 @@ def test_invalid_constructor_arguments_are_named(case):
     kwargs, pattern = CONSTRUCTOR_ERRORS[case]
     args = dict(dim=DIM, num_heads=HEADS)
     args.update(kwargs)
-    with pytest.raises(ValueError, match=pattern):
+    error = TypeError if case in CONSTRUCTOR_TYPE_ERRORS else ValueError
+    with pytest.raises(error, match=pattern):
         Attention(**args)
 
 

@@ -85,15 +85,15 @@ def test_mlp_ratio_sets_the_hidden_width(ratio, hidden):
 
 @pytest.mark.parametrize("ratio", [0, 0.0, -1.0])
 def test_non_positive_mlp_ratio_is_refused(ratio):
-    with pytest.raises(ValueError, match=rf"mlp_ratio must be > 0; got {ratio}"):
+    with pytest.raises(ValueError, match=rf"mlp_ratio must be a number > 0; got {ratio}"):
         Block(DIM, HEADS, mlp_ratio=ratio)
 
 
 @pytest.mark.parametrize("p", [-0.1, 1.0, 2.0])
 def test_drop_path_outside_unit_interval_is_refused(p):
-    with pytest.raises(ValueError, match=rf"drop_path must be in \[0, 1\); got {p}"):
+    with pytest.raises(ValueError, match=rf"drop_path must be a number in \[0, 1\); got {p}"):
         Block(DIM, HEADS, drop_path=p)
-    with pytest.raises(ValueError, match=rf"drop_path must be in \[0, 1\); got {p}"):
+    with pytest.raises(ValueError, match=rf"drop_path must be a number in \[0, 1\); got {p}"):
         DropPath(p)
 
 

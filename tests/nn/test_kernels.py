@@ -364,7 +364,10 @@ def test_temperature_with_plain_scores_is_refused():
 
 @pytest.mark.parametrize(
     "kwargs, pattern",
-    [({"mode": "fast"}, r"mode must be one of.*'fast'"), ({"order": 3}, r"order must be even")],
+    [
+        ({"mode": "fast"}, r"mode must be one of.*'fast'"),
+        ({"order": 3}, r"order must be an even int"),
+    ],
     ids=["mode", "order"],
 )
 def test_bad_taylorshift_options_are_refused_by_name(kwargs, pattern):
@@ -443,15 +446,19 @@ def test_output_factor_off_decodes_like_the_parallel_form():
 
 
 @pytest.mark.parametrize(
-    "kwargs, pattern",
+    "kwargs, error, pattern",
     [
-        ({"output_factor": "no"}, r"output_factor must be True or False; got 'no'"),
-        ({"log_temperature": 1}, r"log_temperature must be True or False; got 1"),
-        ({"log_temperature": True, "temperature": 0.0}, r"log_temperature needs a temperature > 0"),
+        ({"output_factor": "no"}, TypeError, r"output_factor must be a bool; got 'no'"),
+        ({"log_temperature": 1}, TypeError, r"log_temperature must be a bool; got 1"),
+        (
+            {"log_temperature": True, "temperature": 0.0},
+            ValueError,
+            r"log_temperature needs a temperature > 0",
+        ),
     ],
 )
-def test_bad_temperature_and_factor_options(kwargs, pattern):
-    with pytest.raises(ValueError, match=pattern):
+def test_bad_temperature_and_factor_options(kwargs, error, pattern):
+    with pytest.raises(error, match=pattern):
         create_kernel("taylorshift", 2, 4, **kwargs)
 
 
@@ -462,7 +469,7 @@ def test_bad_temperature_and_factor_options(kwargs, pattern):
 @pytest.mark.parametrize("p", [-0.1, 1.0, 1.5, math.nan], ids=["neg", "one", "big", "nan"])
 @pytest.mark.parametrize("name", ["taylorshift", "softmax", "softmax-naive", "linear", "holt"])
 def test_attn_drop_outside_unit_interval_is_refused(name, p):
-    with pytest.raises(ValueError, match=r"attn_drop must be in \[0, 1\); got"):
+    with pytest.raises(ValueError, match=r"attn_drop must be a number in \[0, 1\); got"):
         create_kernel(name, 2, 4, attn_drop=p)
 
 

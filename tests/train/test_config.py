@@ -85,15 +85,19 @@ def test_typed_values_and_replace():
         ("optim.lrr", "1", r"unknown setting 'optim\.lrr' \(did you mean 'optim\.lr'"),
         ("optimizer.lr", "1", r"unknown setting 'optimizer\.lr': no section 'optimizer'"),
         ("lr", "1", r"must be written section\.name .* got 'lr'"),
-        ("optim.lr", "fast", r"optim\.lr must be a number, got 'fast'"),
-        ("data.batch_size", "2.5", r"data\.batch_size must be an integer, got '2\.5'"),
-        ("run.progress", "maybe", r"run\.progress must be a bool, got 'maybe'"),
-        ("optim.lr", "-1", r"optim\.lr must be a number > 0, got -1"),
-        ("optim.name", "sgd", r"optim\.name must be one of lamb, adamw, got 'sgd'"),
-        ("run.amp", "fp8", r"run\.amp must be one of auto, bf16, off, got 'fp8'"),
-        ("data.batch_size", "0", r"data\.batch_size must be a positive integer, got 0"),
+        ("optim.lr", "fast", r"optim\.lr must be a number; got 'fast'"),
+        ("data.batch_size", "2.5", r"data\.batch_size must be an int; got '2\.5'"),
+        ("run.progress", "maybe", r"run\.progress must be a bool; got 'maybe'"),
+        ("optim.lr", "-1", r"optim\.lr must be a number > 0; got -1"),
+        ("optim.name", "sgd", r"optim\.name must be one of 'lamb', 'adamw'; got 'sgd'"),
+        ("run.amp", "fp8", r"run\.amp must be one of 'auto', 'bf16', 'off'; got 'fp8'"),
+        ("data.batch_size", "0", r"data\.batch_size must be a positive int; got 0"),
         ("optim.warmup_epochs", "500", r"optim\.warmup_epochs must be in \[0, optim\.epochs"),
-        ("model.mode", "fast", r"model\.mode must be one of auto, direct, efficient"),
+        (
+            "model.mode",
+            "fast",
+            r"model\.mode must be one of 'auto', 'direct', 'efficient'; got 'fast'",
+        ),
         ("optim.lr.x", "1", r"optim\.lr is a number, not a table"),
         ("data.split_options.dev.num_samples", "1", r"split_options keys must be among"),
         ("optim.lr_multipliers.temperature", "0", r"optim\.lr_multipliers must map .* 0"),
@@ -103,6 +107,22 @@ def test_typed_values_and_replace():
 def test_bad_overrides_name_the_key(key, value, match):
     with pytest.raises(ConfigError, match=match):
         resolve_config("listops-cpu", overrides=[(key, value)])
+
+
+@pytest.mark.parametrize(
+    ("optim", "match"),
+    [
+        ({"epochs": 2.5}, r"optim\.epochs must be a positive int; got 2\.5"),
+        ({"lr": "1e-3"}, r"optim\.lr must be a number > 0; got '1e-3'"),
+        ({"lr": float("inf")}, r"optim\.lr must be a finite number > 0; got inf"),
+        ({"weight_decay": -0.1}, r"optim\.weight_decay must be a number >= 0; got -0\.1"),
+    ],
+)
+def test_sections_built_directly_are_checked_too(optim, match):
+    # A wrong type or value is a ConfigError (what `taylorshift train` prints as one line),
+    # also when the section skipped the type check of from_dict.
+    with pytest.raises(ConfigError, match=match):
+        TrainConfig(optim=OptimConfig(**optim))
 
 
 def test_mode_needs_the_taylorshift_kernel():
@@ -142,8 +162,8 @@ def test_toml_and_json_files(tmp_path):
     [
         ("[optim]\nlrr = 1.0\n", r"unknown setting 'optim\.lrr'"),
         ("[optimizer]\nlr = 1.0\n", r"no section 'optimizer'"),
-        ("[optim]\nlr = 'high'\n", r"optim\.lr must be a number, got 'high'"),
-        ("[optim]\nepochs = 2.5\n", r"optim\.epochs must be an integer, got 2\.5"),
+        ("[optim]\nlr = 'high'\n", r"optim\.lr must be a number; got 'high'"),
+        ("[optim]\nepochs = 2.5\n", r"optim\.epochs must be an int; got 2\.5"),
         ("[optim\n", r"is not valid TOML"),
     ],
 )

@@ -64,10 +64,14 @@ def test_lamb_zero_weights_take_a_plain_adam_step():
 
 def test_lamb_rejects_bad_settings():
     p = [torch.nn.Parameter(torch.ones(1))]
-    with pytest.raises(ValueError, match="lr must be > 0"):
+    with pytest.raises(ValueError, match="lr must be a number > 0; got 0"):
         Lamb(p, lr=0)
-    with pytest.raises(ValueError, match=r"betas must be in \[0, 1\)"):
+    with pytest.raises(ValueError, match=r"betas\[1\] must be a number in \[0, 1\); got 1.0"):
         Lamb(p, betas=(0.9, 1.0))
+    with pytest.raises(ValueError, match="eps must be a number > 0; got 0"):
+        Lamb(p, eps=0)
+    with pytest.raises(ValueError, match="weight_decay must be a number >= 0; got -1"):
+        Lamb(p, weight_decay=-1)
 
 
 def test_weight_decay_spares_biases_norms_and_cls():

@@ -90,7 +90,7 @@ def test_sequence_parallel_needs_a_language_model_and_a_divisor(tmp_path, text_f
     )  # fmt: skip
     with pytest.raises(ConfigError, match=r"needs a causal language-model task \(kind 'lm'\)"):
         train(config)
-    with pytest.raises(ConfigError, match=r"run.sequence_parallel must be a positive integer"):
+    with pytest.raises(ConfigError, match=r"run.sequence_parallel must be a positive int; got 0"):
         resolve_config(overrides={"run.sequence_parallel": 0})
 
 

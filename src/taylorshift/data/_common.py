@@ -1,7 +1,5 @@
-"""Argument checks and small helpers shared by the task loaders.
-
-Every check raises ``ValueError`` naming the argument, what it accepts and what it got.
-"""
+"""Small helpers shared by the task loaders: the split names, the ``path`` option, held-out
+parts, bytes as token ids. Scalar arguments are checked with ``taylorshift._validate``."""
 
 from __future__ import annotations
 
@@ -12,37 +10,6 @@ from pathlib import Path
 import torch
 
 SPLITS = ("train", "val", "test")
-
-
-def check_split(split: object) -> str:
-    if split not in SPLITS:
-        raise ValueError(f"split must be one of {', '.join(map(repr, SPLITS))}, got {split!r}")
-    return split  # type: ignore[return-value]
-
-
-def check_int(name: str, value: object, minimum: int | None = None) -> int:
-    """``value`` as an int (bools refused), at least ``minimum`` when given."""
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"{name} must be an int, got {value!r}")
-    if minimum is not None and value < minimum:
-        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
-    return value
-
-
-def check_optional_int(name: str, value: object, minimum: int) -> int | None:
-    return None if value is None else check_int(name, value, minimum)
-
-
-def check_bool(name: str, value: object) -> bool:
-    if not isinstance(value, bool):
-        raise ValueError(f"{name} must be True or False, got {value!r}")
-    return value
-
-
-def check_str(name: str, value: object) -> str:
-    if not isinstance(value, str) or not value:
-        raise ValueError(f"{name} must be a non-empty str, got {value!r}")
-    return value
 
 
 def require_path(task: str, path: object) -> Path:

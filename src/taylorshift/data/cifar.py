@@ -27,7 +27,8 @@ from pathlib import Path
 import torch
 from torch.utils.data import Dataset
 
-from ._common import check_int, check_split, require_path
+from .._validate import check_choice, check_int
+from ._common import SPLITS, require_path
 
 __all__ = ["CIFAR_TRAIN_FILES", "CifarPixelDataset", "load_cifar_batch", "rgb_to_gray"]
 
@@ -108,11 +109,11 @@ class CifarPixelDataset(Dataset):
     """
 
     def __init__(self, split: str = "train", *, path=None, val_size: int = 5000) -> None:
-        check_split(split)
+        check_choice("split", split, SPLITS)
         folder = require_path("cifar-pixel", path)
         if (folder / _FOLDER).is_dir():
             folder = folder / _FOLDER
-        check_int("val_size", val_size, 0)
+        check_int("val_size", val_size, ge=0)
         names = CIFAR_TRAIN_FILES if split == "train" or (split == "val" and val_size) else ()
         names = names or (CIFAR_TEST_FILE,)
         missing = [n for n in names if not (folder / n).is_file()]

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import torch
 
-from ._common import check_int
+from .._validate import check_int
 
 __all__ = ["IGNORE_INDEX", "collate_images", "collate_lm", "collate_tokens"]
 
@@ -43,7 +43,7 @@ def _check_batch(batch: Sequence, pad_id: object, pad_to_multiple: object) -> No
         raise ValueError("batch must hold at least one item, got an empty batch")
     check_int("pad_id", pad_id)
     if pad_to_multiple is not None:
-        check_int("pad_to_multiple", pad_to_multiple, 1)
+        check_int("pad_to_multiple", pad_to_multiple, ge=1)
 
 
 def _padded_length(seqs: list[torch.Tensor], pad_to_multiple: int | None) -> int:

@@ -20,7 +20,8 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import Dataset
 
-from ._common import check_int, check_split
+from .._validate import check_choice, check_int
+from ._common import SPLITS
 from .vocab import PIXEL_VOCAB_SIZE
 
 __all__ = ["DIGITS_COUNT", "DigitsDataset", "load_digit_images", "upsample_gray"]
@@ -85,11 +86,11 @@ class DigitsDataset(Dataset):
         test_size: int = 250,
         split_seed: int = 0,
     ) -> None:
-        self.split = check_split(split)
-        check_int("image_size", image_size, 1)
-        check_int("val_size", val_size, 1)
-        check_int("test_size", test_size, 1)
-        check_int("split_seed", split_seed, 0)
+        self.split = check_choice("split", split, SPLITS)
+        check_int("image_size", image_size, ge=1)
+        check_int("val_size", val_size, ge=1)
+        check_int("test_size", test_size, ge=1)
+        check_int("split_seed", split_seed, ge=0)
         if val_size + test_size >= DIGITS_COUNT:
             raise ValueError(
                 f"val_size + test_size must leave training images out of {DIGITS_COUNT}, got "

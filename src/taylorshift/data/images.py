@@ -21,7 +21,8 @@ from pathlib import Path
 import torch
 from torch.utils.data import Dataset
 
-from ._common import check_int, check_split, require_path
+from .._validate import check_choice, check_int
+from ._common import SPLITS, require_path
 
 __all__ = ["IMAGENET_MEAN", "IMAGENET_STD", "IMAGE_EXTENSIONS", "ImageFolderDataset"]
 
@@ -75,9 +76,9 @@ class ImageFolderDataset(Dataset):
         mean: Sequence[float] | None = IMAGENET_MEAN,
         std: Sequence[float] | None = IMAGENET_STD,
     ) -> None:
-        check_split(split)
+        check_choice("split", split, SPLITS)
         root = require_path("image-folder", path)
-        self.image_size = check_int("image_size", image_size, 1)
+        self.image_size = check_int("image_size", image_size, ge=1)
         self.mean, self.std = _channel_stats("mean", mean), _channel_stats("std", std)
         if (self.mean is None) != (self.std is None):
             raise ValueError(f"mean and std must both be given or both None, got {mean}, {std}")

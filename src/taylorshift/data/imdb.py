@@ -18,14 +18,8 @@ from pathlib import Path
 import torch
 from torch.utils.data import Dataset
 
-from ._common import (
-    bytes_to_tokens,
-    check_int,
-    check_optional_int,
-    check_split,
-    holdout,
-    require_path,
-)
+from .._validate import check_choice, check_int
+from ._common import SPLITS, bytes_to_tokens, holdout, require_path
 
 __all__ = ["IMDB_LABELS", "ImdbByteDataset"]
 
@@ -64,12 +58,12 @@ class ImdbByteDataset(Dataset):
         val_size: int = 0,
         seed: int = 0,
     ) -> None:
-        check_split(split)
+        check_choice("split", split, SPLITS)
         root = require_path("imdb-byte", path)
         if (root / "aclImdb").is_dir():
             root = root / "aclImdb"
-        self.max_len = check_optional_int("max_len", max_len, 1)
-        check_int("val_size", val_size, 0)
+        self.max_len = check_int("max_len", max_len, ge=1, allow_none=True)
+        check_int("val_size", val_size, ge=0)
         check_int("seed", seed)
         part = "train" if split == "train" or (split == "val" and val_size) else "test"
         missing = [n for n in IMDB_LABELS if not (root / part / n).is_dir()]

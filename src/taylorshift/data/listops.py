@@ -51,14 +51,8 @@ from collections.abc import Iterable, Sequence
 import torch
 from torch.utils.data import Dataset
 
-from ._common import (
-    check_bool,
-    check_int,
-    check_optional_int,
-    check_split,
-    require_path,
-    split_file,
-)
+from .._validate import check_bool, check_choice, check_int
+from ._common import SPLITS, require_path, split_file
 from .vocab import CLS, LISTOPS_OPERATORS, LISTOPS_TOKENS, PAD
 
 __all__ = [
@@ -245,10 +239,8 @@ def _reachable(max_depth: int, max_args: int, limit: int) -> frozenset[int]:
 
 
 def _check_tree_settings(max_depth: int, max_args: int, operators) -> tuple[str, ...]:
-    check_int("max_depth", max_depth, 1)
-    if max_depth > _MAX_DEPTH_LIMIT:
-        raise ValueError(f"max_depth must be <= {_MAX_DEPTH_LIMIT}, got {max_depth}")
-    check_int("max_args", max_args, 2)
+    check_int("max_depth", max_depth, ge=1, le=_MAX_DEPTH_LIMIT)
+    check_int("max_args", max_args, ge=2)
     if isinstance(operators, str) or not isinstance(operators, Iterable):
         raise ValueError(f"operators must be a sequence of names, got {operators!r}")
     operators = tuple(operators)
@@ -261,8 +253,8 @@ def _check_tree_settings(max_depth: int, max_args: int, operators) -> tuple[str,
 
 
 def _check_window(min_len: int, max_len: int, max_depth: int, max_args: int) -> None:
-    check_int("min_len", min_len, 0)
-    check_int("max_len", max_len, 1)
+    check_int("min_len", min_len, ge=0)
+    check_int("max_len", max_len, ge=1)
     if not any(min_len < n < max_len for n in _reachable(max_depth, max_args, max_len)):
         raise ValueError(
             f"min_len and max_len must leave a length min_len < n < max_len that trees with "
@@ -272,7 +264,7 @@ def _check_window(min_len: int, max_len: int, max_depth: int, max_args: int) -> 
 
 
 def _check_length(name: str, length: int, max_depth: int, max_args: int) -> None:
-    check_int(name, length, 1)
+    check_int(name, length, ge=1)
     if length not in _reachable(max_depth, max_args, length):
         raise ValueError(
             f"{name} must be a length that trees with max_depth={max_depth} and "
@@ -518,15 +510,15 @@ class ListOpsDataset(Dataset):
         operators: Sequence[str] = DEFAULT_OPERATORS,
         seed: int = 0,
     ) -> None:
-        self.split = check_split(split)
+        self.split = check_choice("split", split, SPLITS)
         if num_samples is None:
             num_samples = LISTOPS_SPLIT_SIZES[split]
-        self.num_samples = check_int("num_samples", num_samples, 1)
+        self.num_samples = check_int("num_samples", num_samples, ge=1)
         self.exact_length = check_bool("exact_length", exact_length)
         self.operators = _check_tree_settings(max_depth, max_args, operators)
         if self.exact_length:
-            check_int("min_len", min_len, 1)
-            check_int("max_len", max_len, min_len)
+            check_int("min_len", min_len, ge=1)
+            check_int("max_len", max_len, ge=min_len)
             allowed = _reachable(max_depth, max_args, max_len)
             missing = [n for n in range(min_len, max_len + 1) if n not in allowed]
             if missing:
@@ -576,11 +568,11 @@ class ListOpsTSV(Dataset):
     """
 
     def __init__(self, split: str = "train", *, path=None, max_len: int | None = 2000) -> None:
-        check_split(split)
+        check_choice("split", split, SPLITS)
         folder = require_path("listops-tsv", path)
         self.path = split_file("listops-tsv", folder, split, [f"basic_{split}.tsv"])
         self.single_file = folder.is_file()  # the same file serves any split asked for
-        self.max_len = check_optional_int("max_len", max_len, 1)
+        self.max_len = check_int("max_len", max_len, ge=1, allow_none=True)
         self.sources: list[str] = []
         self.ids: list[torch.Tensor] = []
         self.labels: list[int] = []

@@ -18,7 +18,8 @@ from collections.abc import Sequence
 import torch
 from torch.utils.data import Dataset
 
-from ._common import check_int, check_optional_int, check_split, require_path
+from .._validate import check_choice, check_int, check_probability
+from ._common import SPLITS, require_path
 from .text import encode_bytes
 from .vocab import BYTE_PAD_ID, BYTE_VOCAB_SIZE
 
@@ -43,12 +44,6 @@ def decode_bytes(ids: torch.Tensor | Sequence[int]) -> str:
     else:
         values = [int(i) for i in ids]
     return bytes(v for v in values if 0 <= v < 256).decode("utf-8", errors="replace")
-
-
-def _check_fraction(name: str, value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
-        raise ValueError(f"{name} must be a number in [0, 1), got {value!r}")
-    return float(value)
 
 
 class ByteWindows(Dataset):
@@ -106,14 +101,14 @@ class LMTextDataset(ByteWindows):
         test_fraction: float = 0.05,
         stride: int | None = None,
     ) -> None:
-        self.split = check_split(split)
+        self.split = check_choice("split", split, SPLITS)
         self.path = require_path("lm", path)
         if not self.path.is_file():
             raise ValueError(f"path must be a text file for task 'lm', got the folder {path!r}")
-        self.seq_len = check_int("seq_len", seq_len, 1)
-        self.stride = check_optional_int("stride", stride, 1) or seq_len
-        val_fraction = _check_fraction("val_fraction", val_fraction)
-        test_fraction = _check_fraction("test_fraction", test_fraction)
+        self.seq_len = check_int("seq_len", seq_len, ge=1)
+        self.stride = check_int("stride", stride, ge=1, allow_none=True) or seq_len
+        val_fraction = check_probability("val_fraction", val_fraction)
+        test_fraction = check_probability("test_fraction", test_fraction)
         if val_fraction + test_fraction >= 1:
             raise ValueError(
                 f"val_fraction + test_fraction must be < 1 (train needs a share), got "

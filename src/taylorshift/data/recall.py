@@ -29,7 +29,8 @@ import random
 import torch
 from torch.utils.data import Dataset
 
-from ._common import check_int, check_split
+from .._validate import check_choice, check_int
+from ._common import SPLITS
 from .collate import IGNORE_INDEX
 
 __all__ = [
@@ -48,7 +49,7 @@ RECALL_SPLIT_SIZES = {"train": 100_000, "val": 3_000, "test": 3_000}
 
 def recall_vocab(vocab_size: int) -> tuple[range, range]:
     """The key ids and the value ids of a recall vocabulary of ``vocab_size`` ids."""
-    check_int("vocab_size", vocab_size, 4)
+    check_int("vocab_size", vocab_size, ge=4)
     num_keys = (vocab_size - _FIRST_KEY) // 2
     return (
         range(_FIRST_KEY, _FIRST_KEY + num_keys),
@@ -86,9 +87,9 @@ class RecallDataset(Dataset):
         num_samples: int | None = None,
         seed: int = 0,
     ) -> None:
-        self.split = check_split(split)
-        self.num_pairs = check_int("num_pairs", num_pairs, 1)
-        self.vocab_size = check_int("vocab_size", vocab_size, 4)
+        self.split = check_choice("split", split, SPLITS)
+        self.num_pairs = check_int("num_pairs", num_pairs, ge=1)
+        self.vocab_size = check_int("vocab_size", vocab_size, ge=4)
         if vocab_size < _FIRST_KEY + 2 * num_pairs:
             raise ValueError(
                 f"vocab_size must be >= 2 + 2 * num_pairs = {_FIRST_KEY + 2 * num_pairs} (pad, "
@@ -96,14 +97,14 @@ class RecallDataset(Dataset):
             )
         if num_queries is None:
             num_queries = num_pairs
-        check_int("num_queries", num_queries, 1)
+        check_int("num_queries", num_queries, ge=1)
         if num_queries > num_pairs:
             raise ValueError(
                 f"num_queries must be in [1, num_pairs = {num_pairs}] (distinct keys), "
                 f"got {num_queries}"
             )
         self.num_queries = num_queries
-        self.seq_len = check_int("seq_len", seq_len, 1)
+        self.seq_len = check_int("seq_len", seq_len, ge=1)
         if seq_len < 2 * (num_pairs + num_queries):
             raise ValueError(
                 f"seq_len must be >= 2 * num_pairs + 2 * num_queries = "
@@ -112,7 +113,7 @@ class RecallDataset(Dataset):
             )
         if num_samples is None:
             num_samples = RECALL_SPLIT_SIZES[split]
-        self.num_samples = check_int("num_samples", num_samples, 1)
+        self.num_samples = check_int("num_samples", num_samples, ge=1)
         self.seed = check_int("seed", seed)
         self.pad_id, self.filler_id = RECALL_PAD_ID, RECALL_FILLER_ID
         self.key_ids, self.value_ids = recall_vocab(vocab_size)

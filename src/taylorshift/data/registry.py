@@ -10,7 +10,8 @@ from typing import Any
 
 from torch.utils.data import Dataset
 
-from ._common import check_split
+from .._validate import check_choice
+from ._common import SPLITS
 from .cifar import CifarPixelDataset
 from .digits import DigitsDataset
 from .images import ImageFolderDataset
@@ -99,7 +100,7 @@ class TaskSpec:
             ValueError: a bad split, an unknown option, or a bad option value (naming the
                 option, what it accepts and what it got).
         """
-        check_split(split)
+        check_choice("split", split, SPLITS)
         known = self.options
         unknown = [k for k in options if k not in known]
         if unknown:

@@ -27,14 +27,8 @@ from pathlib import Path
 import torch
 from torch.utils.data import Dataset
 
-from ._common import (
-    bytes_to_tokens,
-    check_optional_int,
-    check_split,
-    check_str,
-    require_path,
-    split_file,
-)
+from .._validate import check_choice, check_int, check_str
+from ._common import SPLITS, bytes_to_tokens, require_path, split_file
 
 __all__ = ["TextFileDataset", "encode_bytes", "label_mapping"]
 
@@ -147,7 +141,7 @@ class TextFileDataset(Dataset):
         labels: Sequence[object] | None = None,
         delimiter: str = ",",
     ) -> None:
-        check_split(split)
+        check_choice("split", split, SPLITS)
         if fmt not in ("csv", "jsonl"):
             raise ValueError(f"fmt must be 'csv' or 'jsonl', got {fmt!r}")
         task = f"text-{fmt}"
@@ -156,7 +150,7 @@ class TextFileDataset(Dataset):
         label_column = check_str("label_column", label_column)
         if not isinstance(delimiter, str) or len(delimiter) != 1:
             raise ValueError(f"delimiter must be one character, got {delimiter!r}")
-        self.max_len = check_optional_int("max_len", max_len, 1)
+        self.max_len = check_int("max_len", max_len, ge=1, allow_none=True)
         self.path = split_file(task, root, split, [f"{n}.{fmt}" for n in _SPLIT_NAMES[split]])
         self.single_file = root.is_file()  # the same file serves any split asked for
         texts, raw = _load(self.path, fmt, text_column, label_column, delimiter)

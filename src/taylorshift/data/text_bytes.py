@@ -27,7 +27,8 @@ from pathlib import Path
 
 import torch
 
-from ._common import check_int, check_optional_int, check_split, check_str
+from .._validate import check_choice, check_int, check_str
+from ._common import SPLITS
 from .lm_text import ByteWindows
 
 __all__ = ["TextBytesDataset", "count_baselines", "split_of_file", "stdlib_folder"]
@@ -75,9 +76,9 @@ class TextBytesDataset(ByteWindows):
         seq_len: int = 256,
         stride: int | None = None,
     ) -> None:
-        self.split = check_split(split)
-        self.seq_len = check_int("seq_len", seq_len, 1)
-        self.stride = check_optional_int("stride", stride, 1) or seq_len
+        self.split = check_choice("split", split, SPLITS)
+        self.seq_len = check_int("seq_len", seq_len, ge=1)
+        self.stride = check_int("stride", stride, ge=1, allow_none=True) or seq_len
         check_str("pattern", pattern)
         folder = stdlib_folder() if path is None else Path(path).expanduser()
         if not folder.is_dir():

@@ -25,11 +25,10 @@ gets the gradient of its own queries' part: summing parameter gradients over the
 
 from __future__ import annotations
 
-import numbers
-
 import torch
 from torch import Tensor
 
+from .._validate import check_int
 from ..ops.taylor_shift.checks import check_inputs
 from ..ops.taylor_shift.efficient import default_chunk_size, efficient_taylor_shift, key_side_grads
 from ..ops.taylor_shift.efficient_causal import (
@@ -111,11 +110,7 @@ def sequence_parallel_taylor_shift(
             f"query and key must have the same length; got Nq = {problem.n_query} and "
             f"Nk = {problem.n_key}"
         )
-    if chunk_size is not None and (
-        isinstance(chunk_size, bool) or not isinstance(chunk_size, numbers.Integral)
-        or chunk_size < 1
-    ):  # fmt: skip
-        raise ValueError(f"chunk_size must be a positive int or None; got {chunk_size!r}")
+    check_int("chunk_size", chunk_size, ge=1, allow_none=True)
     world, _ = group_place(group)
     b, h, d, dv = problem.batch, problem.heads, problem.head_dim, problem.value_dim
     if not chunk_size:
@@ -209,15 +204,11 @@ def sequence_shard(n: int, rank: int, world_size: int) -> slice:
 
     ``slice.start`` is the rank's position offset (for position embeddings).
     """
-    for name, value in (("n", n), ("rank", rank), ("world_size", world_size)):
-        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-            raise TypeError(f"{name} must be an int; got {type(value).__name__}")
-    if n < 0:
-        raise ValueError(f"n must be >= 0; got {n}")
-    if world_size < 1:
-        raise ValueError(f"world_size must be >= 1; got {world_size}")
-    if not 0 <= rank < world_size:
-        raise ValueError(f"rank must be in [0, world_size = {world_size}); got {rank}")
+    n = check_int("n", n, ge=0)
+    world_size = check_int("world_size", world_size, ge=1)
+    rank = check_int("rank", rank, ge=0)
+    if rank >= world_size:
+        raise ValueError(f"rank must be an int in [0, world_size = {world_size}); got {rank}")
     base, extra = divmod(n, world_size)
     start = rank * base + min(rank, extra)
     return slice(start, start + base + (rank < extra))

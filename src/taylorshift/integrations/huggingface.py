@@ -57,6 +57,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from .._validate import check_bool, check_str
 from ..ops import taylor_shift_attention
 from ..ops.taylor_shift.checks import check_options
 
@@ -118,6 +119,7 @@ def check_hf_options(
     merged = {**(DEFAULT_OPTIONS if base is None else base), **options}
     try:
         check_options(merged["normalize"], merged["order"], merged["mode"])
+        check_bool("ignore_dropout", merged["ignore_dropout"])
     except (TypeError, ValueError) as err:
         raise type(err)(f"{where}: {err}") from None
     temperature = merged["temperature"]
@@ -132,10 +134,6 @@ def check_hf_options(
         raise ValueError(
             f"{where}: temperature applies only with normalize=True (normalize=False scores "
             f"with the module's scaling); got temperature={temperature} with normalize=False"
-        )
-    if not isinstance(merged["ignore_dropout"], bool):
-        raise TypeError(
-            f"{where}: ignore_dropout must be a bool; got {type(merged['ignore_dropout']).__name__}"
         )
     return merged
 
@@ -173,8 +171,7 @@ def register(
         ``name``.
     """
     transformers = import_transformers()
-    if not isinstance(name, str) or not name:
-        raise ValueError(f"name must be a non-empty str; got {name!r}")
+    check_str("name", name)
     attention_interface = transformers.AttentionInterface
     builtin = (set(attention_interface._global_mapping) | {"eager"}) - set(_REGISTERED)
     if name in builtin:

@@ -19,12 +19,10 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 
+from .._validate import check_bool, check_int, check_number
 from ..nn import CACHE_KINDS
 from .encoder import (
     ModelConfigBase,
-    _flag,
-    _positive_int,
-    _positive_number,
     check_padding_mask,
     check_trunk,
     init_linear_layers,
@@ -92,9 +90,9 @@ class CausalLMConfig(ModelConfigBase):
     def validate(self) -> None:
         """Raise ValueError/TypeError naming the first bad field, its expected and its value."""
         for name in ("vocab_size", "max_len"):
-            _positive_int(name, getattr(self, name))
-        _flag("tie_embeddings", self.tie_embeddings)
-        _positive_number("token_init_std", self.token_init_std)
+            check_int(name, getattr(self, name), ge=1)
+        check_bool("tie_embeddings", self.tie_embeddings)
+        check_number("token_init_std", self.token_init_std, gt=0)
         check_trunk(self, DECODE_PROJECTIONS)
 
 
@@ -283,15 +281,9 @@ class CausalLM(nn.Module):
 
     def _check_generate(self, prompt, prompt_mask, max_new_tokens, temperature, top_k) -> Tensor:
         b, n = prompt.shape
-        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int):
-            raise TypeError(f"max_new_tokens must be an int >= 0; got {max_new_tokens!r}")
-        if max_new_tokens < 0:
-            raise ValueError(f"max_new_tokens must be an int >= 0; got {max_new_tokens}")
-        if not (isinstance(temperature, (int, float)) and temperature >= 0):
-            raise ValueError(f"temperature must be a number >= 0; got {temperature!r}")
-        if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int)
-                                  or top_k < 1):  # fmt: skip
-            raise ValueError(f"top_k must be a positive int or None; got {top_k!r}")
+        check_int("max_new_tokens", max_new_tokens, ge=0)
+        check_number("temperature", temperature, ge=0, finite=False)
+        check_int("top_k", top_k, ge=1, allow_none=True)
         if n == 0:
             raise ValueError("prompt must hold at least one token per row; got N = 0")
         if prompt_mask is None:

@@ -8,15 +8,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from .._validate import check_choice, check_int, check_number
 from .embedding import ConvTokenEmbedding
-from .encoder import (
-    EncoderClassifier,
-    EncoderConfig,
-    _choice,
-    _positive_int,
-    _positive_number,
-    check_padding_mask,
-)
+from .encoder import EncoderClassifier, EncoderConfig, check_padding_mask
 from .registry import register_model_class
 
 TOKEN_EMBEDDINGS = ("vocab", "linear", "conv")
@@ -50,11 +44,10 @@ class ClassifierConfig(EncoderConfig):
 
     def validate(self) -> None:
         super().validate()
-        _positive_number("token_init_std", self.token_init_std)
-        _choice("token_embedding", self.token_embedding, TOKEN_EMBEDDINGS)
-        _positive_int("vocab_size", self.vocab_size, allow_none=True)
-        _positive_int("in_features", self.in_features, allow_none=True)
-        _positive_int("max_len", self.max_len, allow_none=True)
+        check_number("token_init_std", self.token_init_std, gt=0)
+        check_choice("token_embedding", self.token_embedding, TOKEN_EMBEDDINGS)
+        for name in ("vocab_size", "in_features", "max_len"):
+            check_int(name, getattr(self, name), ge=1, allow_none=True)
         kind = self.token_embedding
         has_vocab, has_features = self.vocab_size is not None, self.in_features is not None
         if kind == "vocab" and (not has_vocab or has_features):

@@ -18,34 +18,12 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 
+from .._validate import check_bool, check_choice, check_int, check_number, check_probability
 from ..nn import PROJECTIONS, Block, canonical_projection, list_kernels
 from .embedding import CosinePositionEmbedding, LearnedPositionEmbedding
 
 POS_EMBEDDINGS = ("cosine", "learned")
 POOLINGS = ("cls", "mean")
-
-
-def _positive_int(name: str, value: Any, *, allow_none: bool = False) -> None:
-    if allow_none and value is None:
-        return
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        expected = "a positive int or None" if allow_none else "a positive int"
-        raise ValueError(f"{name} must be {expected}; got {value!r}")
-
-
-def _choice(name: str, value: Any, choices: tuple[str, ...]) -> None:
-    if value not in choices:
-        raise ValueError(f"{name} must be one of {list(choices)}; got {value!r}")
-
-
-def _positive_number(name: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise ValueError(f"{name} must be a number > 0; got {value!r}")
-
-
-def _probability(name: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
-        raise ValueError(f"{name} must be a number in [0, 1); got {value!r}")
 
 
 def check_kernel_args(kernel_args: Any) -> None:
@@ -59,11 +37,6 @@ def check_kernel_args(kernel_args: Any) -> None:
             f"kernel_args must be JSON-serialisable (it is saved with the weights); got "
             f"{kernel_args!r}: {err}"
         ) from None
-
-
-def _flag(name: str, value: Any) -> None:
-    if not isinstance(value, bool):
-        raise ValueError(f"{name} must be a bool; got {value!r}")
 
 
 class ModelConfigBase:
@@ -156,38 +129,33 @@ class EncoderConfig(ModelConfigBase):
 
     def validate(self) -> None:
         """Raise ValueError/TypeError naming the first bad field, its expected and its value."""
-        _positive_int("num_classes", self.num_classes)
-        _positive_int("context_len", self.context_len, allow_none=True)
+        check_int("num_classes", self.num_classes, ge=1)
+        check_int("context_len", self.context_len, ge=1, allow_none=True)
         check_trunk(self, PROJECTIONS)
-        _choice("pooling", self.pooling, POOLINGS)
+        check_choice("pooling", self.pooling, POOLINGS)
 
 
 def check_trunk(config: Any, projections: tuple[str, ...]) -> None:
     """Check the fields every Transformer trunk config has (width, depth, heads, MLP, flags,
     kernel, projection, positions, dropouts); errors name the field."""
     for name in ("dim", "depth", "num_heads"):
-        _positive_int(name, getattr(config, name))
+        check_int(name, getattr(config, name), ge=1)
     if config.dim % config.num_heads:
         raise ValueError(
             f"dim must be divisible by num_heads; got dim={config.dim}, "
             f"num_heads={config.num_heads}"
         )
-    r = config.mlp_ratio
-    if isinstance(r, bool) or not isinstance(r, (int, float)) or r <= 0:
-        raise ValueError(f"mlp_ratio must be a number > 0; got {r!r}")
-    _flag("qkv_bias", config.qkv_bias)
-    _flag("qk_norm", config.qk_norm)
-    _choice("attn_kernel", config.attn_kernel, tuple(list_kernels()))
+    check_number("mlp_ratio", config.mlp_ratio, gt=0)
+    check_bool("qkv_bias", config.qkv_bias)
+    check_bool("qk_norm", config.qk_norm)
+    check_choice("attn_kernel", config.attn_kernel, list_kernels())
     if config.projection != (projection := canonical_projection(config.projection)):
         object.__setattr__(config, "projection", projection)  # an old name, renamed
-    _choice("projection", config.projection, projections)
-    _choice("pos_embedding", config.pos_embedding, POS_EMBEDDINGS)
+    check_choice("projection", config.projection, projections)
+    check_choice("pos_embedding", config.pos_embedding, POS_EMBEDDINGS)
     for name in ("dropout", "attn_drop", "drop_path"):
-        _probability(name, getattr(config, name))
-    taps = config.short_conv
-    if isinstance(taps, bool) or not isinstance(taps, int) or taps < 0:
-        raise ValueError(f"short_conv must be an int >= 0 (taps); got {taps!r}")
-    if taps and config.projection == "super":
+        check_probability(name, getattr(config, name))
+    if check_int("short_conv", config.short_conv, ge=0) and config.projection == "super":
         raise ValueError("short_conv needs projection 'standard', 'optimized' or 'query-only'")
     check_kernel_args(config.kernel_args)
 

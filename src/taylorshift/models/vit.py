@@ -7,8 +7,9 @@ from typing import Any
 
 from torch import Tensor
 
+from .._validate import check_choice, check_int
 from .embedding import PatchEmbedding
-from .encoder import EncoderClassifier, EncoderConfig, _choice, _positive_int
+from .encoder import EncoderClassifier, EncoderConfig
 from .registry import register_model_class
 
 PATCH_EMBEDDINGS = ("linear", "conv")
@@ -40,8 +41,8 @@ class ViTConfig(EncoderConfig):
     def validate(self) -> None:
         super().validate()
         for name in ("img_size", "patch_size", "in_chans"):
-            _positive_int(name, getattr(self, name))
-        _choice("patch_embedding", self.patch_embedding, PATCH_EMBEDDINGS)
+            check_int(name, getattr(self, name), ge=1)
+        check_choice("patch_embedding", self.patch_embedding, PATCH_EMBEDDINGS)
         if self.img_size % self.patch_size:
             raise ValueError(
                 f"img_size must be a multiple of patch_size; got img_size={self.img_size}, "

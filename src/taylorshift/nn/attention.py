@@ -41,6 +41,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .._validate import check_choice, check_int
 from .kernels import create_kernel
 
 PROJECTIONS = ("standard", "optimized", "query-only", "super")
@@ -65,9 +66,8 @@ def canonical_projection(projection: object) -> object:
 
 
 def _check_dims(dim: int, num_heads: int) -> int:
-    for name, value in (("dim", dim), ("num_heads", num_heads)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be a positive int; got {value!r}")
+    check_int("dim", dim, ge=1)
+    check_int("num_heads", num_heads, ge=1)
     if dim % num_heads:
         raise ValueError(
             f"dim must be divisible by num_heads; got dim={dim}, num_heads={num_heads}"
@@ -146,16 +146,14 @@ class Attention(nn.Module):
     ):
         super().__init__()
         self.head_dim = _check_dims(dim, num_heads)
-        if isinstance(short_conv, bool) or not isinstance(short_conv, int) or short_conv < 0:
-            raise ValueError(f"short_conv must be an int >= 0 (taps); got {short_conv!r}")
+        check_int("short_conv", short_conv, ge=0)
         projection = canonical_projection(projection)
         if short_conv and projection == "super":
             raise ValueError(
                 "short_conv applies to projections 'standard', 'optimized' and 'query-only'; "
                 "got projection='super' (its W_A mixes the values over tokens already)"
             )
-        if projection not in PROJECTIONS:
-            raise ValueError(f"projection must be one of {PROJECTIONS}; got {projection!r}")
+        check_choice("projection", projection, PROJECTIONS)
         context_dim = dim if context_dim is None else context_dim
         if projection != "standard" and context_dim != dim:
             raise ValueError(

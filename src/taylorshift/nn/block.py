@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from .._validate import check_number, check_probability
 from .attention import Attention
 
 
@@ -13,8 +14,7 @@ class DropPath(nn.Module):
 
     def __init__(self, p: float = 0.0):
         super().__init__()
-        if not 0.0 <= p < 1.0:
-            raise ValueError(f"drop_path must be in [0, 1); got {p}")
+        check_probability("drop_path", p)
         self.p = p
 
     def forward(self, x: Tensor) -> Tensor:
@@ -83,8 +83,7 @@ class Block(nn.Module):
         super().__init__()
         fk = {"device": device, "dtype": dtype}
         norm_layer = norm_layer or nn.LayerNorm
-        if mlp_ratio <= 0:
-            raise ValueError(f"mlp_ratio must be > 0; got {mlp_ratio}")
+        check_number("mlp_ratio", mlp_ratio, gt=0)
         self.norm1 = norm_layer(dim, **fk)
         self.attn = Attention(
             dim,

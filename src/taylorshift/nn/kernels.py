@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .._validate import check_bool, check_choice, check_probability
 from ..ops.holt import holt_attention
 from ..ops.linear_attention import linear_attention, linear_attention_decode
 from ..ops.taylor_shift import taylor_shift_attention, taylor_shift_decode
@@ -57,8 +58,7 @@ def create_kernel(
     name: str, num_heads: int, head_dim: int, attn_drop: float = 0.0, **kwargs
 ) -> AttentionKernel:
     """Build the kernel ``name``; ``kwargs`` are that kernel's own options."""
-    if name not in _KERNELS:
-        raise ValueError(f"attn_kernel must be one of {list_kernels()}; got {name!r}")
+    check_choice("attn_kernel", name, list_kernels())
     return _KERNELS[name](num_heads, head_dim, attn_drop=attn_drop, **kwargs)
 
 
@@ -81,8 +81,7 @@ class AttentionKernel(nn.Module):
 
     def __init__(self, num_heads: int, head_dim: int, *, attn_drop: float = 0.0):
         super().__init__()
-        if not 0.0 <= attn_drop < 1.0:
-            raise ValueError(f"attn_drop must be in [0, 1); got {attn_drop}")
+        check_probability("attn_drop", attn_drop)
         self.num_heads, self.head_dim, self.attn_drop = num_heads, head_dim, attn_drop
 
     def forward(
@@ -106,8 +105,7 @@ class AttentionKernel(nn.Module):
         """An empty decoding cache: ``"state"`` (constant size; TaylorShift and linear
         attention), ``"kv"`` (keys and values, any kernel), ``"auto"`` (state if the kernel
         has one)."""
-        if kind not in CACHE_KINDS:
-            raise ValueError(f"cache must be one of {CACHE_KINDS}; got {kind!r}")
+        check_choice("cache", kind, CACHE_KINDS)
         if kind == "state" and not self.has_state:
             raise ValueError(
                 f"cache='state' needs a kernel with a constant-size state; attn_kernel "
@@ -203,9 +201,8 @@ class TaylorShiftKernel(AttentionKernel):
                 f"temperature applies to the normalised form only; got temperature="
                 f"{temperature} with normalize=False"
             )
-        for name, flag in (("log_temperature", log_temperature), ("output_factor", output_factor)):
-            if not isinstance(flag, bool):
-                raise ValueError(f"{name} must be True or False; got {flag!r}")
+        check_bool("log_temperature", log_temperature)
+        check_bool("output_factor", output_factor)
         if log_temperature and not float(temperature) > 0:
             raise ValueError(
                 f"log_temperature needs a temperature > 0; got temperature={temperature}"

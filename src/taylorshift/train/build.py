@@ -17,13 +17,14 @@ __all__ = ["build_model", "model_overrides"]
 
 def _setting(what: str, fn, *args):
     """``fn(*args)``, with the errors a bad setting gives (a missing or malformed data file,
-    an unknown task, a device that is not there, an unwritable run folder) raised as
-    :class:`ConfigError` naming the setting, so the CLI prints one error line for them."""
+    an unknown task, a data option of the wrong type or value, a device that is not there,
+    an unwritable run folder) raised as :class:`ConfigError` naming the setting, so the CLI
+    prints one error line for them."""
     try:
         return fn(*args)
     except (ConfigError, RunLockedError):
         raise
-    except (ValueError, OSError, RuntimeError, ImportError) as err:
+    except (ValueError, TypeError, OSError, RuntimeError, ImportError) as err:
         raise ConfigError(f"{what}: {err}") from err
 
 

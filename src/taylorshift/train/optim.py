@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from .._validate import check_number
 from .config import OptimConfig
 
 __all__ = ["Lamb", "WarmupCosine", "build_optimizer", "build_scheduler", "param_groups"]
@@ -51,14 +52,11 @@ class Lamb(torch.optim.Optimizer):
         eps: float = 1e-6,
         weight_decay: float = 0.0,
     ) -> None:
-        if not lr > 0:
-            raise ValueError(f"lr must be > 0, got {lr}")
-        if not all(0 <= b < 1 for b in betas):
-            raise ValueError(f"betas must be in [0, 1), got {betas}")
-        if not eps > 0:
-            raise ValueError(f"eps must be > 0, got {eps}")
-        if not weight_decay >= 0:
-            raise ValueError(f"weight_decay must be >= 0, got {weight_decay}")
+        check_number("lr", lr, gt=0)
+        for i, beta in enumerate(betas):
+            check_number(f"betas[{i}]", beta, ge=0, lt=1)
+        check_number("eps", eps, gt=0)
+        check_number("weight_decay", weight_decay, ge=0)
         defaults = {"lr": lr, "betas": tuple(betas), "eps": eps, "weight_decay": weight_decay}
         super().__init__(params, defaults)
 

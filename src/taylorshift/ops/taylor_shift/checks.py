@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from ..._validate import check_bool, check_choice, check_int, check_number
 from ..masks import key_padding_of
 
 MODES = ("auto", "direct", "efficient")
@@ -65,17 +66,13 @@ def _check_tensor(name: str, t: object, layout: str) -> Tensor:
 
 def check_options(normalize: object, order: object, mode: object) -> None:
     """The tensor-free options of the op; modules call this at construction."""
-    if not isinstance(normalize, bool):
-        raise TypeError(f"normalize must be a bool; got {type(normalize).__name__}")
-    if isinstance(order, bool) or not isinstance(order, numbers.Integral):
-        raise TypeError(f"order must be an int (an even order >= 2); got {type(order).__name__}")
-    if order < 2 or order % 2:
+    check_bool("normalize", normalize)
+    if check_int("order", order, ge=2) % 2:
         raise ValueError(
-            f"order must be even and >= 2 (odd orders can give negative weights and vanishing "
-            f"denominators); got {order}"
+            f"order must be an even int >= 2 (odd orders can give negative weights and "
+            f"vanishing denominators); got {order}"
         )
-    if not isinstance(mode, str) or mode not in MODES:
-        raise ValueError(f"mode must be one of {', '.join(map(repr, MODES))}; got {mode!r}")
+    check_choice("mode", mode, MODES)
 
 
 def check_inputs(
@@ -125,8 +122,7 @@ def check_inputs(
         if t.device != q.device:
             raise ValueError(f"{name} must be on the device of query ({q.device}); got {t.device}")
 
-    if not isinstance(is_causal, bool):
-        raise TypeError(f"is_causal must be a bool; got {type(is_causal).__name__}")
+    check_bool("is_causal", is_causal)
     check_options(normalize, order, mode)
 
     _check_temperature_and_scale(temperature, scale, normalize, q)
@@ -190,16 +186,11 @@ def _check_temperature_and_scale(
     elif not math.isfinite(float(temperature)):
         raise ValueError(f"temperature must be finite; got {temperature}")
 
-    if scale is not None:
-        if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
-            raise TypeError(f"scale must be a float or None; got {type(scale).__name__}")
-        if not math.isfinite(float(scale)):
-            raise ValueError(f"scale must be finite; got {scale}")
-        if normalize:
-            raise ValueError(
-                f"scale applies only with normalize=False (normalized scores use temperature); "
-                f"got scale={scale} with normalize=True"
-            )
+    if check_number("scale", scale, allow_none=True) is not None and normalize:
+        raise ValueError(
+            f"scale applies only with normalize=False (normalized scores use temperature); "
+            f"got scale={scale} with normalize=True"
+        )
     if isinstance(temperature, Tensor):
         if not normalize:
             raise ValueError(

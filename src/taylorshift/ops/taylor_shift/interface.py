@@ -7,6 +7,7 @@ import math
 import torch
 from torch import Tensor
 
+from ..._validate import check_bool
 from .checks import check_inputs
 from .direct import direct_taylor_shift
 from .dispatch import choose_mode
@@ -216,10 +217,7 @@ def _with_state(
         raise ValueError(
             f"{what} continues a causal sweep: it needs is_causal=True; got is_causal=False"
         )
-    if not isinstance(output_final_state, bool):
-        raise TypeError(
-            f"output_final_state must be a bool; got {type(output_final_state).__name__}"
-        )
+    check_bool("output_final_state", output_final_state)
     if mode == "direct" or order != 2 or problem.mask_varies_over_queries:
         why = (
             "mode='direct'" if mode == "direct"
