@@ -10,8 +10,8 @@ from torch import Tensor
 from .checks import check_inputs
 from .direct import direct_taylor_shift
 from .dispatch import choose_mode
-from .efficient import efficient_taylor_shift, key_state
-from .efficient_causal import DEFAULT_CAUSAL_CHUNK, causal_efficient_taylor_shift
+from .efficient import efficient_taylor_shift
+from .efficient_causal import causal_efficient_taylor_shift
 from .features import compute_dtype, drop_masked_content
 from .fused import fused_form, kernel_name, probe_backward, run_guarded, shape_class
 from .state import TaylorShiftState, check_state
@@ -230,22 +230,11 @@ def _with_state(
             f"{what} needs the efficient form (mode 'auto' or 'efficient', order 2, at most a "
             f"key-padding mask); got {why}"
         )
-    b, h, _, d = query.shape
-    dv = value.shape[-1]
-    sums = count = None
     if initial_state is not None:
+        b, h, _, d = query.shape
+        dv = value.shape[-1]
         check_state(initial_state, b, h, d, dv, query.dtype, query.device, "initial_state")
-        sums, count = initial_state.sums, initial_state.count
-    out = causal_efficient_taylor_shift(
+    return causal_efficient_taylor_shift(
         query, key, value, problem.key_mask, temperature, scale, normalize,
-        initial_state=sums, initial_count=count,
+        initial_state=initial_state, output_final_state=output_final_state,
     )  # fmt: skip
-    if not output_final_state:
-        return out
-    added = key_state(key, value, problem.key_mask, normalize, DEFAULT_CAUSAL_CHUNK)
-    real = torch.full((b, h), float(key.shape[-2]), dtype=added.dtype, device=added.device)
-    if problem.key_mask is not None:  # (B or 1, H or 1, Nk)
-        real = real.new_zeros(()) + problem.key_mask.sum(-1).to(added.dtype)
-    if initial_state is None:
-        return out, TaylorShiftState(added, real.expand(b, h).clone())
-    return out, TaylorShiftState(sums.detach() + added, count.detach() + real)
