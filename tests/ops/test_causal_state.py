@@ -1,8 +1,9 @@
 """The causal efficient form continued from a prefix state equals one sweep over the whole.
 
-A sequence split at m: the second part, started from the state of the first part (the
-unweighted sums and the key count), gives the rows m.. of the whole causal result; its
-gradient w.r.t. that state is checked numerically (gradcheck, float64).
+A sequence split at m: the second part, started from the state of the first part (a
+``TaylorShiftState``: the unweighted sums and the key count), gives the rows m.. of the
+whole causal result; its gradient w.r.t. that state is checked numerically (gradcheck,
+float64).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import itertools
 import pytest
 import torch
 
-from taylorshift import naive_taylor_shift_attention
+from taylorshift import TaylorShiftState, naive_taylor_shift_attention
 from taylorshift.ops.taylor_shift.efficient_causal import (
     causal_efficient_taylor_shift,
     causal_forward,
@@ -22,12 +23,15 @@ from tests.helpers import assert_rel_close, key_padding, random_qkv
 
 
 def _prefix(k, v, mask, normalize, chunk):
-    """State and count after keys k, v (B, H, m, ·) via the sweep itself (no queries)."""
+    """The state after keys k, v (B, H, m, ·) via the sweep itself (no queries)."""
     b, h, m, d = k.shape
     q = k.new_zeros((b, h, 0, d))
     _, _, _, state = causal_forward(q, k, v, 1.0, normalize, mask, chunk)
     count = torch.full((b, h), float(m), dtype=k.dtype) if mask is None else mask.sum(-1)
-    return state, count.to(k.dtype)
+    assert torch.equal(state.count, count.to(k.dtype))
+    # the count is also φ's constant feature times the ones column (sequence parallelism)
+    assert torch.equal(TaylorShiftState.from_sums(state.sums).count, state.count)
+    return state
 
 
 @pytest.mark.parametrize("padding", [False, True], ids=["dense", "padded"])
@@ -42,11 +46,11 @@ def test_split_sequence_equals_whole(n, m, chunk, normalize, padding):
     whole = naive_taylor_shift_attention(
         q, k, v, None if mask is None else mask[:, :, None, :], True, **kwargs
     )
-    state, count = _prefix(k[:, :, :m], v[:, :, :m], None if mask is None else mask[:, :, :m],
-                           normalize, chunk)  # fmt: skip
+    state = _prefix(k[:, :, :m], v[:, :, :m], None if mask is None else mask[:, :, :m],
+                    normalize, chunk)  # fmt: skip
     rest = causal_efficient_taylor_shift(
         q[:, :, m:], k[:, :, m:], v[:, :, m:], None if mask is None else mask[:, :, m:],
-        chunk_size=chunk, initial_state=state, initial_count=count, **kwargs,
+        chunk_size=chunk, initial_state=state, **kwargs,
     )  # fmt: skip
     assert_rel_close(rest, whole[:, :, m:], 1e-10, "continued rows")
 
@@ -64,7 +68,7 @@ def test_gradient_wrt_initial_state(normalize):
     def f(q, k, v, s, t):
         return causal_efficient_taylor_shift(
             q, k, v, None, t if normalize else 1.0, None, normalize, chunk_size=4,
-            initial_state=s, initial_count=count,
+            initial_state=TaylorShiftState(s, count),
         )  # fmt: skip
 
     assert torch.autograd.gradcheck(f, (q, k, v, state, temperature))

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from taylorshift import naive_taylor_shift_attention, taylor_shift_attention
-from taylorshift.ops.taylor_shift import causal_efficient_taylor_shift, efficient_taylor_shift
+from taylorshift.ops.taylor_shift.efficient import efficient_taylor_shift
+from taylorshift.ops.taylor_shift.efficient_causal import causal_efficient_taylor_shift
 from tests.helpers import assert_rel_close, key_padding, random_qkv
 
 DIMS = [1, 2, 3, 5, 8, 16, 33, 64]

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from taylorshift import taylor_shift_attention
-from taylorshift.ops.taylor_shift import causal_efficient_taylor_shift, efficient_taylor_shift
+from taylorshift.ops.taylor_shift.efficient import efficient_taylor_shift
+from taylorshift.ops.taylor_shift.efficient_causal import causal_efficient_taylor_shift
 from tests.helpers import key_padding, random_qkv
 
 

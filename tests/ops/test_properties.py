@@ -21,7 +21,8 @@ from hypothesis import strategies as st
 from torch.testing import assert_close
 
 from taylorshift import naive_taylor_shift_attention, taylor_shift_attention
-from taylorshift.ops.taylor_shift import causal_efficient_taylor_shift, efficient_taylor_shift
+from taylorshift.ops.taylor_shift.efficient import efficient_taylor_shift
+from taylorshift.ops.taylor_shift.efficient_causal import causal_efficient_taylor_shift
 
 F64 = torch.float64
 FORMS = ["naive", "direct", "efficient"]

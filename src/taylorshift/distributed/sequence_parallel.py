@@ -13,7 +13,8 @@ so a sequence split over ranks needs one collective per call (docs/distributed.m
 
 The attended-key count travels inside the state: φ ends with a constant 1 and [v, 1] with
 the ones column (zeroed for masked keys), so ``S[..., -1, -1] = Σ_j mask_j``, exact in
-floating point (a sum of ones), and no second buffer is needed.
+floating point (a sum of ones), and no second buffer is needed: the causal form gets
+``TaylorShiftState.from_sums(S)``.
 
 Backward sends the state gradients the other way: non-causal, one all-reduce of ∂L/∂S
 (each rank's queries contribute theirs); causal, an all-gather of the gradients w.r.t. each
@@ -37,6 +38,7 @@ from ..ops.taylor_shift.efficient_causal import (
     causal_forward,
 )
 from ..ops.taylor_shift.features import drop_masked_content
+from ..ops.taylor_shift.state import TaylorShiftState
 from .collectives import ExclusivePrefixOverRanks, SumOverRanks, group_place
 
 
@@ -126,7 +128,7 @@ def sequence_parallel_taylor_shift(
         prefix = ExclusivePrefixOverRanks.apply(local, group)
         return causal_efficient_taylor_shift(
             query, key, value, key_mask, temperature, scale, normalize, chunk_size,
-            initial_state=prefix, initial_count=prefix[..., -1, -1].detach(),
+            initial_state=TaylorShiftState.from_sums(prefix),
         )  # fmt: skip
     # Every key of every rank precedes every query in the sense of the causal sweep's
     # initial state: the query side is a causal sweep over no local keys started from S.
@@ -135,7 +137,7 @@ def sequence_parallel_taylor_shift(
     no_value = value.new_zeros((b, h, 0, dv))
     return causal_efficient_taylor_shift(
         query, no_key, no_value, None, temperature, scale, normalize, chunk_size,
-        initial_state=state, initial_count=state[..., -1, -1].detach(),
+        initial_state=TaylorShiftState.from_sums(state),
     )  # fmt: skip
 
 
@@ -153,7 +155,7 @@ class KeyStateFunction(torch.autograd.Function):
         _, _, _, state = causal_forward(no_query, key, value, 1.0, normalize, key_mask, chunk)
         ctx.save_for_backward(key, value, key_mask)
         ctx.normalize, ctx.chunk = normalize, chunk
-        return state
+        return state.sums
 
     @staticmethod
     @torch.autograd.function.once_differentiable

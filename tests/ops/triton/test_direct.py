@@ -62,24 +62,22 @@ def _compare(
         b, h, nq, nk, d, dv, masked=masked, tensor_temperature=tensor_temperature,
         normalize=normalize,
     )  # fmt: skip
-    key_mask = None if mask is None else mask.to(DEVICE)[:, :, 0, :].expand(b, h, nk)
+    attn_mask = None if mask is None else mask.to(DEVICE)
 
     def fast(q_, k_, v_, tau):
         if layout is not None:  # the same values in (B, N, H, d) memory: non-contiguous views
             q_, k_, v_ = (layout(t) for t in (q_, k_, v_))
         return triton_direct.triton_direct_taylor_shift(
-            q_, k_, v_, key_mask, causal, tau, scale, normalize
+            q_, k_, v_, attn_mask, causal, tau, scale, normalize
         )
 
     def naive(q_, k_, v_, tau):
-        attn_mask = None if mask is None else mask.to(DEVICE)
         return naive_taylor_shift_attention(
             q_, k_, v_, attn_mask, causal, temperature=tau, scale=scale, normalize=normalize
         )
 
-    def torch_direct(q_, k_, v_, tau):
-        attn_mask = None if mask is None else mask.to(DEVICE)
-        return direct_taylor_shift(q_, k_, v_, attn_mask, causal, tau, scale, normalize, 2)
+    def torch_direct(q_, k_, v_, tau):  # the same signature as the fused form
+        return direct_taylor_shift(q_, k_, v_, attn_mask, causal, tau, scale, normalize)
 
     inputs = (q, k, v)
     ref = _run(naive, inputs, temperature, grad, torch.float64, torch.float64)
@@ -192,10 +190,10 @@ def test_gradcheck_float64():
     )
     tau = torch.tensor([0.5, 2.0], dtype=torch.float64, device=DEVICE).view(1, 2, 1, 1)
     tau.requires_grad_()
-    key_mask = torch.tensor([[True, False, True, True]], device=DEVICE).expand(1, 2, 4)
+    mask = torch.tensor([True, False, True, True], device=DEVICE).expand(1, 2, 1, 4)
 
     def fn(q_, k_, v_, t_):
-        return triton_direct.triton_direct_taylor_shift(q_, k_, v_, key_mask, True, t_, None, True)
+        return triton_direct.triton_direct_taylor_shift(q_, k_, v_, mask, True, t_, None, True)
 
     assert torch.autograd.gradcheck(fn, (q, k, v, tau))
 

@@ -65,3 +65,48 @@ def test_router_knows_the_causal_kernels_chunk():
     from taylorshift.ops.triton import efficient_causal
 
     assert efficient_causal.DEFAULT_CHUNK == fused.CAUSAL_CHUNK
+
+
+@pytest.mark.parametrize(
+    "fused_name, torch_form",
+    [
+        ("triton_direct_taylor_shift", "direct.direct_taylor_shift"),
+        ("triton_efficient_taylor_shift", "efficient.efficient_taylor_shift"),
+        ("triton_causal_efficient_taylor_shift", "efficient_causal.causal_efficient_taylor_shift"),
+    ],
+)
+def test_each_fused_form_has_its_pytorch_forms_signature(fused_name, torch_form):
+    """The public op picks the fused or the PyTorch form and calls either the same way."""
+    import importlib
+    import inspect
+
+    from taylorshift.ops import triton as fused_forms
+
+    module, name = torch_form.split(".")
+    reference = getattr(importlib.import_module(f"taylorshift.ops.taylor_shift.{module}"), name)
+    want = inspect.signature(reference).parameters
+    got = inspect.signature(getattr(fused_forms, fused_name)).parameters
+    assert [(p.name, p.kind, p.default) for p in got.values()] == [
+        (p.name, p.kind, p.default) for p in want.values()
+    ]
+
+
+def test_fused_forms_refuse_what_they_do_not_compute():
+    from taylorshift import TaylorShiftState
+    from taylorshift.ops.triton import (
+        triton_causal_efficient_taylor_shift,
+        triton_direct_taylor_shift,
+    )
+
+    q = torch.randn(1, 2, 5, 4)
+    varying = torch.ones(1, 1, 5, 5, dtype=torch.bool).tril()
+    with pytest.raises(ValueError, match=r"mask must be key padding.*got shape \(1, 1, 5, 5\)"):
+        triton_direct_taylor_shift(q, q, q, varying, False, 1.0, None, True)
+    with pytest.raises(ValueError, match="order 2 only; got order=4"):
+        triton_direct_taylor_shift(q, q, q, None, False, 1.0, None, True, 4)
+    args = (q, q, q, None, 1.0, None, True)
+    state = TaylorShiftState.zeros(1, 2, 4, 4)
+    with pytest.raises(NotImplementedError, match="neither continues nor returns"):
+        triton_causal_efficient_taylor_shift(*args, initial_state=state)
+    with pytest.raises(NotImplementedError, match="neither continues nor returns"):
+        triton_causal_efficient_taylor_shift(*args, output_final_state=True)

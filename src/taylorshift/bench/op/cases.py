@@ -16,8 +16,9 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ...ops import taylor_shift_attention
-from ...ops.taylor_shift import direct_taylor_shift, efficient_taylor_shift
+from ...ops.taylor_shift.direct import direct_taylor_shift
 from ...ops.taylor_shift.dispatch import direct_ops, efficient_ops
+from ...ops.taylor_shift.efficient import efficient_taylor_shift
 from ..core import dtypes
 
 __all__ = [

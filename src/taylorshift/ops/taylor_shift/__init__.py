@@ -1,17 +1,16 @@
-"""TaylorShift attention: the public op, its plain reference and its forms."""
+"""TaylorShift attention: the public op, its plain reference and its forms.
+
+The package exports the checked entry points only. The forms themselves (``direct``,
+``efficient``, ``efficient_causal``, and the fused ones in ``taylorshift.ops.triton``) skip
+input checks and are imported from their modules.
+"""
 
 from .decode import TaylorShiftState, taylor_shift_decode
-from .direct import direct_taylor_shift
-from .efficient import efficient_taylor_shift
-from .efficient_causal import causal_efficient_taylor_shift
 from .interface import taylor_shift_attention
 from .naive import naive_taylor_shift_attention
 
 __all__ = [
     "TaylorShiftState",
-    "causal_efficient_taylor_shift",
-    "direct_taylor_shift",
-    "efficient_taylor_shift",
     "naive_taylor_shift_attention",
     "taylor_shift_attention",
     "taylor_shift_decode",

@@ -107,7 +107,7 @@ def taylor_shift_decode(
     key, value = drop_masked_content(key, value, key_mask)
     if query.shape[2] == 1:
         return _decode_one(query, key, value, state, key_mask, tau, normalize, inplace)
-    out, _, _, sums = causal_forward(
+    out, _, _, after = causal_forward(
         query,
         key,
         value,
@@ -115,15 +115,13 @@ def taylor_shift_decode(
         normalize,
         key_mask,
         chunk_size or DEFAULT_CAUSAL_CHUNK,
-        state.sums,
-        state.count,
+        state,
     )
-    added = query.shape[2] if key_mask is None else key_mask.sum(-1)
     if inplace:
-        state.sums.copy_(sums)
-        state.count.add_(added)
+        state.sums.copy_(after.sums)
+        state.count.copy_(after.count)
         return out, state
-    return out, TaylorShiftState(sums, state.count + added)
+    return out, after
 
 
 def _decode_one(query, key, value, state, key_mask, tau, normalize, inplace):

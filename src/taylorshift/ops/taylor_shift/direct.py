@@ -217,9 +217,12 @@ def direct_taylor_shift(
     temperature: Tensor | float,
     scale: float | None,
     normalize: bool,
-    order: int,
+    order: int = 2,
 ) -> Tensor:
-    """Direct form on validated inputs; ``mask`` broadcasts to (B, H, Nq, Nk). -> (B, H, Nq, dv)."""
+    """Direct form on validated inputs; ``mask`` broadcasts to (B, H, Nq, Nk). -> (B, H, Nq, dv).
+
+    The fused ``triton_direct_taylor_shift`` has this signature (key padding, order 2 only).
+    """
     b, h, nq, d = query.shape
     nk = key.shape[-2]
     cd = compute_dtype(query.dtype)

@@ -26,6 +26,7 @@ from .direct import weighted_sums, weighted_sums_grad
 from .efficient import (
     finish_outputs,
     grad_outputs,
+    key_state,
     query_factor,
     state_input_grad,
 )
@@ -40,6 +41,7 @@ from .features import (
     state_weights,
     values_with_ones,
 )
+from .state import TaylorShiftState, real_keys
 
 DEFAULT_CAUSAL_CHUNK = 256
 
@@ -63,32 +65,30 @@ def causal_forward(
     normalize: bool,
     key_mask: Tensor | None,
     chunk: int,
-    initial_state: Tensor | None = None,
-    initial_count: Tensor | None = None,
+    initial_state: TaylorShiftState | None = None,
     final_state: bool = True,
-) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+) -> tuple[Tensor, Tensor, Tensor, TaylorShiftState | None]:
     """The chunked causal sweep, without autograd: (out, den, count, final state).
 
     ``final_state=False`` skips the keys that no query of the block reads through the
     state (the last chunk's, and any after the last query) and returns None for it: a
     training forward needs no final state, and a single chunk then costs the direct form.
 
-    ``initial_state`` (B, H, D, dv + 1), unweighted sums Σ φ(k'_j)ᵀ [v_j, 1] over keys that
-    precede the whole block (every query attends them), and ``initial_count`` (B, H), how
-    many keys it holds, continue an earlier sweep: decoding, or a later shard of a sequence.
+    ``initial_state`` holds the keys that precede the whole block (every query attends
+    them) and continues an earlier sweep: decoding, or a later shard of a sequence.
     ``tau`` is the query factor (``query_factor``). Returns out (B, H, Nq, dv) in the
     query's dtype, den (B, H, Nq) and the counts n_i in the compute dtype, and the state
-    after the last key, (B, H, D, dv + 1).
+    after the last key (the initial state's keys and this block's real ones).
     """
     b, h, nq, d = query.shape
     nk, dv = key.shape[2], value.shape[3]
     cd = compute_dtype(query.dtype)
     weights = state_weights(d, cd, query.device)
     count = causal_count(key_mask, nq, nk, cd, query.device)
-    if initial_count is not None:
-        count = initial_count.to(cd).unsqueeze(-1) + count  # (B, H, Nq)
+    if initial_state is not None:
+        count = initial_state.count.to(cd).unsqueeze(-1) + count  # (B, H, Nq)
     # None: no key summed yet (the prefix part of a chunk is then zero and skipped)
-    state = None if initial_state is None else initial_state.detach().to(cd)
+    state = None if initial_state is None else initial_state.sums.detach().to(cd)
     out = torch.empty((b, h, nq, dv), dtype=query.dtype, device=query.device)
     den = torch.empty((b, h, nq), dtype=cd, device=query.device)
     for i0 in range(0, max(nq, nk), chunk):
@@ -119,15 +119,20 @@ def causal_forward(
         if k is not None and (final_state or i1 < nq):
             step = features(k).transpose(-2, -1) @ v
             state = step if state is None else state + step
-    if final_state and state is None:
+    if not final_state:
+        return out, den, count, None
+    if state is None:
         state = query.new_zeros((b, h, feature_dim(d), dv + 1), dtype=cd)
-    return out, den, count, state
+    keys = real_keys(key_mask, b, h, nk, cd, query.device)
+    if initial_state is not None:
+        keys = initial_state.count + keys
+    return out, den, count, TaylorShiftState(state, keys)
 
 
 class CausalEfficientTaylorShiftFunction(torch.autograd.Function):
     """Causal efficient TaylorShift with a chunked, recomputing backward.
 
-    Differentiable also w.r.t. ``initial_state`` (the prefix of earlier keys), so that a
+    Differentiable also w.r.t. ``state_sums`` (the prefix of earlier keys), so that a
     sequence split over processes can pass state gradients back (``taylorshift.distributed``).
     """
 
@@ -142,19 +147,21 @@ class CausalEfficientTaylorShiftFunction(torch.autograd.Function):
         normalize,
         key_mask,
         chunk,
-        initial_state=None,
-        initial_count=None,
+        state_sums=None,
+        state_count=None,
     ):
+        # The state comes as its two tensors: autograd sees tensor arguments only, and the
+        # output is differentiable w.r.t. the sums.
         b, h = query.shape[:2]
         cd = compute_dtype(query.dtype)
         tau = query_factor(temperature, factor, cd, b, h)
+        initial = None
+        if state_sums is not None:
+            initial = TaylorShiftState(state_sums, state_count)
         out, den, count, _ = causal_forward(
-            query, key, value, tau, normalize, key_mask, chunk, initial_state, initial_count,
-            final_state=False,
-        )  # fmt: skip
-        ctx.save_for_backward(
-            query, key, value, temperature, key_mask, out, den, count, initial_state
+            query, key, value, tau, normalize, key_mask, chunk, initial, final_state=False
         )
+        ctx.save_for_backward(query, key, value, temperature, key_mask, out, den, count, state_sums)
         ctx.factor, ctx.normalize, ctx.chunk = factor, normalize, chunk
         return out
 
@@ -274,18 +281,31 @@ def causal_efficient_taylor_shift(
     scale: float | None,
     normalize: bool,
     chunk_size: int | None = None,
-    initial_state: Tensor | None = None,
-    initial_count: Tensor | None = None,
-) -> Tensor:
+    *,
+    initial_state: TaylorShiftState | None = None,
+    output_final_state: bool = False,
+) -> Tensor | tuple[Tensor, TaylorShiftState]:
     """Causal efficient form on validated inputs; key_mask is (B, H, Nk) bool or None.
 
-    ``initial_state`` (B, H, D, dv + 1), the unweighted sums Σ φ(k'_j)ᵀ [v_j, 1] of keys
-    before the block, and ``initial_count`` (B, H), their number, continue an earlier sweep
-    (see ``causal_forward``); the result is differentiable w.r.t. ``initial_state``.
+    ``initial_state`` (checked by the caller) holds the keys before the block and continues
+    an earlier sweep; the result is differentiable w.r.t. ``initial_state.sums``. With
+    ``output_final_state`` the state after the block's last key (its real keys added; no
+    gradient) is returned too: ``(out, state)``.
     """
     d = query.shape[-1]
     chunk = chunk_size or DEFAULT_CAUSAL_CHUNK
     t, f = split_factor(temperature, scale, normalize, d)
-    return CausalEfficientTaylorShiftFunction.apply(
-        query, key, value, t, f, normalize, key_mask, chunk, initial_state, initial_count
+    sums = count = None
+    if initial_state is not None:
+        sums, count = initial_state.sums, initial_state.count
+    out = CausalEfficientTaylorShiftFunction.apply(
+        query, key, value, t, f, normalize, key_mask, chunk, sums, count
     )
+    if not output_final_state:
+        return out
+    b, h = query.shape[:2]
+    added = key_state(key, value, key_mask, normalize, chunk)
+    real = real_keys(key_mask, b, h, key.shape[2], added.dtype, added.device)
+    if initial_state is None:
+        return out, TaylorShiftState(added, real)
+    return out, TaylorShiftState(sums.detach() + added, count.detach() + real)

@@ -147,10 +147,13 @@ def probe_backward(key: tuple, fused: Callable[..., Tensor], mode: str, query: T
         for t in (q, k, v):
             t.requires_grad_()
         mask = torch.ones(1, 1, n, dtype=torch.bool, device=query.device) if masked else None
-        args = (q, k, v, mask, causal) if mode == "direct" else (q, k, v, mask)
+        if mode == "direct":  # the direct forms' signature: key padding as (B, H, 1, Nk)
+            args = (q, k, v, None if mask is None else mask.unsqueeze(2), causal, 1.0, None, True)
+        else:
+            args = (q, k, v, mask, 1.0, None, True)
 
         def call() -> Tensor:
-            out = fused(*args, 1.0, None, True)
+            out = fused(*args)
             torch.autograd.grad(out.float().sum(), (q, k, v))
             return out
 
@@ -161,7 +164,8 @@ def fused_form(
     query: Tensor, problem: Problem, mode: str, is_causal: bool, order: int
 ) -> Callable[..., Tensor] | None:
     """The fused kernel for this call (a function with the signature of the matching
-    PyTorch form, see ``interface``), or None to use the PyTorch form. Its name for the
+    PyTorch form, so that ``interface`` calls either one way), or None to use the PyTorch
+    form. Its name for the
     failure bookkeeping is ``kernel_name(mode, is_causal)``."""
     setting = _setting()
     if setting == "off" or not (query.is_cuda or setting == "interpret"):

@@ -11,8 +11,8 @@ from ..._validate import check_bool
 from .checks import check_inputs
 from .direct import direct_taylor_shift
 from .dispatch import choose_mode
-from .efficient import efficient_taylor_shift, key_state
-from .efficient_causal import DEFAULT_CAUSAL_CHUNK, causal_efficient_taylor_shift
+from .efficient import efficient_taylor_shift
+from .efficient_causal import causal_efficient_taylor_shift
 from .features import compute_dtype, drop_masked_content
 from .fused import fused_form, kernel_name, probe_backward, run_guarded, shape_class
 from .state import TaylorShiftState, check_state
@@ -112,33 +112,39 @@ def taylor_shift_attention(
         key, value = drop_masked_content(key, value, problem.mask.any(-2))
     if not normalize:
         check_plain_score_range(query, key, value, scale, order)
-    if initial_state is not None or output_final_state:
-        return _with_state(
-            query, key, value, problem, is_causal, temperature, scale, normalize, order,
-            requested, initial_state, output_final_state,
-        )  # fmt: skip
+    stateful = initial_state is not None or output_final_state
+    if stateful:
+        _check_state_call(
+            query, value, problem, is_causal, order, requested, initial_state, output_final_state
+        )
+    # The fused and the PyTorch form of a mode share one signature: pick, then call one way.
+    if mode == "direct":
+        # key padding as (B, H, 1, Nk), the only mask the fused direct form takes
+        mask = problem.mask
+        if problem.key_mask is not None:
+            mask = problem.key_mask.unsqueeze(2)
+        args = (query, key, value, mask, is_causal, temperature, scale, normalize, order)
+        form = direct_taylor_shift
+    else:
+        args = (query, key, value, problem.key_mask, temperature, scale, normalize)
+        form = causal_efficient_taylor_shift if is_causal else efficient_taylor_shift
+    if stateful:  # the PyTorch causal form (the fused one does not continue a state)
+        return form(*args, initial_state=initial_state, output_final_state=output_final_state)
     fused = fused_form(query, problem, mode, is_causal, order)
     if fused is not None:
-        args = (query, key, value, problem.key_mask)
-        args += (is_causal,) if mode == "direct" else ()
         if torch.compiler.is_compiling():
             # Traced code calls the kernel's custom op as it is: the guard below (a try
             # around a launch, a probe of the backward) has no meaning inside a graph.
-            return fused(*args, temperature, scale, normalize)
+            return fused(*args)
         # A kernel that cannot compile or launch here falls back to the PyTorch form below
         # (warned once, remembered per shape class; ops/taylor_shift/fused.py).
         kernel = shape_class(kernel_name(mode, is_causal), query, problem, is_causal)
         backward = _backward_follows(query, key, value, temperature)
         if not backward or probe_backward(kernel, fused, mode, query):
-            out = run_guarded(kernel, lambda: fused(*args, temperature, scale, normalize))
+            out = run_guarded(kernel, lambda: fused(*args))
             if out is not None:
                 return out
-    if mode == "direct":
-        return direct_taylor_shift(
-            query, key, value, problem.mask, is_causal, temperature, scale, normalize, order
-        )
-    form = causal_efficient_taylor_shift if is_causal else efficient_taylor_shift
-    return form(query, key, value, problem.key_mask, temperature, scale, normalize)
+    return form(*args)
 
 
 # torch.compile runs the choice once while tracing and keeps its answer in the graph (it
@@ -205,13 +211,11 @@ def check_plain_score_range(
         )
 
 
-def _with_state(
-    query, key, value, problem, is_causal, temperature, scale, normalize, order, mode,
-    initial_state, output_final_state,
+def _check_state_call(
+    query, value, problem, is_causal, order, mode, initial_state, output_final_state
 ):  # fmt: skip
-    """The causal efficient form continued from ``initial_state`` and/or returning the
-    state after the block (see ``taylor_shift_attention``); inputs checked, masked keys
-    already replaced."""
+    """Refuse ``initial_state`` / ``output_final_state`` where the causal efficient form
+    cannot honour them (see ``taylor_shift_attention``); inputs already checked."""
     what = "initial_state" if initial_state is not None else "output_final_state"
     if not is_causal:
         raise ValueError(
@@ -228,22 +232,7 @@ def _with_state(
             f"{what} needs the efficient form (mode 'auto' or 'efficient', order 2, at most a "
             f"key-padding mask); got {why}"
         )
-    b, h, _, d = query.shape
-    dv = value.shape[-1]
-    sums = count = None
     if initial_state is not None:
+        b, h, _, d = query.shape
+        dv = value.shape[-1]
         check_state(initial_state, b, h, d, dv, query.dtype, query.device, "initial_state")
-        sums, count = initial_state.sums, initial_state.count
-    out = causal_efficient_taylor_shift(
-        query, key, value, problem.key_mask, temperature, scale, normalize,
-        initial_state=sums, initial_count=count,
-    )  # fmt: skip
-    if not output_final_state:
-        return out
-    added = key_state(key, value, problem.key_mask, normalize, DEFAULT_CAUSAL_CHUNK)
-    real = torch.full((b, h), float(key.shape[-2]), dtype=added.dtype, device=added.device)
-    if problem.key_mask is not None:  # (B or 1, H or 1, Nk)
-        real = real.new_zeros(()) + problem.key_mask.sum(-1).to(added.dtype)
-    if initial_state is None:
-        return out, TaylorShiftState(added, real.expand(b, h).clone())
-    return out, TaylorShiftState(sums.detach() + added, count.detach() + real)

@@ -3,7 +3,9 @@
 One type serves every causal path: ``taylor_shift_attention(..., is_causal=True,
 initial_state=..., output_final_state=True)`` (a sequence in segments, fla's convention),
 ``taylor_shift_decode`` (prefill, then a token at a time), the layer caches of
-``taylorshift.nn`` and, as its two tensors, sequence parallelism.
+``taylorshift.nn`` and sequence parallelism (which sends only the sums through its
+collectives and reads the count back from them, ``TaylorShiftState.from_sums``). The causal
+forms take it as ``initial_state=`` and return it with ``output_final_state=True``.
 """
 
 from __future__ import annotations
@@ -41,6 +43,16 @@ class TaylorShiftState:
         )
         return cls(sums, torch.zeros((batch, heads), dtype=cd, device=device))
 
+    @classmethod
+    def from_sums(cls, sums: Tensor) -> TaylorShiftState:
+        """The state whose sums are ``sums`` (B, H, D, dv + 1), its count read from them.
+
+        φ ends with the constant feature 1 and [v, 1] with the ones column (zero for masked
+        keys), so ``sums[..., -1, -1]`` is the number of real keys, exact in floating point
+        (a sum of ones). The count is detached: gradients flow through ``sums`` only.
+        """
+        return cls(sums, sums[..., -1, -1].detach())
+
     @property
     def nbytes(self) -> int:
         """Bytes held: constant in the number of tokens decoded."""
@@ -69,3 +81,14 @@ def check_state(
             f"{name} must be {compute_dtype(dtype)} on {device} for {dtype} inputs; got "
             f"{state.sums.dtype} on {state.sums.device}"
         )
+
+
+def real_keys(
+    key_mask: Tensor | None, b: int, h: int, nk: int, dtype: torch.dtype, device
+) -> Tensor:
+    """How many of a block's Nk keys are real, (B, H) in ``dtype``: all of them, or those
+    ``key_mask`` (B, H, Nk) bool (broadcast views fine) keeps. What the block adds to a
+    state's count."""
+    if key_mask is None:
+        return torch.full((b, h), float(nk), dtype=dtype, device=device)
+    return key_mask.sum(-1).to(dtype).expand(b, h).contiguous()

@@ -511,16 +511,18 @@ def triton_direct_taylor_shift(
     query: Tensor,
     key: Tensor,
     value: Tensor,
-    key_mask: Tensor | None,
+    mask: Tensor | None,
     is_causal: bool,
     temperature,
     scale: float | None,
     normalize: bool,
+    order: int = 2,
 ) -> Tensor:
     r"""Direct TaylorShift of order 2 in fused Triton kernels; (B, H, Nq, dv).
 
-    The semantics of ``taylorshift.ops.taylor_shift.direct.direct_taylor_shift`` (SPEC §2)
-    with the mask restricted to key padding::
+    The semantics and the signature of
+    ``taylorshift.ops.taylor_shift.direct.direct_taylor_shift`` (SPEC §2) with the mask
+    restricted to key padding and the order to 2::
 
         q, k = query / max(‖query‖, eps), key / max(‖key‖, eps)   # normalize=True
         s    = temperature * q @ k.mT                             # else scale * query @ key.mT
@@ -536,16 +538,28 @@ def triton_direct_taylor_shift(
             on the CPU under ``TRITON_INTERPRET=1``).
         key: (B, H, Nk, d), dtype and device of query.
         value: (B, H, Nk, dv), dtype and device of query.
-        key_mask: bool, broadcastable to (B, H, Nk) (broadcast views are fine), True =
-            attend; or None.
+        mask: bool key padding, broadcastable to (B, H, 1, Nk) (broadcast views are fine),
+            True = attend; or None. Masks that vary over queries are refused.
         is_causal: query i attends key j only if j <= i (upper-left aligned).
         temperature: τ, a float or a tensor broadcastable to (B, H, 1, 1), may require grad.
         scale: score scale for normalize=False (default 1/sqrt(d)).
         normalize: the paper's normalisation of q, k and output factor sqrt(n_i/d).
+        order: the Taylor order; 2 only.
 
     Returns:
         (B, H, Nq, dv) in query's dtype; sums accumulate in float32 (float64 for float64).
     """
+    if order != 2:
+        raise ValueError(f"the Triton direct form computes order 2 only; got order={order}")
+    if mask is not None:
+        while mask.dim() < 4:
+            mask = mask.unsqueeze(0)
+        if mask.shape[2] != 1:
+            raise ValueError(
+                "mask must be key padding, broadcastable to (B, H, 1, Nk), for the Triton "
+                "direct form (masks that vary over queries: the torch direct form); got "
+                f"shape {tuple(mask.shape)}"
+            )
     if query.dtype not in _DTYPES:
         raise TypeError(
             f"query must be float16, bfloat16, float32 or float64 for the Triton kernels; "
@@ -565,8 +579,7 @@ def triton_direct_taylor_shift(
     # q' and k' in the input dtype: the kernels' matmuls take them as they would take q, k.
     qp = scaled_query(query.to(cd), factor, normalize).to(query.dtype)
     kp = scaled_key(key.to(cd), normalize).to(query.dtype)
-    if key_mask is not None:
-        key_mask = key_mask.expand(b, h, nk)
+    key_mask = None if mask is None else mask.expand(b, h, 1, nk)[:, :, 0]  # (B, H, Nk)
     with torch.no_grad():
         if nk > 0:
             kmax = torch.linalg.vector_norm(kp, dim=-1, dtype=cd).amax(-1).contiguous()

@@ -517,14 +517,18 @@ def triton_efficient_taylor_shift(
     temperature: Tensor | float,
     scale: float | None,
     normalize: bool,
+    chunk_size: int | None = None,
 ) -> Tensor:
     """Non-causal efficient TaylorShift in fused Triton kernels, on validated inputs.
 
-    Same contract as ``taylorshift.ops.taylor_shift.efficient.efficient_taylor_shift``:
-    query (B, H, Nq, d), key (B, H, Nk, d), value (B, H, Nk, dv), key_mask (B, H, Nk) bool
-    (broadcast views are fine) or None; returns (B, H, Nq, dv) in query's dtype. Sums run
-    in float32 for float16/bfloat16/float32 inputs; float64 is refused (use the torch form).
-    Differentiable in query, key, value and a tensor temperature.
+    Same contract and signature as
+    ``taylorshift.ops.taylor_shift.efficient.efficient_taylor_shift``: query (B, H, Nq, d),
+    key (B, H, Nk, d), value (B, H, Nk, dv), key_mask (B, H, Nk) bool (broadcast views are
+    fine) or None; returns (B, H, Nq, dv) in query's dtype. Sums run in float32 for
+    float16/bfloat16/float32 inputs; float64 is refused (use the torch form).
+    Differentiable in query, key, value and a tensor temperature. ``chunk_size`` is not
+    read: the kernels tile the tokens by their own block sizes (it sets only the schedule
+    of the torch form, never its result).
     """
     check_kernel_inputs(query, "efficient form")
     d = query.shape[-1]

@@ -30,6 +30,7 @@ from ..taylor_shift.efficient import finish_outputs
 from ..taylor_shift.efficient_causal import causal_count
 from ..taylor_shift.features import scaled_key, scaled_query, score_factor, taylor_weight
 from ..taylor_shift.fused import CAUSAL_CHUNK
+from ..taylor_shift.state import TaylorShiftState
 from .efficient import _apply, _grad, _state, check_kernel_inputs, layout
 
 # Tokens per chunk (defined beside the router, which sizes the states without importing
@@ -195,16 +196,27 @@ def triton_causal_efficient_taylor_shift(
     scale: float | None,
     normalize: bool,
     chunk_size: int | None = None,
+    *,
+    initial_state: TaylorShiftState | None = None,
+    output_final_state: bool = False,
 ) -> Tensor:
     """Causal efficient TaylorShift on the fused Triton kernels, on validated inputs.
 
-    Same contract as
+    Same contract and signature as
     ``taylorshift.ops.taylor_shift.efficient_causal.causal_efficient_taylor_shift``:
     query (B, H, Nq, d), key (B, H, Nk, d), value (B, H, Nk, dv), key_mask (B, H, Nk) bool
     (broadcast views are fine) or None; query i attends key j iff j <= i. Returns
     (B, H, Nq, dv) in query's dtype; sums in float32, float64 refused. Differentiable in
     query, key, value and a tensor temperature. ``chunk_size`` defaults to DEFAULT_CHUNK.
+    A state to continue from or to return (``initial_state``, ``output_final_state``) is
+    not supported yet: the torch form computes those calls (the public op routes them
+    there).
     """
+    if initial_state is not None or output_final_state:
+        raise NotImplementedError(
+            "the Triton causal form neither continues nor returns a TaylorShiftState; use "
+            "causal_efficient_taylor_shift (taylor_shift_attention routes such calls there)"
+        )
     check_kernel_inputs(query, "causal efficient form")
     b, h, nq, d = query.shape
     nk = key.shape[2]
