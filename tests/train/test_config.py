@@ -206,3 +206,59 @@ def test_another_task_than_the_presets_drops_its_task_options():
     # the preset's own task keeps them
     kept = resolve_config("listops-cpu", overrides={"data.task": "listops"})
     assert kept.data.options == get_preset("listops-cpu").data.options
+
+
+def _kernel_args_of(config):
+    from taylorshift.data import get_task
+    from taylorshift.train.build import model_overrides
+
+    spec = get_task(config.data.task)
+    model = create_model(
+        config.model.name, device="meta", **model_overrides(config, spec, spec.num_classes)
+    )
+    return model.config.attn_kernel, model.config.kernel_args
+
+
+def test_kernel_args_apply_to_their_kernel_only():
+    per_kernel = {"model.kernel_args": {"taylorshift": {"temperature": 8.0}}}
+    config = resolve_config("listops-cpu", overrides=per_kernel)
+    kernel, args = _kernel_args_of(config)
+    assert kernel == "taylorshift" and args["temperature"] == 8.0
+    # another kernel does not see them (softmax takes no temperature)
+    softmax = resolve_config("listops-cpu", overrides={**per_kernel, "model.kernel": "softmax"})
+    assert _kernel_args_of(softmax) == ("softmax", {})
+    # explicit overrides and mode win; the model's own options are kept
+    base = _kernel_args_of(resolve_config("listops-cpu"))[1]
+    both = resolve_config(
+        "listops-cpu",
+        overrides={
+            **per_kernel,
+            "model.overrides.kernel_args.temperature": "2",
+            "model.mode": "efficient",
+        },
+    )
+    assert _kernel_args_of(both)[1] == {**base, "temperature": 2, "mode": "efficient"}
+
+
+def test_kernel_args_are_set_per_key_from_the_command_line():
+    config = resolve_config("recall", overrides={"model.kernel_args.taylorshift.temperature": "1"})
+    assert config.model.kernel_args["taylorshift"]["temperature"] == 1
+    assert _kernel_args_of(config)[1]["temperature"] == 1
+
+
+def test_kernel_args_refuse_unknown_kernels_and_non_tables():
+    with pytest.raises(ConfigError, match=r"model\.kernel_args\.taylorshift must be a table"):
+        resolve_config("listops-cpu", overrides={"model.kernel_args": {"taylorshift": 8}})
+    config = resolve_config(
+        "listops-cpu", overrides={"model.kernel_args": {"taylorshfit": {"temperature": 8}}}
+    )
+    with pytest.raises(ConfigError, match=r"kernel_args keys must be kernel names.*'taylorshfit'"):
+        _kernel_args_of(config)
+
+
+def test_recall_preset_starts_taylorshift_at_tau_8_and_softmax_without_it():
+    # the recipe of benchmarks/recall_cpu/short-conv: τ0 = 8 for TaylorShift only
+    config = resolve_config("recall")
+    assert _kernel_args_of(config) == ("taylorshift", {"temperature": 8.0})
+    softmax = resolve_config("recall", overrides={"model.kernel": "softmax"})
+    assert _kernel_args_of(softmax) == ("softmax", {})

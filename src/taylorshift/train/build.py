@@ -9,6 +9,7 @@ from torch.utils.data import Dataset, Subset
 
 from ..data import TaskSpec
 from ..models import CausalLM, create_model
+from ..nn import list_kernels
 from .config import ConfigError, TrainConfig
 from .lock import RunLockedError
 
@@ -65,13 +66,26 @@ def model_overrides(
         raise ConfigError(f"model.overrides: {err}") from None
     except ValueError as err:
         raise ConfigError(f"model: {err}") from None
+    kernel = probe.config.attn_kernel
+    unknown = sorted(set(m.kernel_args) - set(list_kernels()))
+    if unknown:
+        raise ConfigError(
+            f"model.kernel_args keys must be kernel names ({', '.join(list_kernels())}); "
+            f"got {unknown[0]!r}"
+        )
+    kernel_args = dict(probe.config.kernel_args)
+    if m.kernel_args.get(kernel):
+        # the model's options, this kernel's options of the run, then the explicit ones
+        explicit = overrides.get("kernel_args") or {}
+        kernel_args = {**kernel_args, **m.kernel_args[kernel], **explicit}
+        overrides["kernel_args"] = kernel_args
     if m.mode is not None:
-        if probe.config.attn_kernel != "taylorshift":
+        if kernel != "taylorshift":
             raise ConfigError(
                 f"model.mode applies to the taylorshift kernel; model {m.name!r} uses "
-                f"{probe.config.attn_kernel!r} (set model.kernel=taylorshift)"
+                f"{kernel!r} (set model.kernel=taylorshift)"
             )
-        overrides["kernel_args"] = {**probe.config.kernel_args, "mode": m.mode}
+        overrides["kernel_args"] = {**kernel_args, "mode": m.mode}
     kind = spec.behaviour
     is_lm = isinstance(probe, CausalLM)
     if kind.causal_lm != is_lm:

@@ -93,6 +93,10 @@ class ModelConfig:
             ``linear``, ``holt``, ...).
         mode: TaylorShift form ``auto``, ``direct`` or ``efficient`` (``kernel_args["mode"]``).
         overrides: any other config field of the model (``depth``, ``drop_path``, ...).
+        kernel_args: options per attention kernel, ``{kernel: {option: value}}``, applied
+            only when the model's kernel is that one, so that a preset can carry a
+            TaylorShift setting and still train with ``--kernel softmax``. They update the
+            model's own ``kernel_args``; ``overrides.kernel_args`` and ``mode`` win over them.
 
     ``num_classes`` and ``vocab_size`` follow the task unless ``overrides`` sets them.
     """
@@ -101,6 +105,7 @@ class ModelConfig:
     kernel: str | None = None
     mode: str | None = None
     overrides: dict[str, Any] = field(default_factory=dict)
+    kernel_args: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -300,6 +305,11 @@ class TrainConfig:
             if m.kernel not in (None, "taylorshift"):
                 raise ConfigError(
                     f"model.mode applies to the taylorshift kernel only, got kernel {m.kernel!r}"
+                )
+        for kernel, options in m.kernel_args.items():
+            if not isinstance(options, dict):
+                raise ConfigError(
+                    f"model.kernel_args.{kernel} must be a table of kernel options, got {options!r}"
                 )
         _check(check_choice, "optim.name", o.name, choices=OPTIMIZERS)
         _check(check_number, "optim.lr", o.lr, gt=0)
