@@ -23,7 +23,9 @@ import torch
 
 from ..cliargs import format_table, positive_float, positive_int
 from ..ops.taylor_shift import dispatch
+from ..ops.taylor_shift.efficient_causal import DEFAULT_CAUSAL_CHUNK
 from ..ops.taylor_shift.interface import taylor_shift_attention
+from ..theory import impl_crossover
 from . import files, machine
 from .core import OK, PASSES, dtypes, parse_device
 from .crossover import Crossover, find_crossover
@@ -190,7 +192,7 @@ def memory_limit(device: torch.device) -> int:
 
 
 def default_grid(d: int, causal: bool, quick: bool) -> list[int]:
-    n_theory = dispatch.theory_crossover(d, d, causal)
+    n_theory = impl_crossover(d, d, causal, DEFAULT_CAUSAL_CHUNK)
     steps = QUICK_GRID_STEPS if quick else GRID_STEPS
     return sorted({max(MIN_N, round(n_theory * 2.0**k)) for k in steps})
 
@@ -260,7 +262,7 @@ def measure_case(
         "batch": 1,
         "heads": heads,
         "crossover": crossover.to_dict(),
-        "theory_n": dispatch.theory_crossover(d, d, causal),
+        "theory_n": impl_crossover(d, d, causal, DEFAULT_CAUSAL_CHUNK),
         "grid": grid,
         "stopped": stopped,
         "points": points,

@@ -17,8 +17,8 @@ from torch import Tensor
 
 from ...ops import taylor_shift_attention
 from ...ops.taylor_shift.direct import direct_taylor_shift
-from ...ops.taylor_shift.dispatch import direct_ops, efficient_ops
 from ...ops.taylor_shift.efficient import efficient_taylor_shift
+from ...theory import impl_ops_direct, impl_ops_efficient
 from ..core import dtypes
 
 __all__ = [
@@ -282,16 +282,17 @@ def model_flops(family: str, n: int, d: int, pass_name: str, rows: int = 1) -> i
     """Model FLOPs of one call on ``rows`` = B·H rows of N tokens, dv = d.
 
     Forward per row: softmax 4N²d (Q Kᵀ and the weights times V; the softmax itself is not
-    counted), direct the paper's 4N²d + 6N² (``dispatch.direct_ops``), efficient 2N times the
-    per-token cost of the symmetric features (``dispatch.efficient_ops``). A forward and
+    counted), direct the paper's 4N²d + 6N² (``theory.impl_ops_direct``), efficient 2N
+    times the per-token cost of the symmetric features (``theory.impl_ops_efficient``). A
+    forward and
     backward counts 3 forwards (the backward ≈ two).
     """
     if family == "softmax":
         forward = 4 * n * n * d
     elif family == "taylorshift-direct":
-        forward = direct_ops(n, n, d, d)
+        forward = impl_ops_direct(n, n, d, d)
     else:
-        forward = efficient_ops(n, n, d, d, causal=False, chunk=n)
+        forward = impl_ops_efficient(n, n, d, d, causal=False, chunk=n)
     return forward * rows * (3 if pass_name == "fwd+bwd" else 1)
 
 

@@ -10,7 +10,9 @@ Two sources, in this order:
    (:func:`reload_calibration` reads it again) and is ignored when
    ``TAYLORSHIFT_CALIBRATION=off``.
 2. **Theory**: an operation count of our implementations (per head, the same accounting as
-   the paper's, SPEC §3, generalised to Nq != Nk, dv != d, and the causal chunks).
+   the paper's, SPEC §3, generalised to Nq != Nk, dv != d, and the causal chunks):
+   ``impl_ops_direct``, ``impl_ops_efficient`` and ``impl_crossover`` of
+   :mod:`taylorshift.theory`. This module keeps the calibration file and the decision.
 
 How a calibration answers a call (docs/calibration.md): the measured N̂ at each calibrated d
 is turned into a correction ratio ρ(d) = N̂_measured / N̂_theory; ρ is interpolated linearly
@@ -38,6 +40,7 @@ from pathlib import Path
 
 import torch
 
+from ...theory import impl_crossover, impl_ops_direct, impl_ops_efficient
 from .efficient_causal import DEFAULT_CAUSAL_CHUNK
 from .features import feature_dim
 
@@ -54,13 +57,10 @@ __all__ = [
     "choose_mode",
     "default_memory_budget",
     "device_key",
-    "direct_ops",
-    "efficient_ops",
     "entry_key",
     "load_calibration",
     "parse_calibration",
     "reload_calibration",
-    "theory_crossover",
     "working_set_bytes",
 ]
 
@@ -74,35 +74,32 @@ CALIBRATION_VERSION = 1
 PASSES = ("forward", "train")  # train = forward + backward
 
 
-def direct_ops(nq: int, nk: int, d: int, dv: int, order: int = 2) -> int:
-    """Scores 2d, weights 2·order (Horner), row sum 2, weights × values 2dv; per (i, j) pair."""
-    return nq * nk * (2 * d + 2 * dv + 2 * order + 2)
+def _theory_n(d: int, dv: int, causal: bool) -> float:
+    """The op-count crossover (:func:`taylorshift.theory.impl_crossover`) at our chunk."""
+    return impl_crossover(d, dv, causal, DEFAULT_CAUSAL_CHUNK)
 
 
-def efficient_ops(nq: int, nk: int, d: int, dv: int, causal: bool, chunk: int) -> int:
-    """Feature maps and the two (·, D) × (D, dv + 1) products; causal adds the C-token blocks."""
-    pairs = d * (d + 1) // 2
-    per_token = pairs + 2 * feature_dim(d) * (dv + 1)
-    ops = (nq + nk) * per_token
-    if causal:
-        ops += nq * min(chunk, max(nk, 1)) * (2 * d + 2 * (dv + 1) + 6)
-    return ops
+def _theory_crossover(
+    d: int, dv: int, causal: bool, chunk: int = DEFAULT_CAUSAL_CHUNK
+) -> float:  # the old signature of dispatch.theory_crossover
+    return impl_crossover(d, dv, causal, chunk)
 
 
-@lru_cache(maxsize=256)
-def theory_crossover(d: int, dv: int, causal: bool, chunk: int = DEFAULT_CAUSAL_CHUNK) -> float:
-    """The self-attention N from which the op counts favour the efficient form (continuous).
+# The counts moved to taylorshift.theory (issue 17); the old names still resolve, with a
+# DeprecationWarning that names the new one.
+_MOVED = {
+    "direct_ops": ("taylorshift.theory.impl_ops_direct", impl_ops_direct),
+    "efficient_ops": ("taylorshift.theory.impl_ops_efficient", impl_ops_efficient),
+    "theory_crossover": ("taylorshift.theory.impl_crossover", _theory_crossover),
+}
 
-    Non-causal: 2N·P = N²·c, so N = 2P/c (P the per-token efficient cost, c the per-pair
-    direct cost). Causal adds N·min(C, N)·e with e > c: below C the efficient form never wins,
-    above it N = (2P + C·e)/c.
-    """
-    per_token = d * (d + 1) // 2 + 2 * feature_dim(d) * (dv + 1)
-    per_pair = direct_ops(1, 1, d, dv)
-    if not causal:
-        return 2 * per_token / per_pair
-    block = 2 * d + 2 * (dv + 1) + 6
-    return max(float(chunk), (2 * per_token + chunk * block) / per_pair)
+
+def __getattr__(name: str) -> object:
+    if name in _MOVED:
+        new, value = _MOVED[name]
+        warnings.warn(f"{__name__}.{name} is now {new}", DeprecationWarning, stacklevel=2)
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 # Where the calibration lives and which device it belongs to.
@@ -190,7 +187,7 @@ class Calibration:
         else:
             t = (x - log_ds[i - 1]) / (log_ds[i] - log_ds[i - 1])
             log_rho = log_rhos[i - 1] + t * (log_rhos[i] - log_rhos[i - 1])
-        return math.exp(log_rho) * theory_crossover(d, dv, key[2])
+        return math.exp(log_rho) * _theory_n(d, dv, key[2])
 
 
 class CalibrationError(ValueError):
@@ -227,14 +224,14 @@ def parse_calibration(data: object, path: str = "") -> Calibration | None:
                 passes = str(entry["pass"])
                 if passes not in PASSES or d < 1 or dv < 1:
                     raise CalibrationError(f"bad entry for d={d}, pass {passes!r}")
-                n_hat = _usable_crossover(entry, theory_crossover(d, dv, causal))
+                n_hat = _usable_crossover(entry, _theory_n(d, dv, causal))
                 if n_hat is None:
                     continue
                 if not (math.isfinite(n_hat) and n_hat > 0):
                     raise CalibrationError(f"crossover {n_hat!r} is not a positive number")
                 key = (str(dev_key), str(entry["dtype"]), causal, passes)
                 # ρ relative to the theory at the measured (d, dv): the call's dv may differ
-                points.setdefault(key, {})[d] = n_hat / theory_crossover(d, dv, causal)
+                points.setdefault(key, {})[d] = n_hat / _theory_n(d, dv, causal)
     except (KeyError, TypeError, ValueError, AttributeError) as err:
         if isinstance(err, CalibrationError):
             raise
@@ -246,9 +243,7 @@ def parse_calibration(data: object, path: str = "") -> Calibration | None:
             tuple(math.log(d) for d in ds),
             tuple(math.log(by_d[d]) for d in ds),
         )
-    measured = {
-        k: {d: r * theory_crossover(d, d, k[2]) for d, r in v.items()} for k, v in points.items()
-    }
+    measured = {k: {d: r * _theory_n(d, d, k[2]) for d, r in v.items()} for k, v in points.items()}
     return Calibration(path=path, ratios=ratios, measured=measured)
 
 
@@ -369,8 +364,8 @@ def choose_mode(
         mode = _cpu_prior_mode(nq, nk, d, dv, causal, torch.device(device), dtype)
         if mode is not None:
             return mode
-    direct = direct_ops(nq, nk, d, dv, order)
-    efficient = efficient_ops(nq, nk, d, dv, causal, DEFAULT_CAUSAL_CHUNK)
+    direct = impl_ops_direct(nq, nk, d, dv, order)
+    efficient = impl_ops_efficient(nq, nk, d, dv, causal, DEFAULT_CAUSAL_CHUNK)
     mode = "efficient" if efficient < direct else "direct"
     logger.debug(
         "auto -> %s (theory: direct %d ops, efficient %d ops per head; Nq=%d Nk=%d d=%d dv=%d)",
@@ -408,7 +403,7 @@ def _cpu_prior_mode(
     i = max(1, bisect.bisect_left(log_ds, x))
     t = (x - log_ds[i - 1]) / (log_ds[i] - log_ds[i - 1])
     rho = math.exp(log_rhos[i - 1] + t * (log_rhos[i] - log_rhos[i - 1]))
-    n_hat = rho * theory_crossover(d, dv, causal)
+    n_hat = rho * _theory_n(d, dv, causal)
     length = 2 * nq * nk / (nq + nk) if nq + nk else 0.0
     mode = "efficient" if length >= n_hat else "direct"
     logger.debug(
