@@ -195,7 +195,7 @@ def test_training_calls_use_the_forward_backward_calibration(isolated_cache_dir,
     caplog.clear()
     q.requires_grad_(True)
     y, log = auto_log(caplog, q, k, v)
-    assert "auto -> efficient (calibration" in log and "| train]" in log
+    assert "auto -> efficient (calibration" in log and "| forward+backward]" in log
     y.sum().backward()
     assert q.grad is not None and torch.isfinite(q.grad).all()
 
@@ -294,3 +294,38 @@ def test_the_old_theory_crossover_keeps_its_default_chunk():
     assert old(16, 16, False) == pytest.approx(2 * 5338 / 70)  # worked out by hand above
     assert old(8, 8, True) == 314.0  # (2·846 + 256·40) / 38, see tests/test_theory.py
     assert old(8, 8, True, 1000) == pytest.approx((2 * 846 + 1000 * 40) / 38)
+
+
+def test_entry_keys_use_the_vocabulary_whatever_the_spelling():
+    assert dispatch.entry_key(torch.float32, True, "forward+backward", 64) == (
+        "float32/causal/forward+backward/d=64"
+    )
+    assert dispatch.entry_key("fp32", True, "train", 64) == "float32/causal/forward+backward/d=64"
+    assert dispatch.entry_key("bfloat16", False, "fwd", 8) == "bfloat16/full/forward/d=8"
+
+
+def test_a_calibration_written_before_reads_train_as_forward_backward(isolated_cache_dir):
+    # older versions wrote "train" for forward + backward, in the key and the entry
+    write_calibration(isolated_cache_dir, {4: 1e6}, passes="forward")
+    write_calibration(isolated_cache_dir, {4: 8}, passes="train")
+    cal = dispatch.load_calibration()
+    key = dispatch.device_key("cpu")
+    assert set(cal.measured) == {
+        (key, "float64", False, "forward"),
+        (key, "float64", False, "forward+backward"),
+    }
+    assert choose_mode(64, 64, 4, 4, **FULL, **CPU64, backward=True) == "efficient"
+    assert choose_mode(64, 64, 4, 4, **FULL, **CPU64, backward=False) == "direct"
+
+
+def test_a_calibration_entry_with_an_unknown_pass_is_refused():
+    data = {
+        "format": dispatch.CALIBRATION_FORMAT,
+        "version": dispatch.CALIBRATION_VERSION,
+        "devices": {"cpu: x": {"entries": {"e": {
+            "dtype": "float32", "causal": False, "pass": "backward", "d": 4, "dv": 4,
+            "crossover": {"status": "crossed", "n": 10.0},
+        }}}},
+    }  # fmt: skip
+    with pytest.raises(dispatch.CalibrationError, match="pass 'backward'"):
+        dispatch.parse_calibration(data)

@@ -41,6 +41,7 @@ from pathlib import Path
 import torch
 
 from ...theory import impl_crossover, impl_ops_direct, impl_ops_efficient
+from ...vocab import FORWARD, FORWARD_BACKWARD, PASSES, dtype_name, pass_name
 from .efficient_causal import DEFAULT_CAUSAL_CHUNK
 from .features import feature_dim
 
@@ -61,6 +62,7 @@ __all__ = [
     "load_calibration",
     "parse_calibration",
     "reload_calibration",
+    "upgrade_entries",
     "working_set_bytes",
 ]
 
@@ -71,7 +73,9 @@ CALIBRATION_ENV = "TAYLORSHIFT_CALIBRATION"
 CALIBRATION_FILE = "calibration.json"
 CALIBRATION_FORMAT = "taylorshift-calibration"
 CALIBRATION_VERSION = 1
-PASSES = ("forward", "train")  # train = forward + backward
+# Entries name their pass and dtype as taylorshift.vocab does; files written before name
+# forward + backward "train" and are read as such (upgrade_entries).
+OLD_TRAIN = "train"
 
 
 def _theory_n(d: int, dv: int, causal: bool) -> float:
@@ -155,10 +159,35 @@ def device_key(device: torch.device | str) -> str:
     return _device_key(device.type, index)
 
 
+def _dtype_text(dtype: torch.dtype | str) -> str:
+    """The vocabulary's dtype name; a name it does not know as it is (never matches a call)."""
+    try:
+        return dtype_name(dtype)
+    except ValueError:
+        return str(dtype).removeprefix("torch.")
+
+
 def entry_key(dtype: torch.dtype | str, causal: bool, passes: str, d: int) -> str:
-    """The key of one measured crossover inside a device's entries: 'float32/causal/train/d=64'."""
-    name = str(dtype).removeprefix("torch.")
-    return f"{name}/{'causal' if causal else 'full'}/{passes}/d={d}"
+    """The key of one measured crossover inside a device's entries, in the vocabulary of
+    :mod:`taylorshift.vocab` whatever the spelling given: 'float32/causal/forward+backward/d=64'
+    for ``("fp32", True, "train", 64)`` too."""
+    return f"{_dtype_text(dtype)}/{'causal' if causal else 'full'}/{pass_name(passes)}/d={d}"
+
+
+def upgrade_entries(entries: Mapping[str, Mapping]) -> dict[str, dict]:
+    """A device's entries with their pass and dtype (and so their keys) in the vocabulary:
+    an entry of an older file, ``"pass": "train"``, becomes ``"forward+backward"``. Of two
+    entries that then share a key, the later one stays (as the file's reader takes it)."""
+    out: dict[str, dict] = {}
+    for key, entry in entries.items():
+        try:
+            new = {**entry, "pass": pass_name(entry["pass"]), "dtype": _dtype_text(entry["dtype"])}
+            key = entry_key(new["dtype"], bool(new["causal"]), new["pass"], int(new["d"]))
+        except (KeyError, TypeError, ValueError):
+            new = dict(entry)  # not an entry this version can read: kept as it was
+        out.pop(key, None)
+        out[key] = new
+    return out
 
 
 # The calibration in memory: per (device key, dtype, causal, pass), log ρ at calibrated d.
@@ -221,15 +250,16 @@ def parse_calibration(data: object, path: str = "") -> Calibration | None:
         for dev_key, device in data["devices"].items():
             for entry in device["entries"].values():
                 d, dv, causal = int(entry["d"]), int(entry["dv"]), bool(entry["causal"])
-                passes = str(entry["pass"])
-                if passes not in PASSES or d < 1 or dv < 1:
+                passes = entry["pass"]
+                if passes not in (*PASSES, OLD_TRAIN) or d < 1 or dv < 1:
                     raise CalibrationError(f"bad entry for d={d}, pass {passes!r}")
+                passes = pass_name(passes)  # files written before name forward + backward "train"
                 n_hat = _usable_crossover(entry, _theory_n(d, dv, causal))
                 if n_hat is None:
                     continue
                 if not (math.isfinite(n_hat) and n_hat > 0):
                     raise CalibrationError(f"crossover {n_hat!r} is not a positive number")
-                key = (str(dev_key), str(entry["dtype"]), causal, passes)
+                key = (str(dev_key), _dtype_text(entry["dtype"]), causal, passes)
                 # ρ relative to the theory at the measured (d, dv): the call's dv may differ
                 points.setdefault(key, {})[d] = n_hat / _theory_n(d, dv, causal)
     except (KeyError, TypeError, ValueError, AttributeError) as err:
@@ -474,9 +504,9 @@ def _calibrated_mode(
     if calibration is None:
         return None
     dev = device_key(device)
-    name = str(dtype).removeprefix("torch.")
-    wanted = PASSES[1] if backward else PASSES[0]
-    for passes in (wanted, PASSES[0] if backward else PASSES[1]):
+    name = _dtype_text(dtype)
+    order = (FORWARD_BACKWARD, FORWARD) if backward else (FORWARD, FORWARD_BACKWARD)
+    for passes in order:
         key = (dev, name, causal, passes)
         n_hat = calibration.estimate(key, d, dv)
         if n_hat is not None:
