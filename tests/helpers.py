@@ -54,19 +54,22 @@ def write_calibration(
     directory, crossovers, *, device="cpu", dtype="float64", causal=False, passes="forward"
 ):
     """Add crossovers N̂ by head dim (dv = d) for one (device, dtype, causal, pass) to the
-    calibration file in ``directory`` (created if missing); returns its path.
+    calibration file in ``directory`` (created if missing); returns its path. ``passes``:
+    "forward" or "forward+backward" (or "train", the older name of forward + backward).
     ``crossovers``: {d: N̂}."""
     from taylorshift.bench.files import write_json
     from taylorshift.ops.taylor_shift import dispatch
 
-    entries = {
-        dispatch.entry_key(dtype, causal, passes, d): {
+    entries = {  # keys spelled out: passes="train" writes an entry as older versions did
+        f"{dtype}/{'causal' if causal else 'full'}/{passes}/d={d}": {
             "dtype": dtype,
             "causal": causal,
             "pass": passes,
             "d": d,
             "dv": d,
             "crossover": {"status": "crossed", "n": float(n), "n_below": 1, "n_above": 2},
+            "theory_n": float(n),  # (printed by --show, not read by mode="auto")
+            "points": [],
         }
         for d, n in crossovers.items()
     }

@@ -314,3 +314,38 @@ def test_optimal_head_dim_entries_is_the_root_of_eq_11(n):
 def test_errors_name_argument_expected_and_actual(call, error, match):
     with pytest.raises(error, match=match):
         call()
+
+
+# Our implementations' counts (what mode="auto" weighs), by hand. d = 2: P = 3 pairs,
+# D = 6 features; d = 8: P = 36, D = 45, per token 36 + 2·45·9 = 846, per pair 2·8 + 2·8 + 6
+# = 38, causal block 2·8 + 2·9 + 6 = 40; d = 16: per token 136 + 2·153·17 = 5338, per pair 70.
+
+
+def test_impl_ops_direct():
+    assert theory.impl_ops_direct(3, 5, 4, 2) == 15 * (8 + 4 + 4 + 2)
+    assert theory.impl_ops_direct(3, 5, 4, 2, order=3) == 15 * (8 + 4 + 6 + 2)
+
+
+def test_impl_ops_efficient():
+    assert theory.impl_ops_efficient(3, 5, 2, 1, False, 4) == 8 * (3 + 2 * 6 * 2)
+    # causal: + Nq · min(C, Nk) · (2d + 2(dv + 1) + 6) = 3 · 4 · 14
+    assert theory.impl_ops_efficient(3, 5, 2, 1, True, 4) == 216 + 168
+    assert theory.impl_ops_efficient(3, 5, 2, 1, True, 64) == 216 + 3 * 5 * 14
+
+
+@pytest.mark.parametrize(
+    ("d", "causal", "chunk", "expected"),
+    [
+        (8, False, 256, 2 * 846 / 38),  # 44.5
+        (16, False, 256, 2 * 5338 / 70),  # 152.5
+        (8, True, 256, (2 * 846 + 256 * 40) / 38),  # 314.0
+        (8, True, 1000, (2 * 846 + 1000 * 40) / 38),
+    ],
+)
+def test_impl_crossover(d, causal, chunk, expected):
+    assert theory.impl_crossover(d, d, causal, chunk) == pytest.approx(expected)
+    n = expected
+    if not causal:  # the counts agree there
+        assert theory.impl_ops_direct(1, 1, d, d) * n * n == pytest.approx(
+            theory.impl_ops_efficient(1, 1, d, d, False, chunk) * n
+        )

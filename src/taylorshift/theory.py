@@ -25,7 +25,13 @@ weights (½ on the diagonal pairs, 1 on the others, which folds in the ½ of the
 
 :func:`efficient_ops_breakdown` lists the terms one by one. The crossovers are the lengths
 where the two forms cost the same; past them the efficient form is cheaper. The paper's
-Table 2 is reproduced by :func:`crossover_table`. Nothing here imports torch.
+Table 2 is reproduced by :func:`crossover_table`.
+
+Our implementations' counts, which ``mode="auto"`` weighs (:mod:`taylorshift.ops.taylor_shift.
+dispatch` imports them): :func:`impl_ops_direct` and :func:`impl_ops_efficient` for a call
+of any shape (Nq != Nk, dv != d, the causal chunks, the order of the Taylor term), and
+:func:`impl_crossover`, the self-attention N from which the efficient form needs fewer.
+Nothing here imports torch.
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 from fractions import Fraction
+from functools import lru_cache
 
 from ._validate import check_bool, check_int
 
@@ -49,6 +56,9 @@ __all__ = [
     "entries_efficient",
     "entries_efficient_mhsa",
     "heads_analysis",
+    "impl_crossover",
+    "impl_ops_direct",
+    "impl_ops_efficient",
     "memory_crossover",
     "memory_crossover_bound",
     "ops_direct",
@@ -419,3 +429,44 @@ def optimal_head_dim_entries(n: int) -> float:
         else:
             hi = mid
     return (lo + hi) / 2
+
+
+# Our implementations, per head, as mode="auto" weighs them (SPEC §3's accounting generalised
+# to Nq != Nk, dv != d, the order of the Taylor term and the causal form's chunks).
+
+
+def _feature_dim(d: int) -> int:
+    """D = P + d + 1: the length of the symmetric feature vector [x_a x_b (a <= b), x, 1]."""
+    return pair_count(d) + d + 1
+
+
+def impl_ops_direct(nq: int, nk: int, d: int, dv: int, order: int = 2) -> int:
+    """Scores 2d, weights 2·order (Horner), row sum 2, weights × values 2dv; per (i, j) pair."""
+    return nq * nk * (2 * d + 2 * dv + 2 * order + 2)
+
+
+def impl_ops_efficient(nq: int, nk: int, d: int, dv: int, causal: bool, chunk: int) -> int:
+    """Feature maps and the two (·, D) × (D, dv + 1) products; causal adds the C-token blocks
+    (``chunk`` = C) computed directly."""
+    per_token = pair_count(d) + 2 * _feature_dim(d) * (dv + 1)
+    ops = (nq + nk) * per_token
+    if causal:
+        ops += nq * min(chunk, max(nk, 1)) * (2 * d + 2 * (dv + 1) + 6)
+    return ops
+
+
+@lru_cache(maxsize=256)
+def impl_crossover(d: int, dv: int, causal: bool, chunk: int) -> float:
+    """The self-attention N from which :func:`impl_ops_efficient` < :func:`impl_ops_direct`
+    (order 2; continuous).
+
+    Non-causal: 2N·P = N²·c, so N = 2P/c (P the per-token efficient cost, c the per-pair
+    direct cost). Causal adds N·min(C, N)·e with e > c: below C the efficient form never wins,
+    above it N = (2P + C·e)/c.
+    """
+    per_token = pair_count(d) + 2 * _feature_dim(d) * (dv + 1)
+    per_pair = impl_ops_direct(1, 1, d, dv)
+    if not causal:
+        return 2 * per_token / per_pair
+    block = 2 * d + 2 * (dv + 1) + 6
+    return max(float(chunk), (2 * per_token + chunk * block) / per_pair)

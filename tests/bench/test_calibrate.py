@@ -12,7 +12,9 @@ from taylorshift.bench import calibrate
 from taylorshift.bench.measure import TimeResult
 from taylorshift.cli import main
 from taylorshift.ops.taylor_shift import dispatch
+from tests.helpers import write_calibration
 
+CPU = dispatch.device_key("cpu")
 TINY = ["--quick", "--d", "2", "4", "--n", "8", "32", "--heads", "1", "--budget-s", "20"]
 
 
@@ -50,16 +52,38 @@ def test_quick_calibration_writes_a_valid_file(isolated_cache_dir, capsys):
     # a second run adds to the file and keeps what it does not measure
     assert main(["bench", "calibrate", *TINY, "--dtype", "float32", "--causal", "no"]) == 0
     entries = json.loads(path.read_text())["devices"][key]["entries"]
-    assert len(entries) == 4 + 4  # float32: d 2 and 4, forward and train
-    assert dispatch.entry_key("float32", False, "train", 4) in entries
+    assert len(entries) == 4 + 4  # float32: d 2 and 4, forward and forward+backward
+    assert entries["float32/full/forward+backward/d=4"]["pass"] == "forward+backward"
 
 
 def test_training_pass_times_forward_and_backward(isolated_cache_dir):
-    fn = calibrate.make_call("efficient", 8, 2, 1, torch.float64, "cpu", False, "train")
-    grads = fn()
-    assert len(grads) == 3 and all(g.shape == (1, 1, 8, 2) for g in grads)
+    for passes in ("forward+backward", "train"):  # (train: the older name)
+        fn = calibrate.make_call("efficient", 8, 2, 1, torch.float64, "cpu", False, passes)
+        grads = fn()
+        assert len(grads) == 3 and all(g.shape == (1, 1, 8, 2) for g in grads)
     out = calibrate.make_call("direct", 8, 2, 1, torch.float64, "cpu", True, "forward")()
     assert out.shape == (1, 1, 8, 2) and not out.requires_grad  # inference: no graph
+
+
+def test_a_file_written_before_is_read_and_renamed_on_the_next_run(isolated_cache_dir, capsys):
+    # older versions named forward + backward "train" (in the entry and its key)
+    path = write_calibration(isolated_cache_dir, {2: 1e6, 16: 50}, passes="train")
+    assert "float64/full/train/d=2" in json.loads(path.read_text())["devices"][CPU]["entries"]
+    assert main(["bench", "calibrate", "--show"]) == 0
+    assert "forward+backward" in capsys.readouterr().out
+    cal = dispatch.load_calibration()
+    assert set(cal.measured) == {(CPU, "float64", False, "forward+backward")}
+    # old spellings on the command line; the run measures d = 2 again and keeps d = 16
+    argv = [*TINY, "--d", "2", "--dtype", "fp64", "--causal", "no", "--pass", "train"]
+    assert main(["bench", "calibrate", *argv]) == 0
+    entries = json.loads(path.read_text())["devices"][CPU]["entries"]
+    assert sorted(entries) == [
+        "float64/full/forward+backward/d=16",
+        "float64/full/forward+backward/d=2",
+    ]
+    assert entries["float64/full/forward+backward/d=16"]["crossover"]["n"] == 50
+    assert entries["float64/full/forward+backward/d=2"]["heads"] == 1  # measured now
+    assert {e["pass"] for e in entries.values()} == {"forward+backward"}
 
 
 def test_walk_stops_after_two_efficient_wins_and_extends_past_the_grid(monkeypatch):
@@ -111,7 +135,7 @@ def test_show_and_clear(isolated_cache_dir, capsys):
     capsys.readouterr()
     assert main(["bench", "calibrate", "--show"]) == 0
     out = capsys.readouterr().out
-    assert dispatch.device_key("cpu") in out and "float32" in out and "fwd" in out
+    assert dispatch.device_key("cpu") in out and "float32" in out and "forward" in out
     assert main(["bench", "calibrate", "--clear"]) == 0
     assert "Removed" in capsys.readouterr().out
     assert not (isolated_cache_dir / "calibration.json").exists()

@@ -88,8 +88,8 @@ def test_results_structure(sweep_dir):
         assert 0 < p["min_s"] <= p["median_s"] <= p["max_s"]
         assert p["family"] in op.FAMILIES and p["kind"] == "time"
     assert {(b["pass"], b["d"], b["dtype"]) for b in data["sdpa_backends"]} == {
-        ("fwd", 4, "fp32"),
-        ("fwd+bwd", 4, "fp32"),
+        ("forward", 4, "float32"),
+        ("forward+backward", 4, "float32"),
     }
     assert all(p["sdpa_backend"] for p in data["points"] if p["impl"] == "sdpa")
     # Crossovers: efficient vs direct and vs softmax, per pass; theory for d = 4.
@@ -114,10 +114,10 @@ def test_csv_report_and_plots(sweep_dir):
         "## Points not measured",
     ):  # fmt: skip
         assert section in report, section
-    assert "### d = 4, forward, fp32" in report
+    assert "### d = 4, forward, float32" in report
     assert "## Achieved GFLOP/s" in report
     assert results["sdpa_backends"][0]["backend"] in report
-    for name in ("time_fwd_fp32.png", "time_fwd_bwd_fp32.png"):
+    for name in ("time_forward_float32.png", "time_forward_backward_float32.png"):
         data = (out / name).read_bytes()
         assert data.startswith(b"\x89PNG") and len(data) > 10_000, name
         assert f"![{name}]({name})" in report
@@ -152,11 +152,11 @@ def test_error_is_a_result(register):
         raise ValueError("something else went wrong")
 
     register(fake("fake-broken", broken))
-    s = dataclasses.replace(FAST, impls=("fake-broken",), passes=("fwd",))
+    s = dataclasses.replace(FAST, impls=("fake-broken",), passes=("forward",))
     results = op.run_sweep(s)
     assert statuses(results, "fake-broken") == {
-        ("fwd", 8): "error: ValueError",
-        ("fwd", 16): "skipped",
+        ("forward", 8): "error: ValueError",
+        ("forward", 16): "skipped",
     }
     assert "something else" in results["points"][0]["reason"]
 
@@ -173,7 +173,7 @@ def test_predicted_call_time_over_budget_then_skipped(register):
     # The time grows like N**60 (says the registry): the point after the first is predicted
     # to take far longer than --max-call-s.
     register(fake("fake-steep", lambda q, k, v: q * 2, exponent=60.0))
-    s = dataclasses.replace(FAST, ns=(8, 16, 32), impls=("fake-steep",), passes=("fwd",))
+    s = dataclasses.replace(FAST, ns=(8, 16, 32), impls=("fake-steep",), passes=("forward",))
     results = op.run_sweep(s)
     points = [p for p in results["points"] if p["impl"] == "fake-steep"]
     assert [p["status"] for p in points] == ["ok", "over budget", "skipped"]
@@ -182,7 +182,7 @@ def test_predicted_call_time_over_budget_then_skipped(register):
 
 
 def test_predicted_memory_over_budget():
-    s = dataclasses.replace(FAST, impls=("direct",), passes=("fwd",), max_memory_bytes=1)
+    s = dataclasses.replace(FAST, impls=("direct",), passes=("forward",), max_memory_bytes=1)
     results = op.run_sweep(s)
     points = results["points"]
     assert [p["status"] for p in points] == ["over budget", "skipped"]
@@ -205,8 +205,8 @@ def test_interrupted_sweep_saves_partial_results(register):
 
 def test_memory_point_in_a_fresh_process():
     s = dataclasses.replace(
-        FAST, ns=(64,), impls=("direct",), passes=("fwd",), memory=True, memory_ns=(64,),
-        memory_passes=("fwd",),
+        FAST, ns=(64,), impls=("direct",), passes=("forward",), memory=True, memory_ns=(64,),
+        memory_passes=("forward",),
     )  # fmt: skip
     results = op.run_sweep(s)
     (mem,) = [p for p in results["points"] if p["kind"] == "memory"]
@@ -219,7 +219,7 @@ def test_build_call_warms_up_on_small_inputs():
     call = op.build_call("efficient", n=32, d=4, warmup_n=8)
     assert call().shape == (1, 1, 8, 4)  # the first call: small inputs
     assert call().shape == (1, 1, 32, 4)
-    grads = op.build_call("direct", n=16, d=4, heads=2, batch=3, pass_name="fwd+bwd")()
+    grads = op.build_call("direct", n=16, d=4, heads=2, batch=3, pass_name="forward+backward")()
     assert [tuple(g.shape) for g in grads] == [(3, 2, 16, 4)] * 3
 
 
@@ -253,7 +253,7 @@ def test_compiled_implementations_are_the_op_under_fullgraph_compile(monkeypatch
 
 def point(impl, family, n, t, kind="time"):
     return {
-        "kind": kind, "impl": impl, "family": family, "dtype": "fp32", "pass": "fwd",
+        "kind": kind, "impl": impl, "family": family, "dtype": "float32", "pass": "forward",
         "d": 16, "n": n, "status": "ok", "median_s": t, "peak_extra_bytes": t,
     }  # fmt: skip
 
@@ -311,12 +311,40 @@ def test_cli_sweep_and_report_only(tmp_path, capsys):
     assert {p["impl"] for p in data["points"]} == {"sdpa", "efficient"}
     assert data["config"]["target_s"] == 0.001 and data["config"]["memory"] is False
     (out / "report.md").unlink()
-    (out / "time_fwd_fp32.png").unlink()
+    (out / "time_forward_float32.png").unlink()
     assert main(["bench", "--report-only", str(out)]) == 0
     assert "## Crossovers" in (out / "report.md").read_text()
-    assert (out / "time_fwd_fp32.png").stat().st_size > 0
+    assert (out / "time_forward_float32.png").stat().st_size > 0
     assert json.loads((out / "results.json").read_text()) == data  # left as it was
     assert "rewrote" in capsys.readouterr().out
+
+
+def test_report_only_reads_results_written_before_the_vocabulary(sweep_dir, tmp_path):
+    # results.json of earlier versions (benchmarks/ keeps them): passes fwd / fwd+bwd, fp32
+    _, results = sweep_dir
+    old = json.loads(json.dumps(results))
+    short = {"forward": "fwd", "forward+backward": "fwd+bwd"}
+    for record in (*old["points"], *old["sdpa_backends"]):
+        record["pass"], record["dtype"] = short[record["pass"]], "fp32"
+    old["config"].update(passes=["fwd", "fwd+bwd"], dtypes=["fp32"], memory_passes=["fwd"])
+    del old["crossovers"]
+    (tmp_path / "results.json").write_text(json.dumps(old))
+    assert main(["bench", "--report-only", str(tmp_path), "--no-plots"]) == 0
+    report = (tmp_path / "report.md").read_text()
+    assert "### d = 4, forward+backward, float32" in report
+    assert "fwd" not in report and "fp32" not in report
+    assert json.loads((tmp_path / "results.json").read_text()) == old  # a record: untouched
+
+
+def test_cli_takes_the_old_spellings_of_passes_and_dtypes():
+    from taylorshift.cli import build_parser
+
+    argv = ["bench", "--pass", "fwd", "fwd+bwd", "--dtype", "fp32", "bf16", "--memory-pass", "fwd"]
+    args = build_parser().parse_args(argv)
+    s = op.settings_from_args(args, args._bench_parser)
+    assert s.passes == ("forward", "forward+backward") and s.dtypes == ("float32", "bfloat16")
+    assert s.memory_passes == ("forward",)
+    assert op.model_flops("softmax", 8, 4, "fwd+bwd") == 3 * 1024  # old name, same count
 
 
 def test_cli_quick_settings():
@@ -325,7 +353,7 @@ def test_cli_quick_settings():
     args = build_parser().parse_args(["bench", "--quick", "--budget-s", "30"])
     s = op.settings_from_args(args, args._bench_parser)
     assert s.quick and s.ns == op.QUICK_N and s.memory_ns == op.QUICK_MEMORY_N
-    assert s.budget_s == 30 and s.max_call_s == 1.0 and s.dtypes == ("fp32",)
+    assert s.budget_s == 30 and s.max_call_s == 1.0 and s.dtypes == ("float32",)
     assert s.memory_ds == (64,) and s.impls == IMPLS
     args = build_parser().parse_args(["bench", "--d", "8", "16", "--n", "32", "16", "16"])
     s = op.settings_from_args(args, args._bench_parser)
@@ -384,7 +412,7 @@ def test_noisy_point_is_timed_again(monkeypatch):
     shares = iter([0.0, 0.9, 0.05])
     monkeypatch.setattr(op.CpuLoad, "other_share", staticmethod(lambda a, b: next(shares)))
     monkeypatch.setattr(op.CpuLoad, "wait_quiet", lambda self, limit_s: 0.5)
-    s = dataclasses.replace(FAST, ns=(8,), impls=("sdpa",), passes=("fwd",), quiet_wait_s=5.0)
+    s = dataclasses.replace(FAST, ns=(8,), impls=("sdpa",), passes=("forward",), quiet_wait_s=5.0)
     results = op.run_sweep(s)
     (p,) = results["points"]
     assert p["other_cpu_share"] == 0.05 and p["remeasured"]["other_cpu_share"] == 0.9
@@ -394,10 +422,10 @@ def test_noisy_point_is_timed_again(monkeypatch):
 def test_model_flops_by_hand():
     # d = 4, N = 8: softmax 4 N² d; direct 4 N² d + 6 N²; efficient 2N (P + 2 D (d + 1)) with
     # P = d(d+1)/2 = 10 pairs and D = P + d + 1 = 15 symmetric features.
-    assert op.model_flops("softmax", 8, 4, "fwd") == 4 * 64 * 4 == 1024
-    assert op.model_flops("taylorshift-direct", 8, 4, "fwd") == 1024 + 6 * 64
-    assert op.model_flops("taylorshift-efficient", 8, 4, "fwd") == 16 * (10 + 2 * 15 * 5)
-    assert op.model_flops("softmax", 8, 4, "fwd+bwd", rows=6) == 3 * 6 * 1024
+    assert op.model_flops("softmax", 8, 4, "forward") == 4 * 64 * 4 == 1024
+    assert op.model_flops("taylorshift-direct", 8, 4, "forward") == 1024 + 6 * 64
+    assert op.model_flops("taylorshift-efficient", 8, 4, "forward") == 16 * (10 + 2 * 15 * 5)
+    assert op.model_flops("softmax", 8, 4, "forward+backward", rows=6) == 3 * 6 * 1024
 
 
 def test_time_points_carry_model_flops_and_gflops(sweep_dir):
@@ -415,7 +443,7 @@ def test_quiet_gate_waits_before_points_and_remeasures_after_the_sweep(monkeypat
     waits = []
     monkeypatch.setattr(op.CpuLoad, "wait_quiet", lambda self, limit_s: waits.append(limit_s) or 1)
     s = dataclasses.replace(
-        FAST, ns=(8, 16), impls=("sdpa",), passes=("fwd",), quiet_wait_s=60.0,
+        FAST, ns=(8, 16), impls=("sdpa",), passes=("forward",), quiet_wait_s=60.0,
         quiet_before_s=2.0, remeasure_noisy=True,
     )  # fmt: skip
     results = op.run_sweep(s)

@@ -60,11 +60,11 @@ def test_tables_render():
         for p in (1, 2)
     ]  # fmt: skip
     table = measured_table(rows)
-    assert "| fwd | no | 64 | 10.0 | 5.0 (2.00×) | 1.00 |" in table
-    assert "| fwd+bwd | no | 64 | 30.0 | 15.0 (2.00×) | 1.00 |" in table
+    assert "| forward | no | 64 | 10.0 | 5.0 (2.00×) | 1.00 |" in table
+    assert "| forward+backward | no | 64 | 30.0 | 15.0 (2.00×) | 1.00 |" in table
     table = measured_table(rows, "cpu")
-    assert "| fwd | no | 64 | 20.0 | 10.0 (2.00×) | 1.00 |" in table
-    assert "| fwd+bwd | no | 64 | 40.0 | 40.0 (1.00×) | 1.00 |" in table
+    assert "| forward | no | 64 | 20.0 | 10.0 (2.00×) | 1.00 |" in table
+    assert "| forward+backward | no | 64 | 40.0 | 40.0 (1.00×) | 1.00 |" in table
 
 
 def test_paper_table_on_the_command_line(capsys):
@@ -77,7 +77,7 @@ def test_cli_measures_one_and_two_processes(tmp_path, capsys):
     out = tmp_path / "results.json"
     argv = ["--procs", "2", "--lengths", "64", "--repeats", "1", "--causal", "no"]
     assert main(["bench", "seqpar", *argv, "--out", str(out)]) == 0
-    assert "| fwd | no | 64 |" in capsys.readouterr().out
+    assert "| forward | no | 64 |" in capsys.readouterr().out
     result = json.loads(out.read_text())
     assert result["command"].startswith("taylorshift bench seqpar --procs 2")
     assert result["backend"] == "gloo" and result["machine"]["device"] == "cpu"

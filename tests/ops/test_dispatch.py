@@ -10,9 +10,10 @@ import warnings
 import pytest
 import torch
 
-from taylorshift import taylor_shift_attention
+from taylorshift import taylor_shift_attention, theory
 from taylorshift.ops.taylor_shift import dispatch
 from taylorshift.ops.taylor_shift.dispatch import choose_mode
+from taylorshift.ops.taylor_shift.efficient_causal import DEFAULT_CAUSAL_CHUNK
 from tests.helpers import write_calibration
 
 
@@ -23,7 +24,7 @@ def test_auto_picks_direct_for_short_and_efficient_for_long_sequences():
     assert choose_mode(4096, 4096, 8, 8, **kw) == "efficient"
 
 
-# Where theory switches forms, worked out by hand from the accounting in dispatch.py (per
+# Where theory switches forms, worked out by hand from the accounting in theory.py (per
 # head, self-attention, dv = d, order 2): direct costs c = 2d + 2dv + 6 per (query, key)
 # pair, efficient P = d(d+1)/2 + 2·D·(dv+1) per token with D = d(d+1)/2 + d + 1, so they
 # are equal at N* = 2P/c. d = 8: D = 45, P = 36 + 810 = 846, c = 38, N* = 44.5;
@@ -164,7 +165,10 @@ def test_cross_attention_uses_the_harmonic_mean_of_the_lengths(isolated_cache_di
 
 def test_head_dims_between_calibrated_ones_interpolate_the_correction(isolated_cache_dir):
     rho4, rho16 = 2.0, 8.0
-    t = dispatch.theory_crossover
+
+    def t(d, dv, causal):
+        return theory.impl_crossover(d, dv, causal, DEFAULT_CAUSAL_CHUNK)
+
     write_calibration(isolated_cache_dir, {4: rho4 * t(4, 4, False), 16: rho16 * t(16, 16, False)})
     cal = dispatch.load_calibration()
     key = (dispatch.device_key("cpu"), "float64", False, "forward")
@@ -191,7 +195,7 @@ def test_training_calls_use_the_forward_backward_calibration(isolated_cache_dir,
     caplog.clear()
     q.requires_grad_(True)
     y, log = auto_log(caplog, q, k, v)
-    assert "auto -> efficient (calibration" in log and "| train]" in log
+    assert "auto -> efficient (calibration" in log and "| forward+backward]" in log
     y.sum().backward()
     assert q.grad is not None and torch.isfinite(q.grad).all()
 
@@ -272,3 +276,56 @@ def test_cpu_prior_only_for_what_was_measured(isolated_cache_dir, monkeypatch):
     write_calibration(isolated_cache_dir, {16: 1e6}, dtype="float32")
     dispatch.reload_calibration()
     assert choose_mode(n, n, 16, 16, **FULL, **cpu32) == "efficient"  # off: theory only
+
+
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [("direct_ops", "impl_ops_direct"), ("efficient_ops", "impl_ops_efficient")],
+)
+def test_the_counts_moved_to_theory_and_the_old_names_still_work(old, new):
+    with pytest.warns(DeprecationWarning, match=f"taylorshift.theory.{new}"):
+        moved = getattr(dispatch, old)
+    assert moved is getattr(theory, new)
+
+
+def test_the_old_theory_crossover_keeps_its_default_chunk():
+    with pytest.warns(DeprecationWarning, match="taylorshift.theory.impl_crossover"):
+        old = dispatch.theory_crossover
+    assert old(16, 16, False) == pytest.approx(2 * 5338 / 70)  # worked out by hand above
+    assert old(8, 8, True) == 314.0  # (2·846 + 256·40) / 38, see tests/test_theory.py
+    assert old(8, 8, True, 1000) == pytest.approx((2 * 846 + 1000 * 40) / 38)
+
+
+def test_entry_keys_use_the_vocabulary_whatever_the_spelling():
+    assert dispatch.entry_key(torch.float32, True, "forward+backward", 64) == (
+        "float32/causal/forward+backward/d=64"
+    )
+    assert dispatch.entry_key("fp32", True, "train", 64) == "float32/causal/forward+backward/d=64"
+    assert dispatch.entry_key("bfloat16", False, "fwd", 8) == "bfloat16/full/forward/d=8"
+
+
+def test_a_calibration_written_before_reads_train_as_forward_backward(isolated_cache_dir):
+    # older versions wrote "train" for forward + backward, in the key and the entry
+    write_calibration(isolated_cache_dir, {4: 1e6}, passes="forward")
+    write_calibration(isolated_cache_dir, {4: 8}, passes="train")
+    cal = dispatch.load_calibration()
+    key = dispatch.device_key("cpu")
+    assert set(cal.measured) == {
+        (key, "float64", False, "forward"),
+        (key, "float64", False, "forward+backward"),
+    }
+    assert choose_mode(64, 64, 4, 4, **FULL, **CPU64, backward=True) == "efficient"
+    assert choose_mode(64, 64, 4, 4, **FULL, **CPU64, backward=False) == "direct"
+
+
+def test_a_calibration_entry_with_an_unknown_pass_is_refused():
+    data = {
+        "format": dispatch.CALIBRATION_FORMAT,
+        "version": dispatch.CALIBRATION_VERSION,
+        "devices": {"cpu: x": {"entries": {"e": {
+            "dtype": "float32", "causal": False, "pass": "backward", "d": 4, "dv": 4,
+            "crossover": {"status": "crossed", "n": 10.0},
+        }}}},
+    }  # fmt: skip
+    with pytest.raises(dispatch.CalibrationError, match="pass 'backward'"):
+        dispatch.parse_calibration(data)

@@ -1,9 +1,10 @@
 """``taylorshift bench calibrate``: measure where the efficient form overtakes the direct one.
 
-For each dtype, causal or not, pass (forward alone, or forward + backward: "train") and head
-dim d, both forms of ``taylor_shift_attention`` are timed (``measure.time_call``) on
-self-attention (B = 1, H heads, N tokens, dv = d) over a grid of N around the op-count
-crossover, walking up the grid and stopping once the efficient form has won twice in a row;
+For each dtype, causal or not, pass ("forward", or "forward+backward": the gradients of q, k
+and v too) and head dim d, both forms of ``taylor_shift_attention`` are timed
+(``measure.time_call``) on self-attention (B = 1, H heads, N tokens, dv = d) over a grid of
+N around the op-count crossover, walking up the grid and stopping once the efficient form has
+won twice in a row;
 ``crossover.find_crossover`` interpolates the crossover N̂. The results go into
 ``calibration.json`` in the cache directory (see ``taylorshift.ops.taylor_shift.dispatch``),
 keyed by the device (CPU model or GPU name, torch and CUDA versions), and ``mode="auto"``
@@ -23,9 +24,12 @@ import torch
 
 from ..cliargs import format_table, positive_float, positive_int
 from ..ops.taylor_shift import dispatch
+from ..ops.taylor_shift.efficient_causal import DEFAULT_CAUSAL_CHUNK
 from ..ops.taylor_shift.interface import taylor_shift_attention
+from ..theory import impl_crossover
+from ..vocab import FORWARD, FORWARD_BACKWARD, PASSES, pass_name
 from . import files, machine
-from .core import OK, PASSES, dtypes, parse_device
+from .core import OK, dtype_option, dtypes, parse_device, pass_option
 from .crossover import Crossover, find_crossover
 from .measure import time_call
 
@@ -36,9 +40,7 @@ DEFAULT_D = {"cpu": (16, 32, 64), "cuda": (16, 32, 64, 128)}
 QUICK_D = (8, 16)
 DEFAULT_DTYPES = {"cpu": ("float32",), "cuda": ("float32", "bfloat16", "float16")}
 CAUSAL = {"no": (False,), "yes": (True,), "both": (False, True)}
-PASS_CHOICES = {"forward": ("forward",), "train": ("train",), "both": ("forward", "train")}
-# The calibration file's pass names (dispatch.entry_key) in the benchmarks' vocabulary.
-PASS_NAME = dict(zip(("forward", "train"), PASSES, strict=True))
+PASS_CHOICES = {FORWARD: (FORWARD,), FORWARD_BACKWARD: (FORWARD_BACKWARD,), "both": PASSES}
 # Grid: the op-count crossover times 2**k; quick uses fewer points and shorter timings.
 GRID_STEPS = range(-3, 4)
 QUICK_GRID_STEPS = range(-2, 3)
@@ -56,10 +58,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--dtype",
         nargs="+",
+        type=dtype_option,
         choices=sorted(DTYPES),
         metavar="DTYPE",
-        help="dtypes, of " + ", ".join(sorted(DTYPES)) + " (default: float32 on the CPU; "
-        "float32 bfloat16 float16 on CUDA)",
+        help="dtypes, of " + ", ".join(sorted(DTYPES)) + " (fp32, bf16, fp16, fp64 also "
+        "accepted; default: float32 on the CPU; float32 bfloat16 float16 on CUDA)",
     )
     parser.add_argument(
         "--d",
@@ -85,9 +88,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--pass",
         dest="passes",
+        type=pass_option,
         choices=sorted(PASS_CHOICES),
         default="both",
-        help="forward alone, forward + backward ('train') or both (default: both)",
+        help="forward, forward+backward (the gradients of q, k, v too) or both (default: "
+        "both; the old names train, fwd and fwd+bwd are accepted)",
     )
     parser.add_argument(
         "--heads",
@@ -141,6 +146,8 @@ def read_file(path: Path) -> tuple[dict | None, str]:
         return None, f"not a calibration ({err})"
     if parsed is None:
         return None, f"format version {data.get('version')!r}, not {dispatch.CALIBRATION_VERSION}"
+    for device in data["devices"].values():  # a file written before: its entries renamed
+        device["entries"] = dispatch.upgrade_entries(device["entries"])
     return data, ""
 
 
@@ -157,11 +164,12 @@ def merge_entries(data: dict, key: str, device_record: dict, entries: dict) -> d
 
 def make_call(form: str, n: int, d: int, heads: int, dtype, device, causal: bool, passes: str):
     """A zero-argument callable running one form on (1, heads, n, d) self-attention."""
+    passes = pass_name(passes)
     g = torch.Generator().manual_seed(n * 1009 + d)
     q, k, v = (
         torch.randn(1, heads, n, d, generator=g).to(device=device, dtype=dtype) for _ in range(3)
     )
-    if passes == "forward":
+    if passes == FORWARD:
 
         def forward():
             with torch.no_grad():
@@ -172,16 +180,16 @@ def make_call(form: str, n: int, d: int, heads: int, dtype, device, causal: bool
         t.requires_grad_(True)
     grad = torch.randn(1, heads, n, d, generator=g).to(device=device, dtype=dtype)
 
-    def train():
+    def forward_backward():
         out = taylor_shift_attention(q, k, v, is_causal=causal, mode=form)
         return torch.autograd.grad(out, (q, k, v), grad)
 
-    return train
+    return forward_backward
 
 
 def direct_bytes(n: int, heads: int, passes: str) -> int:
     """A rough upper bound on the direct form's (N, N) float32 blocks (scores, weights, grads)."""
-    blocks = 3 if passes == "forward" else 6
+    blocks = 3 if pass_name(passes) == FORWARD else 6
     return blocks * heads * n * n * 4
 
 
@@ -190,7 +198,7 @@ def memory_limit(device: torch.device) -> int:
 
 
 def default_grid(d: int, causal: bool, quick: bool) -> list[int]:
-    n_theory = dispatch.theory_crossover(d, d, causal)
+    n_theory = impl_crossover(d, d, causal, DEFAULT_CAUSAL_CHUNK)
     steps = QUICK_GRID_STEPS if quick else GRID_STEPS
     return sorted({max(MIN_N, round(n_theory * 2.0**k)) for k in steps})
 
@@ -260,7 +268,7 @@ def measure_case(
         "batch": 1,
         "heads": heads,
         "crossover": crossover.to_dict(),
-        "theory_n": dispatch.theory_crossover(d, d, causal),
+        "theory_n": impl_crossover(d, d, causal, DEFAULT_CAUSAL_CHUNK),
         "grid": grid,
         "stopped": stopped,
         "points": points,
@@ -289,7 +297,7 @@ def summary_rows(entries: list[dict]) -> list[list[str]]:
             [
                 e["dtype"],
                 "causal" if e["causal"] else "full",
-                PASS_NAME[e["pass"]],
+                e["pass"],
                 str(e["d"]),
                 _measured_text(e),
                 f"{theory:.0f}",
@@ -385,7 +393,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         now = time.perf_counter()
         share = (start + budget - now) / (len(cases) - i)
         grid = sorted(set(args.n)) if args.n else default_grid(d, causal, args.quick)
-        print(f"{dtype} {'causal' if causal else 'full'} {PASS_NAME[passes]} d={d}: N in {grid}")
+        print(f"{dtype} {'causal' if causal else 'full'} {passes} d={d}: N in {grid}")
         entry = measure_case(
             d=d,
             grid=grid,

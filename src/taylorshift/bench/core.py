@@ -1,5 +1,6 @@
-"""What every benchmark shares: statuses, the pass and dtype vocabulary, units, one markdown
-table, the device option and the message for a missing extra.
+"""What every benchmark shares: statuses, the pass and dtype options (names from
+:mod:`taylorshift.vocab`), units, one markdown table, the device option and the message for a
+missing extra.
 
 A benchmark tool (``taylorshift bench``, ``bench models``, ...) is a module or package of
 :mod:`taylorshift.bench` with ``HELP``, ``add_arguments(parser)`` and ``run(args, parser)``
@@ -18,6 +19,8 @@ from collections.abc import Callable, Iterable, Sequence
 
 import torch
 
+from ..vocab import DTYPE_ALIASES, PASS_ALIASES, PASSES, dtype_name, torch_dtype
+
 __all__ = [
     "GIB",
     "MIB",
@@ -25,8 +28,8 @@ __all__ = [
     "OOM",
     "OVER_BUDGET",
     "PASSES",
-    "PASS_TEXT",
     "SKIPPED",
+    "dtype_option",
     "dtypes",
     "is_oom",
     "markdown_table",
@@ -34,6 +37,7 @@ __all__ = [
     "missing_modules",
     "ms",
     "parse_device",
+    "pass_option",
     "renamed",
     "status_of",
 ]
@@ -59,24 +63,26 @@ def status_of(err: BaseException) -> str:
     return OOM if is_oom(err) else f"error: {type(err).__name__}"
 
 
-# Passes: one forward, or one forward and the gradients of the inputs.
-PASSES = ("fwd", "fwd+bwd")
-PASS_TEXT = {"fwd": "forward", "fwd+bwd": "forward + backward"}
-
-# Dtypes by their torch names; the op sweep's short names (fp32, ...) map onto them.
-_DTYPES = {
-    "float32": torch.float32,
-    "float16": torch.float16,
-    "bfloat16": torch.bfloat16,
-    "float64": torch.float64,
-}
-SHORT_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+# Passes and dtypes: the package's one vocabulary (taylorshift.vocab). Command-line options
+# take the old spellings too (fwd, fwd+bwd, train; fp32, bf16, fp16, fp64).
 
 
 def dtypes(*names: str) -> dict[str, torch.dtype]:
-    """``{name: torch dtype}`` for the names a tool accepts, in the order given (``float32``
-    or the short ``fp32``, ``bf16``, ``fp16``)."""
-    return {name: _DTYPES[SHORT_DTYPES.get(name, name)] for name in names}
+    """``{name: torch dtype}`` for the dtypes a tool accepts, in the order given, keyed by
+    their names in the vocabulary (``"fp32"`` given: key ``"float32"``)."""
+    return {dtype_name(name): torch_dtype(name) for name in names}
+
+
+def dtype_option(text: str) -> str:
+    """argparse ``type`` of a dtype option: an old short name (``fp32``) becomes torch's
+    (``float32``); anything else is left for the option's ``choices`` to judge."""
+    return DTYPE_ALIASES.get(text, text)
+
+
+def pass_option(text: str) -> str:
+    """argparse ``type`` of a pass option: ``fwd``, ``fwd+bwd`` and ``train`` become
+    ``forward`` and ``forward+backward``; anything else is left for ``choices`` to judge."""
+    return PASS_ALIASES.get(text, text)
 
 
 # Units.

@@ -20,7 +20,7 @@ import torch
 from ..cliargs import format_table, positive_int
 from ..models import CausalLM, CausalLMConfig
 from . import machine
-from .core import OK, dtypes, markdown_table, mib, parse_device
+from .core import OK, dtype_option, dtypes, markdown_table, mib, parse_device
 from .figures import figure, log_axes
 from .files import fresh_folder, write_csv, write_figure, write_json, write_text
 from .measure import cuda_peak_memory, time_call
@@ -225,7 +225,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--heads", type=positive_int, default=8, help="heads (8: head dim 32)")
     parser.add_argument("--vocab", type=positive_int, default=258, help="vocabulary (258)")
     parser.add_argument("--batch", type=positive_int, default=1, help="sequences decoded at once")
-    parser.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
+    parser.add_argument("--dtype", type=dtype_option, choices=sorted(DTYPES), default="float32")
     parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N (default cpu)")
     parser.add_argument(
         "--target", type=float, default=0.5, help="seconds of timed calls per point (0.5)"

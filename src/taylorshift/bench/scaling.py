@@ -36,7 +36,7 @@ import torch
 
 from ..cliargs import positive_int
 from . import files, machine
-from .core import INSTALL_HINT, dtypes, markdown_table, missing_modules
+from .core import INSTALL_HINT, dtype_option, dtypes, markdown_table, missing_modules
 from .figures import figure, log_axes
 
 HELP = (
@@ -478,9 +478,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--dtype",
+        type=dtype_option,
         choices=sorted(DTYPES),
         default="float64",
-        help="dtype of the inputs and sums (default: float64)",
+        help="dtype of the inputs and sums (default: float64; fp64, fp32 accepted)",
     )
     parser.add_argument(
         "--values",

@@ -17,7 +17,7 @@ import torch
 
 from ...cliargs import positive_float, positive_int
 from .. import files, machine
-from ..core import INSTALL_HINT, missing_modules, parse_device
+from ..core import INSTALL_HINT, dtype_option, missing_modules, parse_device
 from ..runner import Budget
 from .cases import DTYPES, MODEL_KERNEL, MODES, Case, Settings
 from .pareto import load_accuracy, pareto_table
@@ -144,9 +144,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--device", help="torch device (default: cuda if available, else cpu)")
     add(
         "--dtype",
+        type=dtype_option,
         choices=list(DTYPES),
         default="float32",
-        help="parameter and compute dtype (default: %(default)s)",
+        help="parameter and compute dtype (default: %(default)s; fp32, bf16, fp16 accepted)",
     )
     add(
         "--max-batch",

@@ -21,7 +21,8 @@ measurement), :mod:`.analysis` (crossovers), :mod:`.report` and :mod:`.plots` (t
 :mod:`.cli` (the command line). Their public names are importable from here.
 """
 
-from ..core import OK, OOM, OVER_BUDGET, PASS_TEXT, PASSES, SKIPPED
+from ...vocab import PASSES
+from ..core import OK, OOM, OVER_BUDGET, SKIPPED
 from ..load import NOISY_SHARE, QUIET_SHARE, CpuLoad
 from .analysis import BASELINES, METRIC_KEY, analyse, theory_rows
 from .cases import (
@@ -63,6 +64,7 @@ from .sweep import (
     count_points,
     predicted_bytes,
     run_sweep,
+    upgrade_results,
 )
 
 __all__ = [
@@ -85,7 +87,6 @@ __all__ = [
     "OOM",
     "OVER_BUDGET",
     "PASSES",
-    "PASS_TEXT",
     "QUICK",
     "QUICK_MEMORY_N",
     "QUICK_N",
@@ -122,5 +123,6 @@ __all__ = [
     "theory_rows",
     "triton_direct",
     "triton_efficient",
+    "upgrade_results",
     "write_outputs",
 ]

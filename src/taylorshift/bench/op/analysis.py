@@ -7,7 +7,8 @@ from collections.abc import Iterable
 from dataclasses import asdict
 
 from ... import theory
-from ..core import OK, PASSES
+from ...vocab import PASSES
+from ..core import OK
 from ..crossover import find_crossover
 from ..load import NOISY_SHARE
 

@@ -15,10 +15,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ... import vocab
 from ...ops import taylor_shift_attention
 from ...ops.taylor_shift.direct import direct_taylor_shift
-from ...ops.taylor_shift.dispatch import direct_ops, efficient_ops
 from ...ops.taylor_shift.efficient import efficient_taylor_shift
+from ...theory import impl_ops_direct, impl_ops_efficient
+from ...vocab import FORWARD, FORWARD_BACKWARD
 from ..core import dtypes
 
 __all__ = [
@@ -33,7 +35,7 @@ __all__ = [
 ]
 
 RECIPE = "taylorshift.bench.op.cases:build_call"
-DTYPES = dtypes("fp32", "bf16", "fp16")
+DTYPES = dtypes("float32", "bfloat16", "float16")
 
 
 @dataclass(frozen=True)
@@ -261,7 +263,7 @@ def make_inputs(
     *,
     heads: int = 1,
     batch: int = 1,
-    dtype: str = "fp32",
+    dtype: str = "float32",
     device: str = "cpu",
     backward: bool = False,
     seed: int = 0,
@@ -269,9 +271,8 @@ def make_inputs(
     """q, k, v and the fixed output gradient, each (B, H, N, d), standard normal."""
     g = torch.Generator().manual_seed(seed)
     shape = (batch, heads, n, d)
-    q, k, v, grad = (
-        torch.randn(shape, generator=g).to(device=device, dtype=DTYPES[dtype]) for _ in range(4)
-    )
+    dt = DTYPES[vocab.dtype_name(dtype)]
+    q, k, v, grad = (torch.randn(shape, generator=g).to(device=device, dtype=dt) for _ in range(4))
     if backward:
         for t in (q, k, v):
             t.requires_grad_(True)
@@ -282,24 +283,25 @@ def model_flops(family: str, n: int, d: int, pass_name: str, rows: int = 1) -> i
     """Model FLOPs of one call on ``rows`` = B·H rows of N tokens, dv = d.
 
     Forward per row: softmax 4N²d (Q Kᵀ and the weights times V; the softmax itself is not
-    counted), direct the paper's 4N²d + 6N² (``dispatch.direct_ops``), efficient 2N times the
-    per-token cost of the symmetric features (``dispatch.efficient_ops``). A forward and
+    counted), direct the paper's 4N²d + 6N² (``theory.impl_ops_direct``), efficient 2N
+    times the per-token cost of the symmetric features (``theory.impl_ops_efficient``). A
+    forward and
     backward counts 3 forwards (the backward ≈ two).
     """
     if family == "softmax":
         forward = 4 * n * n * d
     elif family == "taylorshift-direct":
-        forward = direct_ops(n, n, d, d)
+        forward = impl_ops_direct(n, n, d, d)
     else:
-        forward = efficient_ops(n, n, d, d, causal=False, chunk=n)
-    return forward * rows * (3 if pass_name == "fwd+bwd" else 1)
+        forward = impl_ops_efficient(n, n, d, d, causal=False, chunk=n)
+    return forward * rows * (3 if vocab.pass_name(pass_name) == FORWARD_BACKWARD else 1)
 
 
 def make_call(
     impl: Implementation, q: Tensor, k: Tensor, v: Tensor, grad: Tensor, pass_name: str
 ) -> Callable[[], object]:
     """One forward, or one forward and the gradients of q, k, v (not accumulated)."""
-    if pass_name == "fwd":
+    if vocab.pass_name(pass_name) == FORWARD:
         return lambda: impl.fn(q, k, v)
 
     def forward_backward():
@@ -315,9 +317,9 @@ def build_call(
     d: int,
     heads: int = 1,
     batch: int = 1,
-    dtype: str = "fp32",
+    dtype: str = "float32",
     device: str = "cpu",
-    pass_name: str = "fwd",
+    pass_name: str = FORWARD,
     seed: int = 0,
     module: str | None = None,
     warmup_n: int | None = None,
@@ -341,7 +343,7 @@ def build_call(
             batch=batch,
             dtype=dtype,
             device=device,
-            backward=pass_name == "fwd+bwd",
+            backward=vocab.pass_name(pass_name) == FORWARD_BACKWARD,
             seed=seed,
         )
         return make_call(implementation, *inputs, pass_name)

@@ -12,8 +12,16 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ...cliargs import non_negative_float, positive_float, positive_int
+from ...vocab import PASSES
 from .. import files
-from ..core import GIB, INSTALL_HINT, PASSES, missing_modules, parse_device
+from ..core import (
+    GIB,
+    INSTALL_HINT,
+    dtype_option,
+    missing_modules,
+    parse_device,
+    pass_option,
+)
 from ..load import NOISY_SHARE
 from .analysis import analyse, theory_rows
 from .cases import DTYPES, IMPLEMENTATIONS
@@ -33,6 +41,7 @@ from .sweep import (
     count_points,
     default_memory_limit,
     run_sweep,
+    upgrade_results,
 )
 
 __all__ = ["HELP", "add_arguments", "run", "settings_from_args"]
@@ -107,14 +116,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--pass",
         dest="passes",
         nargs="+",
+        type=pass_option,
         choices=PASSES,
-        help="fwd (forward), fwd+bwd (forward and gradients of q, k, v) (default: both)",
+        help="forward, forward+backward (forward and gradients of q, k, v) (default: both; "
+        "the old names fwd and fwd+bwd are accepted)",
     )
     add(
         "--dtype",
         nargs="+",
+        type=dtype_option,
         choices=tuple(DTYPES),
-        help="dtypes (default: bf16 on CUDA, fp32 on the CPU)",
+        help="dtypes (default: bfloat16 on CUDA, float32 on the CPU; fp32, bf16, fp16 are "
+        "accepted too)",
     )
     add("--device", help="cpu, cuda or cuda:i (default: cuda if available, else cpu)")
     add("--heads", type=positive_int, help="heads H of the (B, H, N, d) inputs (default: 1)")
@@ -139,6 +152,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add(
         "--memory-pass",
         nargs="+",
+        type=pass_option,
         choices=PASSES,
         help="passes of the memory sweep (default: both)",
     )
@@ -247,7 +261,7 @@ def settings_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser
         "impls": impls,
         "passes": tuple(dict.fromkeys(args.passes or base.passes)),
         "dtypes": tuple(
-            dict.fromkeys(args.dtype or ("bf16" if device.type == "cuda" else "fp32",))
+            dict.fromkeys(args.dtype or ("bfloat16" if device.type == "cuda" else "float32",))
         ),
         "device": str(device),
         "heads": args.heads or base.heads,
@@ -291,6 +305,7 @@ def _report_only(args: argparse.Namespace, parser: argparse.ArgumentParser) -> i
         results = json.loads(path.read_text())
         if results.get("schema") != SCHEMA:
             raise ValueError(f"schema {results.get('schema')!r}, expected {SCHEMA!r}")
+        upgrade_results(results)  # results.json written before: fwd, fp32, ...
         results["crossovers"] = analyse(results)
         results["theory"] = theory_rows(results)
     except (ValueError, KeyError, TypeError) as err:

@@ -6,7 +6,8 @@ from __future__ import annotations
 import itertools
 import math
 
-from ..core import MIB, OK, PASS_TEXT, PASSES, SKIPPED
+from ...vocab import PASSES
+from ..core import MIB, OK, SKIPPED
 from ..figures import figure as new_figure
 from ..figures import log_axes
 from .analysis import METRIC_KEY, analyse, impl_names, label, series, theory_by_d
@@ -131,7 +132,7 @@ def figure(results: dict, kind: str, dtype: str, pass_name: str):
         return None
     what = "Time per call" if kind == "time" else "Peak extra memory"
     fig.suptitle(
-        f"{what} vs sequence length — {PASS_TEXT[pass_name]}, {dtype}, {cfg['device']}, "
+        f"{what} vs sequence length — {pass_name}, {dtype}, {cfg['device']}, "
         f"batch {cfg['batch']}, heads {cfg['heads']}\n(log-log; dashed lines: crossovers of the "
         "cost model; black marks: measured crossovers)",
         fontsize=10,

@@ -10,8 +10,9 @@ from pathlib import Path
 import torch
 
 from ...cliargs import format_table
+from ...vocab import PASSES
 from .. import files
-from ..core import GIB, MIB, OK, PASS_TEXT, PASSES, markdown_table, ms
+from ..core import GIB, MIB, OK, markdown_table, ms
 from ..load import NOISY_SHARE, QUIET_SHARE
 from .analysis import analyse, best, impl_names, label, theory_by_d
 from .plots import figure, figure_names
@@ -107,7 +108,7 @@ def _time_tables(results: dict) -> list[str]:
                 row.append(_ratio(t, best(pts, "taylorshift-direct", "median_s").get(n)))
                 row.append(_ratio(t, best(pts, "softmax", "median_s").get(n)))
             rows.append(row)
-        out.append(f"### d = {d}, {PASS_TEXT[pass_name]}, {dtype}\n")
+        out.append(f"### d = {d}, {pass_name}, {dtype}\n")
         out.append(markdown_table(headers, rows, "r" * len(headers)) + "\n")
     return out
 
@@ -132,7 +133,7 @@ def _impl_tables(results: dict, kind: str, unit: str, value) -> list[str]:
                 else:
                     row.append(value(p))
             rows.append(row)
-        out.append(f"### d = {d}, {PASS_TEXT[pass_name]}, {dtype}\n")
+        out.append(f"### d = {d}, {pass_name}, {dtype}\n")
         headers = ["N", *[f"{label(results, n)} {unit}" for n in names]]
         out.append(markdown_table(headers, rows, "r" * len(headers)) + "\n")
     return out
@@ -170,7 +171,7 @@ def _crossover_rows(results: dict) -> list[list[object]]:
             [
                 c["metric"],
                 c["d"],
-                PASS_TEXT[c["pass"]],
+                c["pass"],
                 c["dtype"],
                 f"{c['challenger']} vs {c['baseline']}",
                 c["text"],
@@ -191,7 +192,7 @@ def findings(results: dict) -> list[str]:
             continue
         what = "faster than" if c["metric"] == "time" else "leaner than"
         base = "direct TaylorShift" if c["baseline"] == "direct" else "the best softmax"
-        where = f"d = {c['d']}, {PASS_TEXT[c['pass']]}, {c['dtype']}"
+        where = f"d = {c['d']}, {c['pass']}, {c['dtype']}"
         ref_name, ref = ("N0", th["n0"]) if c["metric"] == "time" else ("N1", th["n1"])
         sym = th["n0_symmetric"] if c["metric"] == "time" else th["n1_symmetric"]
         if c["status"] == "crossed":
@@ -330,7 +331,7 @@ def report_markdown(results: dict, figures: Sequence[str] = ()) -> str:
     if results.get("sdpa_backends"):
         lines += ["## SDPA backend", ""]
         lines += [
-            f"- d = {b['d']}, {PASS_TEXT[b['pass']]}, {b['dtype']}: {b['backend']}"
+            f"- d = {b['d']}, {b['pass']}, {b['dtype']}: {b['backend']}"
             for b in results["sdpa_backends"]
         ]
         lines.append("")

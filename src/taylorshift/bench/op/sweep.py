@@ -18,16 +18,47 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from ... import vocab
+from ...vocab import FORWARD_BACKWARD, PASSES
 from .. import machine, measure
-from ..core import GIB, OK, OVER_BUDGET, PASSES
+from ..core import GIB, OK, OVER_BUDGET
 from ..load import NOISY_SHARE, CpuLoad
 from ..runner import Budget, Series
 from .analysis import analyse, theory_rows
 from .cases import IMPLEMENTATIONS, RECIPE, Implementation, make_call, make_inputs, model_flops
 
-__all__ = ["SCHEMA", "Settings", "count_points", "predicted_bytes", "run_sweep"]
+__all__ = [
+    "SCHEMA",
+    "Settings",
+    "count_points",
+    "predicted_bytes",
+    "run_sweep",
+    "upgrade_results",
+]
 
 SCHEMA = "taylorshift.bench.op/1"
+
+
+def upgrade_results(results: dict) -> dict:
+    """``results`` (from ``results.json``) with passes and dtypes in the vocabulary of
+    :mod:`taylorshift.vocab`, in place: files written before say ``"fwd"``, ``"fwd+bwd"``
+    and ``"fp32"``, ``"bf16"``, ``"fp16"`` (the recorded ones under benchmarks/ stay so)."""
+    for record in (*results.get("points", ()), *results.get("sdpa_backends", ())):
+        if "pass" in record:
+            record["pass"] = vocab.pass_name(record["pass"])
+        if "dtype" in record:
+            record["dtype"] = vocab.dtype_name(record["dtype"])
+    config = results.get("config", {})
+    for key, rename in (
+        ("passes", vocab.pass_name),
+        ("memory_passes", vocab.pass_name),
+        ("dtypes", vocab.dtype_name),
+    ):
+        if key in config:
+            config[key] = [rename(x) for x in config[key]]
+    return results
+
+
 # A memory point makes two calls (a time point at least min_reps plus warm-up), so it may
 # take this many times --max-call-s per call.
 MEMORY_CALL_FACTOR = 4
@@ -49,7 +80,7 @@ class Settings:
     ds: tuple[int, ...] = DEFAULT_D
     impls: tuple[str, ...] = ("sdpa", "softmax-naive", "direct", "efficient")
     passes: tuple[str, ...] = PASSES
-    dtypes: tuple[str, ...] = ("fp32",)
+    dtypes: tuple[str, ...] = ("float32",)
     device: str = "cpu"
     heads: int = 1
     batch: int = 1
@@ -172,7 +203,7 @@ class _Sweep:
             batch=self.s.batch,
             dtype=dtype,
             device=self.s.device,
-            backward=pass_name == "fwd+bwd",
+            backward=pass_name == FORWARD_BACKWARD,
         )
         self.sdpa_backends.append(
             {"dtype": dtype, "d": d, "pass": pass_name, "backend": machine.sdpa_backend(q, k, v)}
@@ -255,7 +286,7 @@ class _Sweep:
                         batch=s.batch,
                         dtype=dtype,
                         device=s.device,
-                        backward=pass_name == "fwd+bwd",
+                        backward=pass_name == FORWARD_BACKWARD,
                         seed=s.seed,
                     )
                 return self.time_point(make_call(impl, *inputs, pass_name))
@@ -335,7 +366,7 @@ class _Sweep:
                 batch=s.batch,
                 dtype=p["dtype"],
                 device=s.device,
-                backward=p["pass"] == "fwd+bwd",
+                backward=p["pass"] == FORWARD_BACKWARD,
                 seed=s.seed,
             )
             again = self.time_one(make_call(IMPLEMENTATIONS[p["impl"]], *inputs, p["pass"]))

@@ -13,6 +13,7 @@ import torch
 
 from ...cliargs import positive_int
 from .. import files, machine
+from ..core import dtype_option
 from .measure import DTYPES, Settings, run_spawned, run_torchrun
 from .report import measured_table, paper_table
 
@@ -45,7 +46,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--batch", type=positive_int, default=1, help="batch B (default: 1)")
     add("--heads", type=positive_int, default=4, help="heads H (default: 4)")
     add("--head-dim", type=positive_int, default=16, help="d = dv (default: 16)")
-    add("--dtype", choices=sorted(DTYPES), default="float32")
+    add("--dtype", type=dtype_option, choices=sorted(DTYPES), default="float32")
     add("--causal", choices=sorted(CAUSAL), default="both", help="(default: both)")
     add("--repeats", type=positive_int, default=5, help="timed calls per point (default: 5)")
     add(

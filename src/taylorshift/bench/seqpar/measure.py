@@ -180,8 +180,8 @@ def _sweep(s: Settings, device: torch.device) -> list[dict]:
 def _format_row(row: dict) -> str:
     kind = "causal" if row["causal"] else "non-causal"
     return (
-        f"P={row['ranks']} {kind:>10} N={row['n']:>7}  fwd {row['forward_s'] * 1e3:9.2f} ms  "
-        f"fwd+bwd {row['forward_backward_s'] * 1e3:9.2f} ms  "
+        f"P={row['ranks']} {kind:>10} N={row['n']:>7}  forward {row['forward_s'] * 1e3:9.2f} ms  "
+        f"forward+backward {row['forward_backward_s'] * 1e3:9.2f} ms  "
         f"collective {row['collective_s'] * 1e3:7.3f} ms"
     )
 

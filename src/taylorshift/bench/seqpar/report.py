@@ -3,6 +3,7 @@ length and group size."""
 
 from __future__ import annotations
 
+from ...vocab import FORWARD, FORWARD_BACKWARD
 from ..core import markdown_table
 from .costs import bytes_per_rank, crossover_tokens, state_elements
 
@@ -66,7 +67,9 @@ def measured_table(rows: list[dict], clock: str = "wall") -> str:
     headers = ["pass", "causal", "N", *(f"P = {p}" for p in sizes)]
     headers.append(f"collective alone, P = {sizes[-1]}")
     table = []
-    for key, name in (("forward" + suffix, "fwd"), ("forward_backward" + suffix, "fwd+bwd")):
+    # (results.json fields: forward_s, forward_backward_s and the _cpu_s ones)
+    passes = (("forward" + suffix, FORWARD), ("forward_backward" + suffix, FORWARD_BACKWARD))
+    for key, name in passes:
         for causal in sorted({r["causal"] for r in rows}):
             for n in sorted({r["n"] for r in rows}):
                 base = by.get((causal, n, 1))

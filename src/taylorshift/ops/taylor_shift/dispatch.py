@@ -10,7 +10,9 @@ Two sources, in this order:
    (:func:`reload_calibration` reads it again) and is ignored when
    ``TAYLORSHIFT_CALIBRATION=off``.
 2. **Theory**: an operation count of our implementations (per head, the same accounting as
-   the paper's, SPEC §3, generalised to Nq != Nk, dv != d, and the causal chunks).
+   the paper's, SPEC §3, generalised to Nq != Nk, dv != d, and the causal chunks):
+   ``impl_ops_direct``, ``impl_ops_efficient`` and ``impl_crossover`` of
+   :mod:`taylorshift.theory`. This module keeps the calibration file and the decision.
 
 How a calibration answers a call (docs/calibration.md): the measured N̂ at each calibrated d
 is turned into a correction ratio ρ(d) = N̂_measured / N̂_theory; ρ is interpolated linearly
@@ -38,6 +40,8 @@ from pathlib import Path
 
 import torch
 
+from ...theory import impl_crossover, impl_ops_direct, impl_ops_efficient
+from ...vocab import FORWARD, FORWARD_BACKWARD, PASSES, dtype_name, pass_name
 from .efficient_causal import DEFAULT_CAUSAL_CHUNK
 from .features import feature_dim
 
@@ -54,13 +58,11 @@ __all__ = [
     "choose_mode",
     "default_memory_budget",
     "device_key",
-    "direct_ops",
-    "efficient_ops",
     "entry_key",
     "load_calibration",
     "parse_calibration",
     "reload_calibration",
-    "theory_crossover",
+    "upgrade_entries",
     "working_set_bytes",
 ]
 
@@ -71,38 +73,37 @@ CALIBRATION_ENV = "TAYLORSHIFT_CALIBRATION"
 CALIBRATION_FILE = "calibration.json"
 CALIBRATION_FORMAT = "taylorshift-calibration"
 CALIBRATION_VERSION = 1
-PASSES = ("forward", "train")  # train = forward + backward
+# Entries name their pass and dtype as taylorshift.vocab does; files written before name
+# forward + backward "train" and are read as such (upgrade_entries).
+OLD_TRAIN = "train"
 
 
-def direct_ops(nq: int, nk: int, d: int, dv: int, order: int = 2) -> int:
-    """Scores 2d, weights 2·order (Horner), row sum 2, weights × values 2dv; per (i, j) pair."""
-    return nq * nk * (2 * d + 2 * dv + 2 * order + 2)
+def _theory_n(d: int, dv: int, causal: bool) -> float:
+    """The op-count crossover (:func:`taylorshift.theory.impl_crossover`) at our chunk."""
+    return impl_crossover(d, dv, causal, DEFAULT_CAUSAL_CHUNK)
 
 
-def efficient_ops(nq: int, nk: int, d: int, dv: int, causal: bool, chunk: int) -> int:
-    """Feature maps and the two (·, D) × (D, dv + 1) products; causal adds the C-token blocks."""
-    pairs = d * (d + 1) // 2
-    per_token = pairs + 2 * feature_dim(d) * (dv + 1)
-    ops = (nq + nk) * per_token
-    if causal:
-        ops += nq * min(chunk, max(nk, 1)) * (2 * d + 2 * (dv + 1) + 6)
-    return ops
+def _theory_crossover(
+    d: int, dv: int, causal: bool, chunk: int = DEFAULT_CAUSAL_CHUNK
+) -> float:  # the old signature of dispatch.theory_crossover
+    return impl_crossover(d, dv, causal, chunk)
 
 
-@lru_cache(maxsize=256)
-def theory_crossover(d: int, dv: int, causal: bool, chunk: int = DEFAULT_CAUSAL_CHUNK) -> float:
-    """The self-attention N from which the op counts favour the efficient form (continuous).
+# The counts moved to taylorshift.theory (issue 17); the old names still resolve, with a
+# DeprecationWarning that names the new one.
+_MOVED = {
+    "direct_ops": ("taylorshift.theory.impl_ops_direct", impl_ops_direct),
+    "efficient_ops": ("taylorshift.theory.impl_ops_efficient", impl_ops_efficient),
+    "theory_crossover": ("taylorshift.theory.impl_crossover", _theory_crossover),
+}
 
-    Non-causal: 2N·P = N²·c, so N = 2P/c (P the per-token efficient cost, c the per-pair
-    direct cost). Causal adds N·min(C, N)·e with e > c: below C the efficient form never wins,
-    above it N = (2P + C·e)/c.
-    """
-    per_token = d * (d + 1) // 2 + 2 * feature_dim(d) * (dv + 1)
-    per_pair = direct_ops(1, 1, d, dv)
-    if not causal:
-        return 2 * per_token / per_pair
-    block = 2 * d + 2 * (dv + 1) + 6
-    return max(float(chunk), (2 * per_token + chunk * block) / per_pair)
+
+def __getattr__(name: str) -> object:
+    if name in _MOVED:
+        new, value = _MOVED[name]
+        warnings.warn(f"{__name__}.{name} is now {new}", DeprecationWarning, stacklevel=2)
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 # Where the calibration lives and which device it belongs to.
@@ -158,10 +159,35 @@ def device_key(device: torch.device | str) -> str:
     return _device_key(device.type, index)
 
 
+def _dtype_text(dtype: torch.dtype | str) -> str:
+    """The vocabulary's dtype name; a name it does not know as it is (never matches a call)."""
+    try:
+        return dtype_name(dtype)
+    except ValueError:
+        return str(dtype).removeprefix("torch.")
+
+
 def entry_key(dtype: torch.dtype | str, causal: bool, passes: str, d: int) -> str:
-    """The key of one measured crossover inside a device's entries: 'float32/causal/train/d=64'."""
-    name = str(dtype).removeprefix("torch.")
-    return f"{name}/{'causal' if causal else 'full'}/{passes}/d={d}"
+    """The key of one measured crossover inside a device's entries, in the vocabulary of
+    :mod:`taylorshift.vocab` whatever the spelling given: 'float32/causal/forward+backward/d=64'
+    for ``("fp32", True, "train", 64)`` too."""
+    return f"{_dtype_text(dtype)}/{'causal' if causal else 'full'}/{pass_name(passes)}/d={d}"
+
+
+def upgrade_entries(entries: Mapping[str, Mapping]) -> dict[str, dict]:
+    """A device's entries with their pass and dtype (and so their keys) in the vocabulary:
+    an entry of an older file, ``"pass": "train"``, becomes ``"forward+backward"``. Of two
+    entries that then share a key, the later one stays (as the file's reader takes it)."""
+    out: dict[str, dict] = {}
+    for key, entry in entries.items():
+        try:
+            new = {**entry, "pass": pass_name(entry["pass"]), "dtype": _dtype_text(entry["dtype"])}
+            key = entry_key(new["dtype"], bool(new["causal"]), new["pass"], int(new["d"]))
+        except (KeyError, TypeError, ValueError):
+            new = dict(entry)  # not an entry this version can read: kept as it was
+        out.pop(key, None)
+        out[key] = new
+    return out
 
 
 # The calibration in memory: per (device key, dtype, causal, pass), log ρ at calibrated d.
@@ -190,7 +216,7 @@ class Calibration:
         else:
             t = (x - log_ds[i - 1]) / (log_ds[i] - log_ds[i - 1])
             log_rho = log_rhos[i - 1] + t * (log_rhos[i] - log_rhos[i - 1])
-        return math.exp(log_rho) * theory_crossover(d, dv, key[2])
+        return math.exp(log_rho) * _theory_n(d, dv, key[2])
 
 
 class CalibrationError(ValueError):
@@ -224,17 +250,18 @@ def parse_calibration(data: object, path: str = "") -> Calibration | None:
         for dev_key, device in data["devices"].items():
             for entry in device["entries"].values():
                 d, dv, causal = int(entry["d"]), int(entry["dv"]), bool(entry["causal"])
-                passes = str(entry["pass"])
-                if passes not in PASSES or d < 1 or dv < 1:
+                passes = entry["pass"]
+                if passes not in (*PASSES, OLD_TRAIN) or d < 1 or dv < 1:
                     raise CalibrationError(f"bad entry for d={d}, pass {passes!r}")
-                n_hat = _usable_crossover(entry, theory_crossover(d, dv, causal))
+                passes = pass_name(passes)  # files written before name forward + backward "train"
+                n_hat = _usable_crossover(entry, _theory_n(d, dv, causal))
                 if n_hat is None:
                     continue
                 if not (math.isfinite(n_hat) and n_hat > 0):
                     raise CalibrationError(f"crossover {n_hat!r} is not a positive number")
-                key = (str(dev_key), str(entry["dtype"]), causal, passes)
+                key = (str(dev_key), _dtype_text(entry["dtype"]), causal, passes)
                 # ρ relative to the theory at the measured (d, dv): the call's dv may differ
-                points.setdefault(key, {})[d] = n_hat / theory_crossover(d, dv, causal)
+                points.setdefault(key, {})[d] = n_hat / _theory_n(d, dv, causal)
     except (KeyError, TypeError, ValueError, AttributeError) as err:
         if isinstance(err, CalibrationError):
             raise
@@ -246,9 +273,7 @@ def parse_calibration(data: object, path: str = "") -> Calibration | None:
             tuple(math.log(d) for d in ds),
             tuple(math.log(by_d[d]) for d in ds),
         )
-    measured = {
-        k: {d: r * theory_crossover(d, d, k[2]) for d, r in v.items()} for k, v in points.items()
-    }
+    measured = {k: {d: r * _theory_n(d, d, k[2]) for d, r in v.items()} for k, v in points.items()}
     return Calibration(path=path, ratios=ratios, measured=measured)
 
 
@@ -369,8 +394,8 @@ def choose_mode(
         mode = _cpu_prior_mode(nq, nk, d, dv, causal, torch.device(device), dtype)
         if mode is not None:
             return mode
-    direct = direct_ops(nq, nk, d, dv, order)
-    efficient = efficient_ops(nq, nk, d, dv, causal, DEFAULT_CAUSAL_CHUNK)
+    direct = impl_ops_direct(nq, nk, d, dv, order)
+    efficient = impl_ops_efficient(nq, nk, d, dv, causal, DEFAULT_CAUSAL_CHUNK)
     mode = "efficient" if efficient < direct else "direct"
     logger.debug(
         "auto -> %s (theory: direct %d ops, efficient %d ops per head; Nq=%d Nk=%d d=%d dv=%d)",
@@ -408,7 +433,7 @@ def _cpu_prior_mode(
     i = max(1, bisect.bisect_left(log_ds, x))
     t = (x - log_ds[i - 1]) / (log_ds[i] - log_ds[i - 1])
     rho = math.exp(log_rhos[i - 1] + t * (log_rhos[i] - log_rhos[i - 1]))
-    n_hat = rho * theory_crossover(d, dv, causal)
+    n_hat = rho * _theory_n(d, dv, causal)
     length = 2 * nq * nk / (nq + nk) if nq + nk else 0.0
     mode = "efficient" if length >= n_hat else "direct"
     logger.debug(
@@ -479,9 +504,9 @@ def _calibrated_mode(
     if calibration is None:
         return None
     dev = device_key(device)
-    name = str(dtype).removeprefix("torch.")
-    wanted = PASSES[1] if backward else PASSES[0]
-    for passes in (wanted, PASSES[0] if backward else PASSES[1]):
+    name = _dtype_text(dtype)
+    order = (FORWARD_BACKWARD, FORWARD) if backward else (FORWARD, FORWARD_BACKWARD)
+    for passes in order:
         key = (dev, name, causal, passes)
         n_hat = calibration.estimate(key, d, dv)
         if n_hat is not None:
