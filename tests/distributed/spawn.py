@@ -10,6 +10,8 @@ from __future__ import annotations
 import datetime
 import importlib
 import json
+import os
+import sys
 import time
 from pathlib import Path
 
@@ -51,6 +53,13 @@ def _entry(rank: int, world_size: int, store_path: str, out_dir: str, target: st
         path.with_suffix(".tmp").rename(path)
     finally:
         dist.destroy_process_group()
+    # Done and reported: leave without the interpreter's teardown. Gloo's threads can
+    # outlive the group by a moment, and a C++ thread destroyed while still joinable aborts
+    # the process (SIGABRT, "terminate called without an active exception": seen once on
+    # CI after every case had run), which would fail a run whose results are all in.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def run_spawned(target: str, world_size: int, workdir: Path) -> list:
@@ -66,6 +75,11 @@ def run_spawned(target: str, world_size: int, workdir: Path) -> list:
                 raise TimeoutError(
                     f"{world_size} processes running {target} overran {DEADLINE_S} s"
                 )
+    except mp.ProcessExitedException as e:
+        written = [r for r in range(world_size) if (workdir / f"rank{r}.json").exists()]
+        raise RuntimeError(
+            f"{e} while running {target}; ranks that had written their results: {written}"
+        ) from e
     finally:
         for process in context.processes:
             if process.is_alive():
