@@ -19,6 +19,12 @@ if not torch.cuda.is_available():
 
 from taylorshift.ops.taylor_shift import dispatch
 
+# Under pytest-xdist (the default, -n auto) the workers share the cores: each takes its
+# share of torch's threads instead of all of them.
+_workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if _workers > 1:
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // _workers))
+
 
 @pytest.fixture(autouse=True)
 def isolated_cache_dir(tmp_path, monkeypatch):

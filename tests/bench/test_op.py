@@ -63,6 +63,10 @@ def statuses(results: dict, impl: str, kind: str = "time") -> dict[tuple[str, in
     }
 
 
+# pytest-xdist: the tests that read the module's sweep on one worker (it runs once)
+pytestmark = pytest.mark.xdist_group("bench-op-sweep")
+
+
 @pytest.fixture(scope="module")
 def sweep_dir(tmp_path_factory):
     """One tiny sweep with all four implementations, written with plots."""

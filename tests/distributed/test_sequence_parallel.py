@@ -16,6 +16,9 @@ import pytest
 from .cases import case_ids
 from .spawn import run_spawned
 
+# pytest-xdist: every case on one worker, so each world size spawns once
+pytestmark = pytest.mark.xdist_group("sequence-parallel-spawn")
+
 WORLD_SIZES = (2, 4)
 CASES = [pytest.param(p, c, id=f"P{p}-{c}") for p in WORLD_SIZES for c in case_ids(p)]
 

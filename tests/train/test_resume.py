@@ -34,35 +34,46 @@ def summary(out_dir):
     ]
 
 
+def full_log(out_dir):
+    """Every record of the metrics file but ``start``, without times and throughputs."""
+    drop = {"time", "samples_per_s", "tokens_per_s", "path"}
+    return [
+        {k: v for k, v in r.items() if k not in drop}
+        for r in read_metrics(out_dir)
+        if r["event"] != "start"
+    ]
+
+
 def test_killed_and_resumed_runs_match_an_uninterrupted_one_bitwise(tmp_path):
+    # log_every 5 with checkpoints every 3 steps and at each epoch's end (4, 8, 12): every
+    # resume starts inside a log window. One run killed five times, at every kind of point.
+    settings = {**SETTINGS, "run.log_every": 5}
     reference = tmp_path / "reference"
-    overrides = {k.replace(".", "__"): v for k, v in SETTINGS.items()}
-    result = train(tiny_config(reference, **overrides))
+    result = train(tiny_config(reference, **{k.replace(".", "__"): v for k, v in settings.items()}))
     assert result.step == 12
 
     out = tmp_path / "killed"
-    argv = tiny_argv(out, *(a for k, v in SETTINGS.items() for a in ("--set", f"{k}={v}")))
+    argv = tiny_argv(out, *(a for k, v in settings.items() for a in ("--set", f"{k}={v}")))
     stages = [
         # (kill point, latest checkpoint afterwards)
-        ("step:7", "step-00000006"),  # mid-epoch 1, one step after a checkpoint
-        ("checkpoint-files:8", "step-00000006"),  # files written, folder not renamed
+        ("step:5", "step-00000004"),  # mid-epoch, one step after a checkpoint
+        ("checkpoint-files:6", "step-00000004"),  # files written, folder not renamed
+        ("checkpoint-done:8", "step-00000008"),  # checkpoint complete, run not gone on
         ("checkpoint-pointer:9", "step-00000008"),  # folder renamed, `latest` not replaced
+        ("step:11", "step-00000009"),  # after rewriting the orphan of the last kill
     ]
     for i, (point, latest) in enumerate(stages):
         run = run_cli([*argv, *(["--resume"] if i else [])], env={KILL_ENV: point})
         assert run.returncode == -signal.SIGKILL, (point, run.stderr[-2000:])
         assert latest_checkpoint(out).name == latest, point
-    assert (out / "checkpoints" / "step-00000009").is_dir()  # the orphan of the last kill
     run = run_cli([*argv, "--resume"])
     assert run.returncode == 0, run.stderr[-2000:]
 
     assert summary(out) == summary(reference)
+    assert full_log(out) == full_log(reference)
     assert [r["resumed_from"] for r in read_metrics(out) if r["event"] == "start"] == [
-        None,
-        6,
-        6,
-        8,
-    ]
+        None, 4, 4, 8, 8, 9
+    ]  # fmt: skip
     final, expected = latest_checkpoint(out), latest_checkpoint(reference)
     assert final.name == expected.name == "step-00000012"
     a, b = load_file(final / "model.safetensors"), load_file(expected / "model.safetensors")
@@ -114,29 +125,3 @@ def test_no_intact_checkpoint_is_a_clear_error(tmp_path):
     weights.write_bytes(bytes(data))
     with pytest.raises(DamagedCheckpointError, match=r"no intact checkpoint in .*differs from"):
         train(tiny_config(out), resume=True)
-
-
-def full_log(out_dir):
-    """Every record of the metrics file but ``start``, without times and throughputs."""
-    drop = {"time", "samples_per_s", "tokens_per_s", "path"}
-    return [
-        {k: v for k, v in r.items() if k not in drop}
-        for r in read_metrics(out_dir)
-        if r["event"] != "start"
-    ]
-
-
-def test_the_whole_metrics_log_of_a_killed_run_equals_an_uninterrupted_ones(tmp_path):
-    # log_every 5 with checkpoints every 3 steps: every resume starts inside a log window,
-    # and the kills fall between a checkpoint's pointer and the run going on, and mid-step.
-    settings = {**SETTINGS, "run.log_every": 5}
-    reference = tmp_path / "reference"
-    train(tiny_config(reference, **{k.replace(".", "__"): v for k, v in settings.items()}))
-    out = tmp_path / "killed"
-    argv = tiny_argv(out, *(a for k, v in settings.items() for a in ("--set", f"{k}={v}")))
-    for i, point in enumerate(["step:4", "checkpoint-done:6", "checkpoint-pointer:9", "step:11"]):
-        run = run_cli([*argv, *(["--resume"] if i else [])], env={KILL_ENV: point})
-        assert run.returncode == -signal.SIGKILL, (point, run.stderr[-2000:])
-    run = run_cli([*argv, "--resume"])
-    assert run.returncode == 0, run.stderr[-2000:]
-    assert full_log(out) == full_log(reference)

@@ -14,6 +14,9 @@ from taylorshift.train import ConfigError, latest_checkpoint, read_metrics, reso
 
 from .conftest import run_cli
 
+# pytest-xdist: both runs on one worker, so the single-process reference runs once
+pytestmark = pytest.mark.xdist_group("sequence-parallel-training")
+
 SETTINGS = {
     "data.task": "lm",
     "data.options.seq_len": 24,
@@ -66,11 +69,17 @@ def _check_same_run(out, reference):
         torch.testing.assert_close(tensor, theirs[name], rtol=1e-4, atol=1e-5, msg=name)
 
 
-@pytest.mark.parametrize(("procs", "sp"), [(2, 2), (4, 2)], ids=["sp2", "dp2xsp2"])
-def test_sequence_parallel_training_matches_one_process(tmp_path, text_file, procs, sp):
-    reference = tmp_path / "one"
-    one = run_cli(_argv(reference, text_file))
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory, text_file):
+    """The same training in one process (the CLI, as the parallel runs), run once."""
+    out = tmp_path_factory.mktemp("sp-reference") / "one"
+    one = run_cli(_argv(out, text_file))
     assert one.returncode == 0, one.stderr[-3000:]
+    return out
+
+
+@pytest.mark.parametrize(("procs", "sp"), [(2, 2), (4, 2)], ids=["sp2", "dp2xsp2"])
+def test_sequence_parallel_training_matches_one_process(tmp_path, text_file, reference, procs, sp):
     out = tmp_path / "many"
     torchrun = ["torch.distributed.run", "--standalone", f"--nproc-per-node={procs}"]
     run = run_cli(_argv(out, text_file, **{"run.sequence_parallel": sp}), module=torchrun)

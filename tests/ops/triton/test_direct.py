@@ -195,7 +195,9 @@ def test_gradcheck_float64():
     def fn(q_, k_, v_, t_):
         return triton_direct.triton_direct_taylor_shift(q_, k_, v_, mask, True, t_, None, True)
 
-    assert torch.autograd.gradcheck(fn, (q, k, v, tau))
+    # fast_mode: the gradient along random directions against finite differences, not
+    # every entry (each entry costs two interpreted kernel calls)
+    assert torch.autograd.gradcheck(fn, (q, k, v, tau), fast_mode=True)
 
 
 def test_opcheck():
