@@ -142,6 +142,39 @@ VARIANTS = {
             *_kernel_args(temperature=8.0),
         ),
     ),
+    # one of the 4 heads a softmax over the last 32 tokens (Based's local precision)
+    "direct-conv-taulr10-local1": Variant(
+        "TaylorShift direct + short conv, τ lr × 10, 1 of 4 heads local softmax (window 32)",
+        (
+            "--mode",
+            "direct",
+            "{conv}",
+            "--set",
+            "optim.lr_multipliers.temperature=10",
+            *_kernel_args(local_heads=1, window=32),
+        ),
+    ),
+    "direct-conv-taulr10-local2": Variant(
+        "TaylorShift direct + short conv, τ lr × 10, 2 of 4 heads local softmax (window 32)",
+        (
+            "--mode",
+            "direct",
+            "{conv}",
+            "--set",
+            "optim.lr_multipliers.temperature=10",
+            *_kernel_args(local_heads=2, window=32),
+        ),
+    ),
+    "direct-taulr10-local1": Variant(
+        "TaylorShift direct, τ lr × 10, 1 of 4 heads local softmax (window 32)",
+        (
+            "--mode",
+            "direct",
+            "--set",
+            "optim.lr_multipliers.temperature=10",
+            *_kernel_args(local_heads=1, window=32),
+        ),
+    ),
 }
 
 GROUPS = {
@@ -160,6 +193,15 @@ GROUPS = {
             "direct-nofactor",
             "softmax-std002",
             "direct-std002",
+        )
+    ],
+    # a sliding-window softmax head beside the Taylor heads (docs/local-heads.md)
+    "text-local": [
+        ("text", v)
+        for v in (
+            "direct-conv-taulr10-local1",
+            "direct-conv-taulr10-local2",
+            "direct-taulr10-local1",
         )
     ],
     "text-ablation": [

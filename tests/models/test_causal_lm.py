@@ -22,6 +22,7 @@ DECODERS = [
     ("taylorshift", {"mode": "direct"}, ("state", "kv")),
     ("taylorshift", {"mode": "efficient"}, ("state", "kv")),
     ("taylorshift", {"normalize": False}, ("state",)),
+    ("taylorshift", {"local_heads": 1, "window": 3}, ("state", "kv")),
     ("softmax", {}, ("kv",)),
     ("softmax-naive", {}, ("kv",)),
     ("linear", {}, ("state", "kv")),
@@ -59,8 +60,10 @@ def test_forward_is_causal(short_conv):
 
 
 @pytest.mark.parametrize("short_conv", [0, 3], ids=["no-conv", "conv3"])
-def test_padded_batch_equals_sequences_alone(short_conv):
-    model = lm(short_conv=short_conv)
+@pytest.mark.parametrize("local", [0, 1], ids=["taylor", "local-head"])
+def test_padded_batch_equals_sequences_alone(short_conv, local):
+    args = {"local_heads": local, "window": 3} if local else {}
+    model = lm(kernel_args=args, short_conv=short_conv)
     x, lengths = tokens(3, 10), [10, 4, 7]
     batched = model(x, lengths_mask(lengths, 10))
     for i, n in enumerate(lengths):

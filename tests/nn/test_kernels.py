@@ -463,6 +463,91 @@ def test_bad_temperature_and_factor_options(kwargs, error, pattern):
 
 
 # ---------------------------------------------------------------------------------------
+# Local heads: the first heads a sliding-window softmax, the rest TaylorShift.
+
+
+def plain_window_softmax(q, k, v, allowed, window):
+    """Softmax over the keys within ``window`` positions (query i at i + Nk - Nq)."""
+    nq, nk = q.shape[-2], k.shape[-2]
+    pos = torch.arange(nq)[:, None] + nk - nq
+    j = torch.arange(nk)[None, :]
+    near = (j - pos).abs() < window
+    return plain_softmax(q, k, v, allowed & near)
+
+
+@pytest.mark.parametrize("mode", ["direct", "efficient"])
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
+@pytest.mark.parametrize("mask_kind", ["none", "padding", "per-head"])
+def test_local_heads_are_window_softmax_beside_taylorshift(mode, causal, mask_kind):
+    n, window, local = 11, 3, 1
+    kernel = build("taylorshift-" + mode, local_heads=local, window=window)
+    assert kernel.temperature.shape == (1, H - local, 1, 1)
+    q, k, v = qkv(n, n)
+    mask = None
+    if mask_kind == "padding":
+        mask = torch.arange(n)[None, None, None, :] < torch.tensor([7, 11])[:, None, None, None]
+    elif mask_kind == "per-head":
+        mask = torch.rand(B, H, 1, n, generator=torch.Generator().manual_seed(4)) > 0.3
+    allowed = allowed_pairs(mask, causal, n, n)
+    y = kernel(q, k, v, mask, causal)
+    want = torch.cat(
+        [
+            plain_window_softmax(q[:, :local], k[:, :local], v[:, :local],
+                                 allowed[:, :local], window),
+            plain_taylorshift(q[:, local:], k[:, local:], v[:, local:], allowed[:, local:],
+                              kernel.temperature),
+        ],
+        dim=1,
+    )  # fmt: skip
+    assert_rel_close(y, want, RTOL, "output")
+    g = randn(*y.shape, seed=9)
+    got = torch.autograd.grad((y * g).sum(), (q, k, v, kernel.temperature))
+    ref = torch.autograd.grad((want * g).sum(), (q, k, v, kernel.temperature))
+    for name, a, e in zip(["q", "k", "v", "temperature"], got, ref, strict=True):
+        assert_rel_close(a, e, RTOL, f"grad of {name}")
+
+
+@pytest.mark.parametrize("kind", ["kv", "state"])
+def test_local_heads_decode_like_the_forward_pass(kind):
+    # a window of 4 over 12 tokens in blocks of 3, 2 and 1: the state keeps 3 keys
+    kernel = build("taylorshift-direct", local_heads=2, window=4).eval()
+    q, k, v = qkv(12, 12, requires_grad=False)
+    want = kernel(q, k, v, None, True)
+    cache = kernel.new_cache(kind)
+    rows, start = [], 0
+    for size in (3, 2, 1, 1, 1, 1, 1, 1, 1):
+        step = slice(start, start + size)
+        rows.append(kernel.decode(q[..., step, :], k[..., step, :], v[..., step, :], None, cache))
+        start += size
+    assert_rel_close(torch.cat(rows, dim=-2), want, RTOL, f"decoded rows, {kind} cache")
+    if kind == "state":
+        keys, values, mask = cache.window
+        assert keys.shape == (B, 2, 3, D) and values.shape == (B, 2, 3, DV)
+        assert mask.shape == (B, 3) and bool(mask.all())
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "pattern"),
+    [
+        ({"local_heads": 3}, ValueError, r"local_heads must be an int < num_heads \(3\).*; got 3"),
+        ({"local_heads": -1}, ValueError, r"local_heads must be an int >= 0; got -1"),
+        ({"local_heads": True}, TypeError, r"local_heads must be an int >= 0; got True"),
+        ({"local_heads": 1, "window": 0}, ValueError, r"window must be a positive int; got 0"),
+    ],
+)
+def test_bad_local_head_options_are_refused_by_name(kwargs, error, pattern):
+    with pytest.raises(error, match=pattern):
+        create_kernel("taylorshift", 3, 4, **kwargs)
+
+
+def test_local_heads_refuse_causal_cross_attention():
+    kernel = build("taylorshift-direct", local_heads=1)
+    q, k, v = qkv(3, 5)
+    with pytest.raises(ValueError, match=r"local_heads with is_causal need self-attention.*3 "):
+        kernel(q, k, v, None, True)
+
+
+# ---------------------------------------------------------------------------------------
 # Attention dropout.
 
 

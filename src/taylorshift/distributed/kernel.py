@@ -140,6 +140,11 @@ def _converted(kernel: AttentionKernel, path: str, group) -> SequenceParallelKer
             f"{path} has Taylor order {kernel.order}; sequence parallelism uses the efficient "
             "form, which supports order 2 only"
         )
+    if kernel.local_heads:
+        raise ValueError(
+            f"{path} has local_heads={kernel.local_heads}; their sliding window does not "
+            "cross ranks yet: convert a kernel without local heads"
+        )
     if not kernel.output_factor:
         raise ValueError(
             f"{path} has output_factor=False; the sequence-parallel form keeps the paper's "

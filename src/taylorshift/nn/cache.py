@@ -60,8 +60,12 @@ class StateCache:
 
     state: Any = None
     conv: Tensor | None = None  # a layer's short convolution: its last k - 1 inputs
+    # local heads (TaylorShift's local_heads): keys (B, L, W - 1, d), values and real-token
+    # mask (B, W - 1) of the last W - 1 real tokens, all a window of W needs
+    window: tuple[Tensor, Tensor, Tensor] | None = None
 
     @property
     def nbytes(self) -> int:
         conv = 0 if self.conv is None else self.conv.nbytes
-        return conv + (0 if self.state is None else self.state.nbytes)
+        window = 0 if self.window is None else sum(t.nbytes for t in self.window)
+        return conv + window + (0 if self.state is None else self.state.nbytes)

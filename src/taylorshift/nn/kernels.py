@@ -25,12 +25,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .._validate import check_bool, check_choice, check_probability
+from .._validate import check_bool, check_choice, check_int, check_probability
 from ..ops.holt import holt_attention
 from ..ops.linear_attention import linear_attention, linear_attention_decode
 from ..ops.taylor_shift import taylor_shift_attention, taylor_shift_decode
 from ..ops.taylor_shift.checks import check_options
 from ..ops.taylor_shift.features import attended_counts
+from ..ops.window import sliding_window_attention
 from .cache import CACHE_KINDS, KVCache, StateCache
 
 _KERNELS: dict[str, type[AttentionKernel]] = {}
@@ -128,25 +129,7 @@ class AttentionKernel(nn.Module):
         """
         if isinstance(cache, KVCache):
             keys, values, mask = cache.extend(k, v, key_padding_mask)
-            t, n = q.shape[-2], keys.shape[-2]
-            # Key padding (with causal for a prompt that has no past) is all a block needs
-            # when it is one token or the whole sequence; forms that take key masks only
-            # (efficient TaylorShift, linear-time holt) serve those. A block after a past
-            # goes token by token, each seeing its prefix of the cache.
-            if t == 1 or t == n:
-                key_mask = mask[:, None, None, :] if cache.padded else None
-                # causal exactly when t == n > 1, written as t > 1: under
-                # torch.compile(dynamic=True) t == n is a symbolic bool, which SDPA's
-                # is_causal refuses, while t = 1 is specialised
-                return self.attend(q, keys, values, key_mask, t > 1)
-            past = n - t
-            rows = [
-                self.attend(q[..., i : i + 1, :], keys[..., : past + i + 1, :],
-                            values[..., : past + i + 1, :],
-                            mask[:, None, None, : past + i + 1], False)
-                for i in range(t)
-            ]  # fmt: skip
-            return torch.cat(rows, dim=-2)
+            return self._decode_kv(q, keys, values, mask, cache.padded, self.attend)
         if isinstance(cache, StateCache) and self.has_state:
             return self.decode_state(q, k, v, key_padding_mask, cache)
         raise TypeError(
@@ -154,11 +137,37 @@ class AttentionKernel(nn.Module):
             f"{type(cache).__name__}"
         )
 
+    @staticmethod
+    def _decode_kv(q, keys, values, mask, padded: bool, attend) -> Tensor:
+        """The last T = q.shape[-2] rows of causal attention over the cache's keys, values
+        and real-token ``mask`` (B, N), by ``attend(q, k, v, attn_mask, is_causal)``."""
+        t, n = q.shape[-2], keys.shape[-2]
+        # Key padding (with causal for a prompt that has no past) is all a block needs
+        # when it is one token or the whole sequence; forms that take key masks only
+        # (efficient TaylorShift, linear-time holt) serve those. A block after a past
+        # goes token by token, each seeing its prefix of the cache.
+        if t == 1 or t == n:
+            key_mask = mask[:, None, None, :] if padded else None
+            # causal exactly when t == n > 1, written as t > 1: under
+            # torch.compile(dynamic=True) t == n is a symbolic bool, which SDPA's
+            # is_causal refuses, while t = 1 is specialised
+            return attend(q, keys, values, key_mask, t > 1)
+        past = n - t
+        rows = [
+            attend(q[..., i : i + 1, :], keys[..., : past + i + 1, :],
+                   values[..., : past + i + 1, :], mask[:, None, None, : past + i + 1], False)
+            for i in range(t)
+        ]  # fmt: skip
+        return torch.cat(rows, dim=-2)
+
     def decode_state(self, q, k, v, key_padding_mask, cache: StateCache) -> Tensor:
         raise NotImplementedError  # pragma: no cover
 
     def extra_repr(self) -> str:
-        return f"name={self.name!r}, num_heads={self.num_heads}, attn_drop={self.attn_drop}"
+        text = f"name={self.name!r}, num_heads={self.num_heads}, attn_drop={self.attn_drop}"
+        if getattr(self, "local_heads", 0):
+            text += f", local_heads={self.local_heads}, window={self.window}"
+        return text
 
 
 @register_kernel("taylorshift")
@@ -178,6 +187,13 @@ class TaylorShiftKernel(AttentionKernel):
             (default); False divides it out again, so each output is the plain weighted
             mean of the values (docs/accuracy.md measures both). No effect with
             ``normalize=False``, which has no factor.
+        local_heads: how many of the heads (the first ones) attend by softmax over a
+            sliding window of ``window`` positions instead (``ops.window``, as Based
+            pairs its Taylor heads with local softmax; docs/local-heads.md). 0 (default):
+            every head is TaylorShift. τ then belongs to the Taylor heads only, shape
+            (1, num_heads - local_heads, 1, 1).
+        window: the local heads' window (keys within ``window`` positions; causal: the
+            query and its ``window - 1`` predecessors).
     """
 
     def __init__(
@@ -193,9 +209,19 @@ class TaylorShiftKernel(AttentionKernel):
         normalize=True,
         log_temperature=False,
         output_factor=True,
+        local_heads=0,
+        window=64,
     ):
         super().__init__(num_heads, head_dim, attn_drop=attn_drop)
         check_options(normalize, order, mode)
+        check_int("local_heads", local_heads, ge=0)
+        check_int("window", window, ge=1)
+        if local_heads >= num_heads:
+            raise ValueError(
+                f"local_heads must be an int < num_heads ({num_heads}), leaving at least one "
+                f"TaylorShift head; got {local_heads}"
+            )
+        self.local_heads, self.window = local_heads, window
         if not normalize and float(temperature) != 1.0:
             raise ValueError(
                 f"temperature applies to the normalised form only; got temperature="
@@ -209,7 +235,7 @@ class TaylorShiftKernel(AttentionKernel):
             )
         self.mode, self.order, self.normalize = mode, order, normalize
         self.output_factor = output_factor or not normalize
-        tau = torch.full((1, num_heads, 1, 1), float(temperature))
+        tau = torch.full((1, num_heads - local_heads, 1, 1), float(temperature))
         self.log_temperature_param = log_temperature and normalize
         if self.log_temperature_param:
             log_tau = tau.log()
@@ -236,7 +262,53 @@ class TaylorShiftKernel(AttentionKernel):
     def _why_no_state(self) -> str:
         return f" with order={self.order}" if self.order != 2 else ""
 
+    @torch.no_grad()
+    def decode(self, q, k, v, key_padding_mask, cache):
+        if not (self.local_heads and isinstance(cache, KVCache)):
+            return super().decode(q, k, v, key_padding_mask, cache)
+        keys, values, mask = cache.extend(k, v, key_padding_mask)
+        ell = self.local_heads
+        local = _window_rows(q[:, :ell], keys[:, :ell], values[:, :ell], mask, self.window)
+        rest = self._decode_kv(
+            q[:, ell:], keys[:, ell:], values[:, ell:], mask, cache.padded, self._taylor_heads
+        )
+        return torch.cat([local, rest.to(local.dtype)], dim=1)
+
     def decode_state(self, q, k, v, key_padding_mask, cache):
+        if not self.local_heads:
+            return self._taylor_decode_state(q, k, v, key_padding_mask, cache)
+        ell = self.local_heads
+        local = self._window_step(q[:, :ell], k[:, :ell], v[:, :ell], key_padding_mask, cache)
+        rest = self._taylor_decode_state(
+            q[:, ell:], k[:, ell:], v[:, ell:], key_padding_mask, cache
+        )
+        return torch.cat([local, rest.to(local.dtype)], dim=1)
+
+    def _window_step(self, q, k, v, key_padding_mask, cache):
+        """The local heads' rows of T new tokens from the cache's window: the last
+        ``window - 1`` real tokens' keys and values (a constant size, like the state)."""
+        mask = key_padding_mask
+        if mask is None:
+            mask = torch.ones(k.shape[0], k.shape[-2], dtype=torch.bool, device=k.device)
+        keys, values = k, v
+        if cache.window is not None:
+            past_keys, past_values, past_mask = cache.window
+            keys = torch.cat([past_keys, keys], dim=2)
+            values = torch.cat([past_values, values], dim=2)
+            mask = torch.cat([past_mask, mask], dim=1)
+        out = _window_rows(q, keys, values, mask, self.window)
+        keep, n = self.window - 1, keys.shape[-2]
+        if n > keep:  # keep the last `keep` real tokens, in order (padding only to fill up)
+            slot = torch.arange(1, n + 1, device=k.device)
+            index = torch.where(mask, slot, 0).topk(keep, dim=-1).indices.sort(-1).values
+            h = keys.shape[1]
+            keys = keys.gather(2, index[:, None, :, None].expand(-1, h, -1, keys.shape[-1]))
+            values = values.gather(2, index[:, None, :, None].expand(-1, h, -1, v.shape[-1]))
+            mask = mask.gather(1, index)
+        cache.window = (keys, values, mask)
+        return out
+
+    def _taylor_decode_state(self, q, k, v, key_padding_mask, cache):
         # (the state is updated in place: keep the count before the block for the factor)
         before = None if cache.state is None or self.output_factor else cache.state.count.clone()
         out, cache.state = taylor_shift_decode(
@@ -261,6 +333,24 @@ class TaylorShiftKernel(AttentionKernel):
         return self._without_factor(out, count)
 
     def attend(self, q, k, v, attn_mask, is_causal):
+        if not self.local_heads:
+            return self._taylor_heads(q, k, v, attn_mask, is_causal)
+        if is_causal and q.shape[-2] != k.shape[-2]:
+            raise ValueError(
+                "local_heads with is_causal need self-attention (as many queries as keys); "
+                f"got {q.shape[-2]} queries and {k.shape[-2]} keys"
+            )
+        ell = self.local_heads
+        local_mask = taylor_mask = attn_mask
+        if attn_mask is not None and attn_mask.dim() == 4 and attn_mask.shape[1] > 1:
+            local_mask, taylor_mask = attn_mask[:, :ell], attn_mask[:, ell:]
+        local = sliding_window_attention(
+            q[:, :ell], k[:, :ell], v[:, :ell], self.window, local_mask, is_causal
+        )
+        rest = self._taylor_heads(q[:, ell:], k[:, ell:], v[:, ell:], taylor_mask, is_causal)
+        return torch.cat([local, rest.to(local.dtype)], dim=1)
+
+    def _taylor_heads(self, q, k, v, attn_mask, is_causal):
         y = self._attention(q, k, v, attn_mask, is_causal)
         if self.output_factor:
             return y
@@ -296,6 +386,26 @@ class TaylorShiftKernel(AttentionKernel):
 
 def _rows_with_keys(mask: Tensor | None) -> Tensor | None:
     return None if mask is None else mask.any(-1, keepdim=True)
+
+
+def _window_rows(q: Tensor, keys: Tensor, values: Tensor, mask: Tensor, window: int) -> Tensor:
+    """Sliding-window softmax of the T = q.shape[-2] last slots over cached ``keys``,
+    ``values`` (B, H, N, ·) and real-token ``mask`` (B, N). The window counts real tokens,
+    as the forward pass over the real tokens alone does: slot j is position
+    cumsum(mask)[j] - 1."""
+    t, n = q.shape[-2], keys.shape[-2]
+    position = mask.cumsum(-1) - 1  # (B, N)
+    key_pos, query_pos = position[:, None, :], position[:, -t:, None]
+    slot = torch.arange(n, device=q.device)
+    near = (key_pos <= query_pos) & (key_pos > query_pos - window)
+    allowed = near & mask[:, None, :] & (slot[None, :] <= slot[-t:, None])  # (B, T, N)
+    return _softmax_rows(q, keys, values, allowed[:, None])
+
+
+def _softmax_rows(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor) -> Tensor:
+    """SDPA under a bool mask, zeros for a row with no allowed key."""
+    has_keys = _rows_with_keys(allowed)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed | ~has_keys) * has_keys
 
 
 @register_kernel("softmax")
