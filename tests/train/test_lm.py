@@ -9,11 +9,12 @@ import random
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from taylorshift.cli import main
 from taylorshift.data import IGNORE_INDEX
 from taylorshift.models import CausalLM
-from taylorshift.train import ConfigError, resolve_config, train
+from taylorshift.train import ConfigError, read_metrics, resolve_config, train
 from taylorshift.train.evaluate import task_losses
 
 QUICK = {
@@ -73,6 +74,24 @@ def test_lm_training_lowers_the_loss_and_reports_perplexity(tmp_path, text_file)
     assert result.eval["samples"] == (int(0.05 * text_file.stat().st_size) - 1) // 32 * 32
     # within a word the next letter is nearly always fixed: far above the 1/27 of chance
     assert result.eval["accuracy"] > 0.4
+    # every eval record carries each TaylorShift layer's learned τ: here the final ones
+    weights = load_file(result.checkpoint / "model.safetensors")
+    taus = [weights[k].flatten().tolist() for k in sorted(weights) if k.endswith("temperature")]
+    record = [r for r in read_metrics(tmp_path / "run") if r["event"] == "eval"][-1]
+    assert len(record["temperatures"]) == len(taus) == 1  # depth 1
+    assert record["temperatures"][0] == pytest.approx(taus[0], abs=1e-4)
+    assert taus[0] != pytest.approx([1.0, 1.0], abs=1e-3)  # learned, not the start
+
+
+def test_eval_records_carry_temperatures_of_taylor_heads_only(tmp_path, text_file):
+    local = {"model.overrides.kernel_args.local_heads": 1, "optim.epochs": 1}
+    train(lm_config(tmp_path / "local", text_file, **local))
+    record = [r for r in read_metrics(tmp_path / "local") if r["event"] == "eval"][-1]
+    assert [len(layer) for layer in record["temperatures"]] == [1]  # 2 heads, 1 local
+    train(lm_config(tmp_path / "softmax", text_file, **{"model.kernel": "softmax",
+                                                         "optim.epochs": 1}))  # fmt: skip
+    record = [r for r in read_metrics(tmp_path / "softmax") if r["event"] == "eval"][-1]
+    assert "temperatures" not in record
 
 
 def test_generate_command_continues_the_text(tmp_path, text_file, capsys):

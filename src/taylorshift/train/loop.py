@@ -35,6 +35,7 @@ from torch.utils.data import DataLoader, Dataset
 from ..atomic import write_atomic
 from ..data import TaskSpec, get_task
 from ..models import load_weights
+from ..nn.kernels import TaylorShiftKernel
 from .build import _build_split, _setting, build_model
 from .checkpoint import (
     CHECKPOINT_DIR,
@@ -196,6 +197,16 @@ def train(config: TrainConfig, *, resume: bool = False) -> TrainResult:
             lock.__exit__(None, None, None)
     finally:
         dist_info.shutdown()
+
+
+def learned_temperatures(model: nn.Module) -> list[list[float]]:
+    """τ of every TaylorShift layer of ``model`` (normalised form), one list of heads per
+    layer in module order: what the eval records carry, to see how sharp the heads grew."""
+    return [
+        [round(float(t), 4) for t in kernel.tau.detach().flatten()]
+        for kernel in model.modules()
+        if isinstance(kernel, TaylorShiftKernel) and kernel.normalize
+    ]
 
 
 class Trainer:
@@ -510,7 +521,11 @@ class Trainer:
             pad_to_multiple=data.pad_to_multiple,
             sequence=self.seq,
         )
-        self.metrics.log("eval", state.step, epoch=state.epoch, split=split_name, **result)
+        taus = learned_temperatures(self.model)
+        extra = {"temperatures": taus} if taus else {}
+        self.metrics.log(
+            "eval", state.step, epoch=state.epoch, split=split_name, **result, **extra
+        )
         bpb = f" bits/byte {result['bits_per_byte']:.3f}" if "bits_per_byte" in result else ""
         self._say(
             f"step {state.step} epoch {state.epoch}: {split_name} accuracy "
