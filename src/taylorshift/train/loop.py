@@ -523,9 +523,7 @@ class Trainer:
         )
         taus = learned_temperatures(self.model)
         extra = {"temperatures": taus} if taus else {}
-        self.metrics.log(
-            "eval", state.step, epoch=state.epoch, split=split_name, **result, **extra
-        )
+        self.metrics.log("eval", state.step, epoch=state.epoch, split=split_name, **result, **extra)
         bpb = f" bits/byte {result['bits_per_byte']:.3f}" if "bits_per_byte" in result else ""
         self._say(
             f"step {state.step} epoch {state.epoch}: {split_name} accuracy "
