@@ -262,3 +262,22 @@ def test_recall_preset_starts_taylorshift_at_tau_8_and_softmax_without_it():
     assert _kernel_args_of(config) == ("taylorshift", {"temperature": 8.0})
     softmax = resolve_config("recall", overrides={"model.kernel": "softmax"})
     assert _kernel_args_of(softmax) == ("softmax", {})
+
+
+def test_text_bytes_preset_gives_taylorshift_a_local_head_and_softmax_none():
+    # the recipe of benchmarks/parity (docs/accuracy.md): for the TaylorShift kernel only
+    config = resolve_config("text-bytes-cpu")
+    kernel, args = _kernel_args_of(config)
+    assert kernel == "taylorshift" and (args["local_heads"], args["window"]) == (1, 32)
+    assert (
+        "local_heads"
+        not in _kernel_args_of(
+            resolve_config("text-bytes-cpu", overrides={"model.kernel": "softmax"})
+        )[1]
+    )
+    paper = resolve_config(
+        "text-bytes-cpu", overrides={"model.kernel_args.taylorshift.local_heads": "0"}
+    )
+    assert _kernel_args_of(paper)[1]["local_heads"] == 0
+    # the lm preset keeps every head TaylorShift (sequence parallelism takes no local heads)
+    assert "local_heads" not in _kernel_args_of(resolve_config("lm"))[1]
