@@ -450,6 +450,9 @@ def test_taylorshift_attention_passes_its_options_to_the_kernel():
         True,
     )
     assert torch.equal(kernel.temperature, torch.full((1, HEADS, 1, 1), 0.7))
+    local = TaylorShiftAttention(DIM, HEADS, local_heads=1, window=5).kernel
+    assert (local.local_heads, local.window) == (1, 5)
+    assert local.temperature.shape == (1, HEADS - 1, 1, 1)
 
 
 @pytest.mark.parametrize("projection", PROJECTION_IDS)

@@ -369,6 +369,8 @@ class TaylorShiftAttention(Attention):
         order: even Taylor order.
         temperature: initial value of the learnable per-head temperature τ.
         normalize: the paper's normalisation (default) or plain scaled scores.
+        local_heads, window: the first ``local_heads`` heads attend by softmax over a
+            sliding window of ``window`` positions (docs/local-heads.md); 0: none.
         projection, context_len, context_dim, short_conv: as ``Attention``.
 
     ``attn_drop`` drops whole keys (see ``taylorshift.nn.kernels``), the same way in the
@@ -393,6 +395,8 @@ class TaylorShiftAttention(Attention):
         order: int = 2,
         temperature: float = 1.0,
         normalize: bool = True,
+        local_heads: int = 0,
+        window: int = 64,
         projection: str = "standard",
         context_len: int | None = None,
         context_dim: int | None = None,
@@ -416,6 +420,8 @@ class TaylorShiftAttention(Attention):
                 "order": order,
                 "temperature": temperature,
                 "normalize": normalize,
+                "local_heads": local_heads,
+                "window": window,
             },
             projection=projection,
             context_len=context_len,
