@@ -279,13 +279,13 @@ def _pairs(group: str) -> list[tuple[str, str]]:
     )
 
 
-def planned(groups: list[str]) -> list[tuple[str, str, int]]:
+def planned(groups: list[str], seeds=SEEDS) -> list[tuple[str, str, int]]:
     """The runs of ``groups`` in the order given (a pair's seeds together), each once."""
     pairs = dict.fromkeys(p for g in groups or list(GROUPS) for p in _pairs(g))
-    return [(t, v, s) for t, v in pairs for s in SEEDS]
+    return [(t, v, s) for t, v in pairs for s in seeds]
 
 
-def run_all(runs: Path, groups: list[str], jobs: int) -> None:
+def run_all(runs: Path, groups: list[str], jobs: int, seeds=SEEDS) -> None:
     def one(item: tuple[str, str, int]) -> str:
         task, variant, seed = item
         folder = run_dir(runs, task, variant, seed)
@@ -299,7 +299,7 @@ def run_all(runs: Path, groups: list[str], jobs: int) -> None:
         return f"rc {rc}: {folder}"
 
     with ThreadPoolExecutor(jobs) as pool:
-        for line in pool.map(one, planned(groups)):
+        for line in pool.map(one, planned(groups, seeds)):
             print(line, flush=True)
 
 
@@ -450,15 +450,17 @@ def main() -> None:
     running.add_argument("runs", type=Path)
     running.add_argument("groups", nargs="*")
     running.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
+    for sub_parser in (listing, running):  # more seeds for a row whose spread is wide
+        sub_parser.add_argument("--seeds", type=int, nargs="+", default=list(SEEDS))
     summing = sub.add_parser("summarize", help="tables and curves of the finished runs")
     summing.add_argument("runs", type=Path)
     summing.add_argument("--out", type=Path, default=Path(__file__).parent)
     args = parser.parse_args()
     if args.action == "list":
-        for task, variant, seed in planned(args.groups):
+        for task, variant, seed in planned(args.groups, args.seeds):
             print(shlex.join(command(args.runs, task, variant, seed)))
     elif args.action == "run":
-        run_all(args.runs, args.groups, args.jobs)
+        run_all(args.runs, args.groups, args.jobs, args.seeds)
     else:
         summarize(args.runs, args.out)
 
