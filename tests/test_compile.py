@@ -97,10 +97,13 @@ def test_modules_compile_whole(short_conv):
     x = torch.randn(2, 19, 12, requires_grad=True)
     pad = torch.ones(2, 19, dtype=torch.bool)
     pad[1, 11:] = False
-    for module in (
+    modules = [
         TaylorShiftAttention(12, 3, mode="efficient", short_conv=short_conv),
         Attention(12, 3, attn_kernel="softmax", short_conv=short_conv),
-    ):
+    ]
+    if not short_conv:  # a local head (sliding-window softmax, tiled) beside two Taylor heads
+        modules.append(TaylorShiftAttention(12, 3, local_heads=1, window=4))
+    for module in modules:
         compiled = torch.compile(module, backend="aot_eager", fullgraph=True)
         for causal in (False, True):
             got = compiled(x, attn_mask=pad, is_causal=causal)
