@@ -33,7 +33,7 @@ _PAPER_OPTIM = OptimConfig(
 _LM_TEMPERATURE_LR = {"temperature": 10.0}
 # ... and, on text-bytes-cpu, one of each layer's 4 heads attends by softmax over the last
 # 32 tokens (local heads, docs/local-heads.md): TaylorShift then matches softmax (test bits
-# per byte 2.713 ± 0.072 against 2.714 ± 0.035, three seeds; without them 2.815 ± 0.020;
+# per byte 2.730 ± 0.056, five seeds, against 2.714 ± 0.035; without them 2.815 ± 0.020;
 # two local heads: 2.608 ± 0.037, past softmax). For the TaylorShift kernel only;
 # --set model.kernel_args.taylorshift.local_heads=0 is the paper's model. Not in the `lm`
 # preset: sequence parallelism (run.sequence_parallel) does not take local heads yet.
