@@ -31,7 +31,7 @@ from ..ops.linear_attention import linear_attention, linear_attention_decode
 from ..ops.taylor_shift import taylor_shift_attention, taylor_shift_decode
 from ..ops.taylor_shift.checks import check_options
 from ..ops.taylor_shift.features import attended_counts
-from ..ops.window import sliding_window_attention
+from ..ops.window import sliding_window_attention, window_attention_of_cache
 from .cache import CACHE_KINDS, KVCache, StateCache
 
 _KERNELS: dict[str, type[AttentionKernel]] = {}
@@ -164,10 +164,7 @@ class AttentionKernel(nn.Module):
         raise NotImplementedError  # pragma: no cover
 
     def extra_repr(self) -> str:
-        text = f"name={self.name!r}, num_heads={self.num_heads}, attn_drop={self.attn_drop}"
-        if getattr(self, "local_heads", 0):
-            text += f", local_heads={self.local_heads}, window={self.window}"
-        return text
+        return f"name={self.name!r}, num_heads={self.num_heads}, attn_drop={self.attn_drop}"
 
 
 @register_kernel("taylorshift")
@@ -262,13 +259,21 @@ class TaylorShiftKernel(AttentionKernel):
     def _why_no_state(self) -> str:
         return f" with order={self.order}" if self.order != 2 else ""
 
+    def extra_repr(self) -> str:
+        text = super().extra_repr()
+        if self.local_heads:
+            text += f", local_heads={self.local_heads}, window={self.window}"
+        return text
+
     @torch.no_grad()
     def decode(self, q, k, v, key_padding_mask, cache):
         if not (self.local_heads and isinstance(cache, KVCache)):
             return super().decode(q, k, v, key_padding_mask, cache)
         keys, values, mask = cache.extend(k, v, key_padding_mask)
         ell = self.local_heads
-        local = _window_rows(q[:, :ell], keys[:, :ell], values[:, :ell], mask, self.window)
+        local = window_attention_of_cache(
+            q[:, :ell], keys[:, :ell], values[:, :ell], mask, self.window
+        )
         rest = self._decode_kv(
             q[:, ell:], keys[:, ell:], values[:, ell:], mask, cache.padded, self._taylor_heads
         )
@@ -296,7 +301,7 @@ class TaylorShiftKernel(AttentionKernel):
             keys = torch.cat([past_keys, keys], dim=2)
             values = torch.cat([past_values, values], dim=2)
             mask = torch.cat([past_mask, mask], dim=1)
-        out = _window_rows(q, keys, values, mask, self.window)
+        out = window_attention_of_cache(q, keys, values, mask, self.window)
         keep, n = self.window - 1, keys.shape[-2]
         if n > keep:  # keep the last `keep` real tokens, in order (padding only to fill up)
             slot = torch.arange(1, n + 1, device=k.device)
@@ -386,26 +391,6 @@ class TaylorShiftKernel(AttentionKernel):
 
 def _rows_with_keys(mask: Tensor | None) -> Tensor | None:
     return None if mask is None else mask.any(-1, keepdim=True)
-
-
-def _window_rows(q: Tensor, keys: Tensor, values: Tensor, mask: Tensor, window: int) -> Tensor:
-    """Sliding-window softmax of the T = q.shape[-2] last slots over cached ``keys``,
-    ``values`` (B, H, N, ·) and real-token ``mask`` (B, N). The window counts real tokens,
-    as the forward pass over the real tokens alone does: slot j is position
-    cumsum(mask)[j] - 1."""
-    t, n = q.shape[-2], keys.shape[-2]
-    position = mask.cumsum(-1) - 1  # (B, N)
-    key_pos, query_pos = position[:, None, :], position[:, -t:, None]
-    slot = torch.arange(n, device=q.device)
-    near = (key_pos <= query_pos) & (key_pos > query_pos - window)
-    allowed = near & mask[:, None, :] & (slot[None, :] <= slot[-t:, None])  # (B, T, N)
-    return _softmax_rows(q, keys, values, allowed[:, None])
-
-
-def _softmax_rows(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor) -> Tensor:
-    """SDPA under a bool mask, zeros for a row with no allowed key."""
-    has_keys = _rows_with_keys(allowed)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed | ~has_keys) * has_keys
 
 
 @register_kernel("softmax")

@@ -32,7 +32,13 @@ from torch import Tensor
 from .._validate import check_bool, check_int
 from .masks import key_padding_of
 
-__all__ = ["naive_sliding_window_attention", "sliding_window_attention", "window_mask"]
+__all__ = [
+    "masked_softmax_attention",
+    "naive_sliding_window_attention",
+    "sliding_window_attention",
+    "window_attention_of_cache",
+    "window_mask",
+]
 
 
 def _check(q: Tensor, k: Tensor, v: Tensor, window: int, is_causal: bool) -> None:
@@ -59,11 +65,27 @@ def window_mask(nq: int, nk: int, window: int, is_causal: bool, device=None) -> 
     return (j - pos).abs() < window
 
 
-def _attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
-    """Softmax attention under a bool mask; rows with no allowed key give zeros."""
+def masked_softmax_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
+    """SDPA under a bool mask (True = attend); a row with no allowed key gives zeros."""
     has_keys = mask.any(-1, keepdim=True)
     y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask | ~has_keys)
     return y * has_keys
+
+
+def window_attention_of_cache(
+    q: Tensor, keys: Tensor, values: Tensor, mask: Tensor, window: int
+) -> Tensor:
+    """Causal sliding-window softmax of the T = q.shape[-2] last slots of a decoding cache:
+    ``keys``, ``values`` (B, H, N, ·) and real-token ``mask`` (B, N). The window counts
+    real tokens, as the forward pass over the real tokens alone does: slot j is position
+    cumsum(mask)[j] - 1."""
+    t, n = q.shape[-2], keys.shape[-2]
+    position = mask.cumsum(-1) - 1  # (B, N)
+    key_pos, query_pos = position[:, None, :], position[:, -t:, None]
+    slot = torch.arange(n, device=q.device)
+    near = (key_pos <= query_pos) & (key_pos > query_pos - window)
+    allowed = near & mask[:, None, :] & (slot[None, :] <= slot[-t:, None])  # (B, T, N)
+    return masked_softmax_attention(q, keys, values, allowed[:, None])
 
 
 def naive_sliding_window_attention(
@@ -100,13 +122,12 @@ def sliding_window_attention(
     n = q.shape[-2]
     padding = None if attn_mask is None else key_padding_of(attn_mask)
     if k.shape[-2] != n or (attn_mask is not None and padding is None) or n <= window:
-        if n <= window and k.shape[-2] == n and attn_mask is None:
-            # one block: the window mask is the whole story
-            return _attend(q, k, v, window_mask(n, n, window, is_causal, q.device))
+        # one block (N <= window), cross-attention or a mask varying over queries: the
+        # (Nq, Nk) mask
         mask = window_mask(n, k.shape[-2], window, is_causal, q.device)
         if attn_mask is not None:
             mask = mask & attn_mask
-        return _attend(q, k, v, mask)
+        return masked_softmax_attention(q, k, v, mask)
     blocks = -(-n // window)
     size = blocks * window
     before, after = (1, 0) if is_causal else (1, 1)  # neighbour blocks each block sees
@@ -133,5 +154,5 @@ def sliding_window_attention(
         keys = F.pad(real_keys, (before * window, size - n + after * window))
         keys = keys.unfold(-1, kb.shape[-2], window)  # (B|1, H|1, blocks, width)
         mask = mask & keys[..., None, :]
-    y = _attend(qb, kb, vb, mask)
+    y = masked_softmax_attention(qb, kb, vb, mask)
     return y.flatten(2, 3)[:, :, :n]
