@@ -34,7 +34,7 @@ class LargestTensor(TorchDispatchMode):
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_no_full_sequence_feature_tensor(causal):
-    b, h, n, d = 1, 2, 16_384, 32
+    b, h, n, d = 1, 2, 16_384, 48
     q, k, v = (torch.randn(b, h, n, d, requires_grad=True) for _ in range(3))
     mask = torch.ones(b, 1, 1, n, dtype=torch.bool)
     full_features = b * h * n * d * (d + 1) // 2

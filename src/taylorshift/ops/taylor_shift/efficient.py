@@ -16,9 +16,11 @@ import torch
 from torch import Tensor
 
 from .features import (
+    add_feature_product,
+    chunk_features,
     compute_dtype,
     feature_dim,
-    features,
+    feature_product,
     quadratic_grad,
     scaled_input_grad,
     scaled_key,
@@ -29,14 +31,15 @@ from .features import (
     values_with_ones,
 )
 
-# Elements of one chunk of features, (B, H, C, D), that the default chunk size aims at.
-CHUNK_ELEMENTS = 1 << 22
+# Elements of one chunk of features, (B, H, C, D), that the default chunk size aims at
+# (32 MiB in float32; benchmarks/op_cpu/workspace has 2^22 to 2^24 side by side).
+CHUNK_ELEMENTS = 1 << 23
 MIN_CHUNK = 64
 MAX_CHUNK = 4096
 
 
 def default_chunk_size(batch_heads: int, d: int, dv: int) -> int:
-    """Tokens per chunk so that a (B·H, C, D) feature block holds about 4M elements.
+    """Tokens per chunk so that a (B·H, C, D) feature block holds about 8M elements.
 
     Backward also forms (B·H, C, d·(dv + 1)) products (``quadratic_grad``): the wider of the
     two sets the chunk.
@@ -117,7 +120,8 @@ class EfficientTaylorShiftFunction(torch.autograd.Function):
         for i0 in range(0, nq, chunk):
             i1 = min(i0 + chunk, nq)
             q = scaled_query(query[:, :, i0:i1].to(cd), tau, normalize)
-            y, den[:, :, i0:i1] = finish_outputs(features(q) @ weighted, count, normalize, d)
+            y_prime = feature_product(chunk_features(q), weighted)
+            y, den[:, :, i0:i1] = finish_outputs(y_prime, count, normalize, d)
             out[:, :, i0:i1] = y.to(out.dtype)
 
         ctx.save_for_backward(query, key, value, temperature, key_mask, state, out, den)
@@ -149,7 +153,7 @@ class EfficientTaylorShiftFunction(torch.autograd.Function):
             q = scaled_query(query[:, :, i0:i1].to(cd), tau, normalize)
             if need_q or need_t:
                 g_scaled[:, :, i0:i1] = state_input_grad(q, g_chunk, weighted)
-            g_state += features(q).transpose(-2, -1) @ g_chunk
+            g_state = add_feature_product(g_state, chunk_features(q), g_chunk)
         if need_q or need_t:
             gq, gt = scaled_input_grad(query.to(cd), g_scaled, tau, normalize)
 
@@ -182,7 +186,7 @@ def key_state(
             k = scaled_key(key[:, :, j0:j1].to(cd), normalize)
             mask = None if key_mask is None else key_mask[:, :, j0:j1]
             v = values_with_ones(value[:, :, j0:j1].to(cd), mask)
-            state += features(k).transpose(-2, -1) @ v
+            state = add_feature_product(state, chunk_features(k), v)
     return state
 
 
@@ -233,7 +237,7 @@ def key_side_grads(
         mask = None if key_mask is None else key_mask[:, :, j0:j1]
         k = scaled_key(key[:, :, j0:j1].to(cd), normalize)
         if need_v:
-            g = (features(k) @ g_state)[..., :dv]
+            g = feature_product(chunk_features(k), g_state)[..., :dv]
             gv[:, :, j0:j1] = g if mask is None else g * mask.unsqueeze(-1)
         if need_k:
             v = values_with_ones(value[:, :, j0:j1].to(cd), mask)

@@ -31,9 +31,11 @@ from .efficient import (
     state_input_grad,
 )
 from .features import (
+    add_feature_product,
+    chunk_features,
     compute_dtype,
     feature_dim,
-    features,
+    feature_product,
     scaled_input_grad,
     scaled_key,
     scaled_query,
@@ -88,7 +90,7 @@ def causal_forward(
     if initial_state is not None:
         count = initial_state.count.to(cd).unsqueeze(-1) + count  # (B, H, Nq)
     # None: no key summed yet (the prefix part of a chunk is then zero and skipped)
-    state = None if initial_state is None else initial_state.sums.detach().to(cd)
+    state = None if initial_state is None else initial_state.sums.detach().to(cd, copy=True)
     out = torch.empty((b, h, nq, dv), dtype=query.dtype, device=query.device)
     den = torch.empty((b, h, nq), dtype=cd, device=query.device)
     for i0 in range(0, max(nq, nk), chunk):
@@ -106,9 +108,9 @@ def causal_forward(
             if state is not None:
                 # φ(q) (c ⊙ S): weight the features or the state, whichever is smaller
                 if q1 - i0 < dv + 1:
-                    y_prime = (features(q) * weights.squeeze(-1)) @ state
+                    y_prime = (chunk_features(q) * weights.squeeze(-1)) @ state
                 else:
-                    y_prime = features(q) @ (state * weights)
+                    y_prime = feature_product(chunk_features(q), state * weights)
             if k is not None:
                 intra = weighted_sums(q, k[:, :, : q1 - i0], v[:, :, : q1 - i0], None, True)
                 y_prime = intra if y_prime is None else y_prime + intra
@@ -117,8 +119,7 @@ def causal_forward(
             y, den[:, :, i0:q1] = finish_outputs(y_prime, count[..., i0:q1], normalize, d)
             out[:, :, i0:q1] = y.to(out.dtype)
         if k is not None and (final_state or i1 < nq):
-            step = features(k).transpose(-2, -1) @ v
-            state = step if state is None else state + step
+            state = add_feature_product(state, chunk_features(k), v)
     if not final_state:
         return out, den, count, None
     if state is None:
@@ -194,7 +195,7 @@ class CausalEfficientTaylorShiftFunction(torch.autograd.Function):
 
         # Forward sweep: rebuild the prefix state; gradients through the query side of the
         # prefix part and through the intra-chunk block (the direct form, by hand).
-        state = None if initial is None else initial.to(cd)
+        state = None if initial is None else initial.to(cd, copy=True)
         for i0 in range(0, span, chunk):
             i1 = min(i0 + chunk, span)
             k = v = None
@@ -221,8 +222,7 @@ class CausalEfficientTaylorShiftFunction(torch.autograd.Function):
                     if need_v:
                         gv[:, :, i0 : i0 + ck] += iv
             if k is not None and i1 < nq:  # later queries attend this chunk via the state
-                step = features(k).transpose(-2, -1) @ v
-                state = step if state is None else state + step
+                state = add_feature_product(state, chunk_features(k), v)
 
         # Reverse sweep: G_>c, the gradient of the state that chunk c feeds from later
         # queries, gives the key-side gradients; after chunk 0 it is the initial state's.
@@ -235,14 +235,13 @@ class CausalEfficientTaylorShiftFunction(torch.autograd.Function):
                     k, v, j1 = chunk_keys(i0, i1)
                     g_s = g_state * weights
                     if need_v:
-                        gv[:, :, i0:j1] += features(k) @ g_s
+                        gv[:, :, i0:j1] += feature_product(chunk_features(k), g_s)
                     if need_k:
                         gk[:, :, i0:j1] += state_input_grad(k, v, g_s)
                 if i0 < nq:
                     q1 = min(i1, nq)
                     q = scaled_query(query[:, :, i0:q1].to(cd), tau, normalize)
-                    step = features(q).transpose(-2, -1) @ g_y[:, :, i0:q1]
-                    g_state = step if g_state is None else g_state + step
+                    g_state = add_feature_product(g_state, chunk_features(q), g_y[:, :, i0:q1])
             if need_s:
                 if g_state is None:
                     g_initial = torch.zeros_like(initial)

@@ -12,6 +12,8 @@ from functools import lru_cache
 import torch
 from torch import Tensor
 
+from .workspace import scratch
+
 # Floor on ‖q‖ and ‖k‖ before dividing (as torch.nn.functional.normalize): a zero vector
 # stays zero, so its scores are 0 and its weights the constant term 1.
 NORM_EPS = 1e-12
@@ -153,12 +155,14 @@ def feature_dim(d: int) -> int:
 
 
 @torch.no_grad()
-def features(x: Tensor) -> Tensor:
+def features(x: Tensor, out: Tensor | None = None) -> Tensor:
     """φ(x) = [x_a x_b for a <= b, x, 1]: (..., N, d) -> (..., N, d(d+1)/2 + d + 1).
 
     With the state weights of ``state_weights``, φ(q)ᵀ diag(c) φ(k) = 1 + q·k + (q·k)²/2:
     the symmetric form of the row-wise tensor product (SPEC §2.2). Not differentiable:
     backward passes go through ``quadratic_grad`` instead, which needs no features.
+    ``out``: a contiguous tensor of the result's shape and x's dtype to write into (the
+    efficient forms pass a scratch buffer, ``workspace.scratch``); eager only.
     """
     d = x.shape[-1]
     if torch.compiler.is_compiling():
@@ -167,25 +171,56 @@ def features(x: Tensor) -> Tensor:
         a, b = pair_index(d, x.device)
         quad = x.index_select(-1, a) * x.index_select(-1, b)
         return torch.cat([quad, x, torch.ones_like(x[..., :1])], dim=-1)
+    if out is None:
+        out = torch.empty((*x.shape[:-1], feature_dim(d)), dtype=x.dtype, device=x.device)
+    p = d * (d + 1) // 2
     if x.numel() <= GATHER_MAX_ELEMENTS and x.numel() * d <= GATHER_MAX_OUTER:
         # Few tokens (a decoding step, a short chunk): the outer product, then its upper
         # triangle picked by one index, beats d small multiplies (and two gathers, 2x,
         # benchmarks/decode_cpu);
         # the products are the same, so every path agrees bitwise.
-        outer = (x.unsqueeze(-1) * x.unsqueeze(-2)).flatten(-2)  # (..., N, d²)
-        quad = outer[..., _flat_pair_index(d, x.device)]
-        return torch.cat([quad, x, torch.ones_like(x[..., :1])], dim=-1)
-    out = torch.empty((*x.shape[:-1], feature_dim(d)), dtype=x.dtype, device=x.device)
-    # Row a of the upper triangle, x_a · x[a:], as one contiguous slice of the output:
-    # for long chunks d strided multiplies beat a gather of the pairs several times over on
-    # the CPU (benchmarks/features_cpu).
-    start = 0
-    for a in range(d):
-        torch.mul(x[..., a : a + 1], x[..., a:], out=out[..., start : start + d - a])
-        start += d - a
-    out[..., start : start + d] = x
+        outer = scratch("outer", (*x.shape, d), x.dtype, x.device)
+        torch.mul(x.unsqueeze(-1), x.unsqueeze(-2), out=outer)
+        out[..., :p] = outer.flatten(-2)[..., _flat_pair_index(d, x.device)]
+    else:
+        # Row a of the upper triangle, x_a · x[a:], as one contiguous slice of the output:
+        # for long chunks d strided multiplies beat a gather of the pairs several times over
+        # on the CPU (benchmarks/features_cpu).
+        start = 0
+        for a in range(d):
+            torch.mul(x[..., a : a + 1], x[..., a:], out=out[..., start : start + d - a])
+            start += d - a
+    out[..., p : p + d] = x
     out[..., -1] = 1.0
     return out
+
+
+def chunk_features(x: Tensor) -> Tensor:
+    """``features(x)`` written into this thread's scratch buffer (``workspace.scratch``):
+    valid until the next call; for the chunk loops of the efficient forms only."""
+    shape = (*x.shape[:-1], feature_dim(x.shape[-1]))
+    return features(x, out=scratch("features", shape, x.dtype, x.device))
+
+
+def feature_product(f: Tensor, m: Tensor) -> Tensor:
+    """f @ m, (…, C, D) @ (…, D, c), into a scratch buffer (valid until the next call)."""
+    if torch.compiler.is_compiling():
+        return f @ m
+    shape = (*torch.broadcast_shapes(f.shape[:-2], m.shape[:-2]), f.shape[-2], m.shape[-1])
+    return torch.matmul(f, m, out=scratch("product", shape, f.dtype, f.device))
+
+
+def add_feature_product(acc: Tensor | None, f: Tensor, m: Tensor) -> Tensor:
+    """acc + fᵀ m for f (B, H, C, D) and m (B, H, C, c): in place into a contiguous acc
+    (one batched multiply-add, no temporary), a new tensor when acc is None."""
+    if acc is None or torch.compiler.is_compiling() or not acc.is_contiguous():
+        step = f.transpose(-2, -1) @ m
+        return step if acc is None else acc + step
+    bh = acc.shape[0] * acc.shape[1]
+    acc.view(bh, *acc.shape[2:]).baddbmm_(
+        f.reshape(bh, *f.shape[2:]).transpose(-2, -1), m.reshape(bh, *m.shape[2:])
+    )
+    return acc
 
 
 def symmetric_state(packed: Tensor, d: int) -> Tensor:
@@ -206,7 +241,12 @@ def quadratic_grad(x: Tensor, g: Tensor, sym: Tensor) -> Tensor:
     x (..., C, d), g (..., C, c), sym = symmetric_state(S) (..., d, d, c) -> (..., C, d):
     gx_a = Σ_{b, c} T[a, b, c] x_b g_c, one matmul over the (b, c) pairs.
     """
-    z = (x.unsqueeze(-1) * g.unsqueeze(-2)).flatten(-2)  # (..., C, d·c)
+    if torch.compiler.is_compiling():
+        z = (x.unsqueeze(-1) * g.unsqueeze(-2)).flatten(-2)  # (..., C, d·c)
+    else:  # the same products, written into a scratch buffer
+        shape = (*torch.broadcast_shapes(x.shape[:-1], g.shape[:-1]), x.shape[-1], g.shape[-1])
+        z = scratch("grad-outer", shape, x.dtype, x.device)
+        z = torch.mul(x.unsqueeze(-1), g.unsqueeze(-2), out=z).flatten(-2)
     return z @ sym.flatten(-2).transpose(-2, -1)
 
 

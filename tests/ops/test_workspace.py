@@ -1,0 +1,107 @@
+"""Scratch buffers of the efficient forms: reused, never shared between threads, and never
+visible in a result (a later call must not change an earlier call's output or state)."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+from taylorshift import taylor_shift_attention
+from taylorshift.ops.taylor_shift import clear_workspace
+from taylorshift.ops.taylor_shift.features import features
+from taylorshift.ops.taylor_shift.state import TaylorShiftState
+from taylorshift.ops.taylor_shift.workspace import scratch
+
+
+def test_scratch_reuses_and_grows_one_buffer_per_slot():
+    clear_workspace()
+    a = scratch("test-slot", (4, 8), torch.float32, "cpu")
+    b = scratch("test-slot", (2, 8), torch.float32, "cpu")
+    assert b.data_ptr() == a.data_ptr()  # the same memory, no new allocation
+    other = scratch("test-other", (4, 8), torch.float32, "cpu")
+    assert other.data_ptr() != a.data_ptr()
+    wider = scratch("test-slot", (64, 64), torch.float32, "cpu")
+    assert wider.shape == (64, 64) and wider.is_contiguous()
+    doubles = scratch("test-slot", (4, 8), torch.float64, "cpu")
+    assert doubles.dtype == torch.float64 and doubles.data_ptr() != wider.data_ptr()
+    clear_workspace()
+    assert scratch("test-slot", (4, 8), torch.float32, "cpu").data_ptr() != wider.data_ptr()
+
+
+def test_threads_get_their_own_buffers():
+    pointers = {}
+
+    def take(name):
+        pointers[name] = scratch("test-thread", (1024,), torch.float32, "cpu").data_ptr()
+
+    take("main")
+    worker = threading.Thread(target=take, args=("worker",))
+    worker.start()
+    worker.join()
+    assert pointers["main"] != pointers["worker"]
+
+
+def test_features_into_a_buffer_equal_fresh_features():
+    for shape in [(1, 2, 5, 6), (1, 1, 700, 16)]:  # the gather path and the slices path
+        x = torch.randn(shape)
+        buffer = torch.full((*shape[:-1], 6 * 7 // 2 + 7 if shape[-1] == 6 else 153), 7.0)
+        assert torch.equal(features(x, out=buffer), features(x))
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_later_calls_do_not_change_earlier_results(causal):
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 3, 300, 8, generator=gen, requires_grad=True) for _ in range(3))
+    y = taylor_shift_attention(q, k, v, is_causal=causal, mode="efficient")
+    y.backward(torch.ones_like(y))
+    first = [t.detach().clone() for t in (y, q.grad, k.grad, v.grad)]
+    # other shapes and dtypes through the same buffers, then the first call again
+    others = [(1000, 8, torch.float32), (50, 16, torch.float64), (3000, 4, torch.float32)]
+    for n, d, dtype in others:
+        x = torch.randn(1, 2, n, d, dtype=dtype, requires_grad=True)
+        taylor_shift_attention(x, x, x, is_causal=causal, mode="efficient").sum().backward()
+    assert torch.equal(first[0], y)  # the output is not a view of a scratch buffer
+    for p in (q, k, v):
+        p.grad = None
+    again = taylor_shift_attention(q, k, v, is_causal=causal, mode="efficient")
+    again.backward(torch.ones_like(again))
+    for before, now in zip(first, (again, q.grad, k.grad, v.grad), strict=True):
+        assert torch.equal(before, now)
+
+
+def test_causal_form_leaves_the_initial_state_alone():
+    gen = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(1, 2, 600, 8, generator=gen, requires_grad=True) for _ in range(3))
+    _, state = taylor_shift_attention(
+        q[:, :, :300],
+        k[:, :, :300],
+        v[:, :, :300],
+        is_causal=True,
+        mode="efficient",
+        output_final_state=True,
+    )
+    sums = state.sums.clone().requires_grad_()
+    before = sums.detach().clone()
+    initial = TaylorShiftState(sums, state.count)
+    y = taylor_shift_attention(
+        q[:, :, 300:],
+        k[:, :, 300:],
+        v[:, :, 300:],
+        is_causal=True,
+        mode="efficient",
+        initial_state=initial,
+    )
+    y.sum().backward()
+    assert torch.equal(sums.detach(), before)
+    assert sums.grad is not None and sums.grad.abs().sum() > 0
+
+
+def test_efficient_form_runs_in_and_out_of_inference_mode():
+    clear_workspace()
+    x = torch.randn(1, 2, 400, 8)
+    with torch.inference_mode():  # the buffers are created here first
+        inside = taylor_shift_attention(x, x, x, mode="efficient")
+    outside = taylor_shift_attention(x, x, x, mode="efficient")
+    assert torch.equal(inside, outside)
