@@ -12,29 +12,34 @@ from taylorshift import taylor_shift_attention
 from taylorshift.ops.taylor_shift import clear_workspace
 from taylorshift.ops.taylor_shift.features import features
 from taylorshift.ops.taylor_shift.state import TaylorShiftState
-from taylorshift.ops.taylor_shift.workspace import scratch
+from taylorshift.ops.taylor_shift.workspace import SCRATCH_MIN_ELEMENTS, scratch
 
 
 def test_scratch_reuses_and_grows_one_buffer_per_slot():
     clear_workspace()
-    a = scratch("test-slot", (4, 8), torch.float32, "cpu")
-    b = scratch("test-slot", (2, 8), torch.float32, "cpu")
+    cpu, big = torch.device("cpu"), SCRATCH_MIN_ELEMENTS
+    a = scratch("test-slot", (4, big // 4), torch.float32, cpu)
+    b = scratch("test-slot", (2, big // 2), torch.float32, cpu)
     assert b.data_ptr() == a.data_ptr()  # the same memory, no new allocation
-    other = scratch("test-other", (4, 8), torch.float32, "cpu")
+    other = scratch("test-other", (4, big // 4), torch.float32, cpu)
     assert other.data_ptr() != a.data_ptr()
-    wider = scratch("test-slot", (64, 64), torch.float32, "cpu")
-    assert wider.shape == (64, 64) and wider.is_contiguous()
-    doubles = scratch("test-slot", (4, 8), torch.float64, "cpu")
+    wider = scratch("test-slot", (2, big), torch.float32, cpu)
+    assert wider.shape == (2, big) and wider.is_contiguous()
+    doubles = scratch("test-slot", (4, big // 4), torch.float64, cpu)
     assert doubles.dtype == torch.float64 and doubles.data_ptr() != wider.data_ptr()
+    small = scratch("test-slot", (4, 8), torch.float32, cpu)  # below the minimum: fresh
+    assert small.data_ptr() != wider.data_ptr()
     clear_workspace()
-    assert scratch("test-slot", (4, 8), torch.float32, "cpu").data_ptr() != wider.data_ptr()
+    assert scratch("test-slot", (2, big), torch.float32, cpu).data_ptr() != wider.data_ptr()
 
 
 def test_threads_get_their_own_buffers():
     pointers = {}
 
     def take(name):
-        pointers[name] = scratch("test-thread", (1024,), torch.float32, "cpu").data_ptr()
+        shape = (SCRATCH_MIN_ELEMENTS,)
+        buffer = scratch("test-thread", shape, torch.float32, torch.device("cpu"))
+        pointers[name] = buffer.data_ptr()
 
     take("main")
     worker = threading.Thread(target=take, args=("worker",))
@@ -53,14 +58,15 @@ def test_features_into_a_buffer_equal_fresh_features():
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_later_calls_do_not_change_earlier_results(causal):
     gen = torch.Generator().manual_seed(0)
-    q, k, v = (torch.randn(2, 3, 300, 8, generator=gen, requires_grad=True) for _ in range(3))
+    # (B·H, C, D) = (8, 256 or 600, 561) features: large enough for the scratch buffers
+    q, k, v = (torch.randn(2, 4, 600, 32, generator=gen, requires_grad=True) for _ in range(3))
     y = taylor_shift_attention(q, k, v, is_causal=causal, mode="efficient")
     y.backward(torch.ones_like(y))
     first = [t.detach().clone() for t in (y, q.grad, k.grad, v.grad)]
     # other shapes and dtypes through the same buffers, then the first call again
-    others = [(1000, 8, torch.float32), (50, 16, torch.float64), (3000, 4, torch.float32)]
+    others = [(1000, 32, torch.float32), (700, 24, torch.float64), (3000, 16, torch.float32)]
     for n, d, dtype in others:
-        x = torch.randn(1, 2, n, d, dtype=dtype, requires_grad=True)
+        x = torch.randn(2, 4, n, d, dtype=dtype, requires_grad=True)
         taylor_shift_attention(x, x, x, is_causal=causal, mode="efficient").sum().backward()
     assert torch.equal(first[0], y)  # the output is not a view of a scratch buffer
     for p in (q, k, v):
@@ -100,7 +106,7 @@ def test_causal_form_leaves_the_initial_state_alone():
 
 def test_efficient_form_runs_in_and_out_of_inference_mode():
     clear_workspace()
-    x = torch.randn(1, 2, 400, 8)
+    x = torch.randn(1, 8, 600, 32)
     with torch.inference_mode():  # the buffers are created here first
         inside = taylor_shift_attention(x, x, x, mode="efficient")
     outside = taylor_shift_attention(x, x, x, mode="efficient")

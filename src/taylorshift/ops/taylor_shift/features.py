@@ -12,7 +12,7 @@ from functools import lru_cache
 import torch
 from torch import Tensor
 
-from .workspace import scratch
+from .workspace import SCRATCH_MIN_ELEMENTS, scratch
 
 # Floor on ‖q‖ and ‖k‖ before dividing (as torch.nn.functional.normalize): a zero vector
 # stays zero, so its scores are 0 and its weights the constant term 1.
@@ -171,26 +171,25 @@ def features(x: Tensor, out: Tensor | None = None) -> Tensor:
         a, b = pair_index(d, x.device)
         quad = x.index_select(-1, a) * x.index_select(-1, b)
         return torch.cat([quad, x, torch.ones_like(x[..., :1])], dim=-1)
-    if out is None:
-        out = torch.empty((*x.shape[:-1], feature_dim(d)), dtype=x.dtype, device=x.device)
-    p = d * (d + 1) // 2
     if x.numel() <= GATHER_MAX_ELEMENTS and x.numel() * d <= GATHER_MAX_OUTER:
         # Few tokens (a decoding step, a short chunk): the outer product, then its upper
         # triangle picked by one index, beats d small multiplies (and two gathers, 2x,
         # benchmarks/decode_cpu);
         # the products are the same, so every path agrees bitwise.
-        outer = scratch("outer", (*x.shape, d), x.dtype, x.device)
-        torch.mul(x.unsqueeze(-1), x.unsqueeze(-2), out=outer)
-        out[..., :p] = outer.flatten(-2)[..., _flat_pair_index(d, x.device)]
-    else:
-        # Row a of the upper triangle, x_a · x[a:], as one contiguous slice of the output:
-        # for long chunks d strided multiplies beat a gather of the pairs several times over
-        # on the CPU (benchmarks/features_cpu).
-        start = 0
-        for a in range(d):
-            torch.mul(x[..., a : a + 1], x[..., a:], out=out[..., start : start + d - a])
-            start += d - a
-    out[..., p : p + d] = x
+        outer = (x.unsqueeze(-1) * x.unsqueeze(-2)).flatten(-2)  # (..., N, d²)
+        quad = outer[..., _flat_pair_index(d, x.device)]
+        phi = torch.cat([quad, x, torch.ones_like(x[..., :1])], dim=-1)
+        return phi if out is None else out.copy_(phi)
+    if out is None:
+        out = torch.empty((*x.shape[:-1], feature_dim(d)), dtype=x.dtype, device=x.device)
+    # Row a of the upper triangle, x_a · x[a:], as one contiguous slice of the output:
+    # for long chunks d strided multiplies beat a gather of the pairs several times over on
+    # the CPU (benchmarks/features_cpu).
+    start = 0
+    for a in range(d):
+        torch.mul(x[..., a : a + 1], x[..., a:], out=out[..., start : start + d - a])
+        start += d - a
+    out[..., start : start + d] = x
     out[..., -1] = 1.0
     return out
 
@@ -199,14 +198,16 @@ def chunk_features(x: Tensor) -> Tensor:
     """``features(x)`` written into this thread's scratch buffer (``workspace.scratch``):
     valid until the next call; for the chunk loops of the efficient forms only."""
     shape = (*x.shape[:-1], feature_dim(x.shape[-1]))
+    if math.prod(shape) < SCRATCH_MIN_ELEMENTS:
+        return features(x)
     return features(x, out=scratch("features", shape, x.dtype, x.device))
 
 
 def feature_product(f: Tensor, m: Tensor) -> Tensor:
     """f @ m, (…, C, D) @ (…, D, c), into a scratch buffer (valid until the next call)."""
-    if torch.compiler.is_compiling():
-        return f @ m
     shape = (*torch.broadcast_shapes(f.shape[:-2], m.shape[:-2]), f.shape[-2], m.shape[-1])
+    if math.prod(shape) < SCRATCH_MIN_ELEMENTS or torch.compiler.is_compiling():
+        return f @ m
     return torch.matmul(f, m, out=scratch("product", shape, f.dtype, f.device))
 
 
