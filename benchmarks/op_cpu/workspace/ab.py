@@ -59,6 +59,8 @@ def main() -> None:
     parser.add_argument("--before", required=True, help="a git revision of this repository")
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--points", nargs="+", default=[f"{d}x{n}" for d, n in POINTS],
+                        help="d x N pairs, e.g. 16x512")  # fmt: skip
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -84,7 +86,7 @@ def main() -> None:
         "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     gen = torch.Generator().manual_seed(0)
-    for d, n in POINTS:
+    for d, n in (tuple(map(int, p.split("x"))) for p in args.points):
         q, k, v = (torch.randn(1, 4, n, d, generator=gen, requires_grad=True) for _ in range(3))
         fns = {}
         for label, op in (("before", before), ("after", after)):
