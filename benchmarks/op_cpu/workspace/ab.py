@@ -39,7 +39,8 @@ def export_before(rev: str, into: Path) -> None:
         ["git", "-C", str(ROOT), "archive", rev, "src/taylorshift"],
         check=True, capture_output=True,
     ).stdout  # fmt: skip
-    tarfile.open(fileobj=io.BytesIO(data)).extractall(into, filter="data")
+    with tarfile.open(fileobj=io.BytesIO(data)) as archive:
+        archive.extractall(into, filter="data")
     package = into / "taylorshift_before"
     (into / "src" / "taylorshift").rename(package)
     for path in package.rglob("*.py"):
@@ -67,8 +68,9 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="ts-ab-"))
     export_before(args.before, tmp)
     sys.path.insert(0, str(tmp))
-    from taylorshift.ops.taylor_shift.efficient import efficient_taylor_shift as after
     from taylorshift_before.ops.taylor_shift.efficient import efficient_taylor_shift as before
+
+    from taylorshift.ops.taylor_shift.efficient import efficient_taylor_shift as after
 
     head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
                           capture_output=True, text=True).stdout.strip()  # fmt: skip
@@ -90,9 +92,12 @@ def main() -> None:
         q, k, v = (torch.randn(1, 4, n, d, generator=gen, requires_grad=True) for _ in range(3))
         fns = {}
         for label, op in (("before", before), ("after", after)):
-            fns[label, "f"] = lambda op=op: op(q.detach(), k.detach(), v.detach(), None, 1.0,
-                                               None, True)  # fmt: skip
-            fns[label, "b"] = lambda op=op: op(q, k, v, None, 1.0, None, True).sum().backward()
+            fns[label, "f"] = lambda op=op, q=q, k=k, v=v: op(
+                q.detach(), k.detach(), v.detach(), None, 1.0, None, True
+            )
+            fns[label, "b"] = lambda op=op, q=q, k=k, v=v: (
+                op(q, k, v, None, 1.0, None, True).sum().backward()
+            )
         for fn in fns.values():
             fn()
             fn()
