@@ -100,3 +100,15 @@ def test_cached_tables_work_in_and_out_of_inference_mode():
     x = torch.randn(3, 7 * 8 // 2 + 7 + 1, 2, dtype=F64, requires_grad=True)
     (x * weights).sum().backward()  # a cached table inside autograd
     assert torch.equal(x.grad, weights.expand_as(x))
+
+
+@pytest.mark.parametrize("shape", [(1, 1, 5, 6), (2, 3, 700, 16), (1, 4, 600, 32)])
+def test_chunk_features_are_the_features_feature_major(shape):
+    # small: the gather path, row-major; larger: feature-major (a transposed view), from
+    # 2^20 elements in a scratch buffer; the same products either way, so equal bitwise
+    x = torch.randn(shape, generator=torch.Generator().manual_seed(3))
+    f = F_.chunk_features(x)
+    assert f.shape == plain_features(x).shape
+    assert torch.equal(f, plain_features(x))
+    if x.numel() > F_.GATHER_MAX_ELEMENTS:
+        assert f.transpose(-2, -1).is_contiguous()

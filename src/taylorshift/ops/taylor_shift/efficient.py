@@ -147,12 +147,14 @@ class EfficientTaylorShiftFunction(torch.autograd.Function):
         if need_q or need_t:
             g_scaled = torch.empty((b, h, nq, d), dtype=cd, device=query.device)
         g_state = torch.zeros_like(state)  # gradient w.r.t. the weighted state
+        if need_q or need_t:
+            sym = symmetric_state(weighted[..., : d * (d + 1) // 2, :], d)
         for i0 in range(0, nq, chunk):
             i1 = min(i0 + chunk, nq)
             g_chunk = g_y[:, :, i0:i1]
             q = scaled_query(query[:, :, i0:i1].to(cd), tau, normalize)
             if need_q or need_t:
-                g_scaled[:, :, i0:i1] = state_input_grad(q, g_chunk, weighted)
+                g_scaled[:, :, i0:i1] = state_input_grad(q, g_chunk, weighted, sym)
             g_state = add_feature_product(g_state, chunk_features(q), g_chunk)
         if need_q or need_t:
             gq, gt = scaled_input_grad(query.to(cd), g_scaled, tau, normalize)
@@ -190,18 +192,20 @@ def key_state(
     return state
 
 
-def state_input_grad(x: Tensor, g: Tensor, state: Tensor) -> Tensor:
+def state_input_grad(x: Tensor, g: Tensor, state: Tensor, sym: Tensor | None = None) -> Tensor:
     """∂/∂x of Σ g · (φ(x) @ state) for each token: (…, C, d) from g (…, C, c).
 
     Only the quadratic and linear rows of the (D, c) state depend on x; the quadratic part
-    goes through ``quadratic_grad`` so that no (C, D) feature gradient is formed.
+    goes through ``quadratic_grad`` so that no (C, D) feature gradient is formed. ``sym``:
+    ``symmetric_state`` of the state's quadratic rows, when the caller has it already (a
+    loop over chunks with one state unpacks it once).
     """
     d = x.shape[-1]
     p = d * (d + 1) // 2
+    if sym is None:
+        sym = symmetric_state(state[..., :p, :], d)
     linear = state[..., p : p + d, :]  # (…, d, c)
-    return quadratic_grad(x, g, symmetric_state(state[..., :p, :], d)) + g @ linear.transpose(
-        -2, -1
-    )
+    return quadratic_grad(x, g, sym) + g @ linear.transpose(-2, -1)
 
 
 def key_count(key_mask: Tensor | None, nk: int, dtype: torch.dtype, device) -> Tensor:
@@ -232,6 +236,8 @@ def key_side_grads(
     cd = g_state.dtype
     g_scaled = torch.empty_like(key, dtype=cd) if need_k else None
     gv = torch.empty_like(value, dtype=cd) if need_v else None
+    d = key.shape[-1]
+    sym = symmetric_state(g_state[..., : d * (d + 1) // 2, :], d) if need_k else None
     for j0 in range(0, nk, chunk):
         j1 = min(j0 + chunk, nk)
         mask = None if key_mask is None else key_mask[:, :, j0:j1]
@@ -241,7 +247,7 @@ def key_side_grads(
             gv[:, :, j0:j1] = g if mask is None else g * mask.unsqueeze(-1)
         if need_k:
             v = values_with_ones(value[:, :, j0:j1].to(cd), mask)
-            g_scaled[:, :, j0:j1] = state_input_grad(k, v, g_state)
+            g_scaled[:, :, j0:j1] = state_input_grad(k, v, g_state, sym)
     gk = None
     if need_k:
         gk, _ = scaled_input_grad(key.to(cd), g_scaled, 1.0, normalize)
