@@ -248,8 +248,8 @@ def test_the_memory_budget_comes_from_the_environment(monkeypatch):
 
 # Without a calibration file, float32 non-causal calls on a CPU use the measured prior
 # (dispatch.CPU_PRIOR): the theory's switch N* (THEORY_SWITCH's 152.5 / 560.5 / 2144.5)
-# times ρ = 3.4 / 1.6 / 1.0, by hand: 518.5 / 896.8 / 2144.5.
-CPU_PRIOR_SWITCH = {16: 519, 32: 897, 64: 2145}
+# times ρ = 2.85 / 1.75 / 1.05, by hand: 434.6 / 980.9 / 2251.7.
+CPU_PRIOR_SWITCH = {16: 435, 32: 981, 64: 2252}
 
 
 @pytest.mark.parametrize(("d", "switch"), CPU_PRIOR_SWITCH.items(), ids=lambda x: str(x))
@@ -260,7 +260,7 @@ def test_cpu_without_calibration_switches_where_cpus_measured(d, switch):
 
 
 def test_cpu_prior_only_for_what_was_measured(isolated_cache_dir, monkeypatch):
-    n = 300  # between the theory's switch at d = 16 (153) and the prior's (519)
+    n = 300  # between the theory's switch at d = 16 (153) and the prior's (435)
     cpu32 = dict(device="cpu", dtype=torch.float32)
     assert choose_mode(n, n, 16, 16, **FULL, **cpu32) == "direct"
     assert choose_mode(n, n, 16, 16, **FULL, device="cpu", dtype=torch.float64) == "efficient"

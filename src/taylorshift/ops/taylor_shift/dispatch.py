@@ -410,14 +410,15 @@ def choose_mode(
     return mode
 
 
-# Without a calibration of this CPU, the correction ρ(d) = N̂_measured / N̂_theory measured on
-# two CPUs (non-causal float32, forward and forward + backward): Intel Xeon, AVX-512,
-# benchmarks/op_cpu (549 / 954 / 1,418 forward, 637 / 1,083 / 1,615 forward + backward at
-# d = 16 / 32 / 64), and AMD EPYC, benchmarks/compile_cpu (≈ 470 / 810 / 2,630 and
-# 430 / 750 / 3,050). Geometric mean of the four ratios at each d. The efficient form's
-# fixed costs (its feature map row by row, narrow products) make the theory's switch,
-# N ≈ 153 at d = 16, choose it 2–3× too early on a CPU.
-CPU_PRIOR = {16: 3.4, 32: 1.6, 64: 1.0}
+# Without a calibration of this CPU, the correction ρ(d) = N̂_measured / N̂_theory, non-causal
+# float32, from two runs of ``taylorshift bench calibrate`` on the project's AMD EPYC after the
+# efficient form's feature-major chunks and scratch buffers (benchmarks/op_cpu/layout:
+# 416 / 1,055 / 2,432 and 431 / 1,009 / 2,672 forward, 431 / 1,060 / 1,917 and
+# 458 / 821 / 2,111 forward + backward at d = 16 / 32 / 64). Geometric mean of the four
+# ratios at each d. (The earlier prior, 3.4 / 1.6 / 1.0, also had an Intel Xeon, measured
+# before those changes.) The efficient form's fixed costs (its feature map row by row,
+# narrow products) make the theory's switch, N ≈ 153 at d = 16, choose it ~3x too early.
+CPU_PRIOR = {16: 2.85, 32: 1.75, 64: 1.05}
 
 
 def _cpu_prior_mode(

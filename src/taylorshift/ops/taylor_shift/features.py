@@ -202,7 +202,7 @@ def chunk_features(x: Tensor) -> Tensor:
 
     Feature-major, each row a of the upper triangle is d − a contiguous rows of C products,
     and φ(k)ᵀ V' is a plain product: the feature map was ~2x and the chunk's two products
-    together 1.1–1.3x faster so at d = 16 … 64 (benchmarks/op_cpu/layout).
+    together 1.1–1.3x faster so at d = 16 … 64 (docs/efficient-form.md §2).
     """
     d = x.shape[-1]
     big_d = feature_dim(d)
