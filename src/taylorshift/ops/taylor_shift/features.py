@@ -194,6 +194,12 @@ def features(x: Tensor, out: Tensor | None = None) -> Tensor:
     return out
 
 
+def _batch_shape(a: torch.Size, b: torch.Size) -> torch.Size:
+    """The broadcast of two leading shapes; equal ones (the usual case) without
+    ``torch.broadcast_shapes``, which costs ~50 µs a call (5 % of a short efficient call)."""
+    return a if a == b else torch.broadcast_shapes(a, b)
+
+
 def chunk_features(x: Tensor) -> Tensor:
     """``features(x)`` for the chunk loops of the efficient forms: the same values,
     (…, C, D), but laid out feature-major (the transpose of a contiguous (…, D, C) tensor)
@@ -228,7 +234,7 @@ def chunk_features(x: Tensor) -> Tensor:
 
 def feature_product(f: Tensor, m: Tensor) -> Tensor:
     """f @ m, (…, C, D) @ (…, D, c), into a scratch buffer (valid until the next call)."""
-    shape = (*torch.broadcast_shapes(f.shape[:-2], m.shape[:-2]), f.shape[-2], m.shape[-1])
+    shape = (*_batch_shape(f.shape[:-2], m.shape[:-2]), f.shape[-2], m.shape[-1])
     if math.prod(shape) < SCRATCH_MIN_ELEMENTS or torch.compiler.is_compiling():
         return f @ m
     return torch.matmul(f, m, out=scratch("product", shape, f.dtype, f.device))
@@ -262,7 +268,7 @@ def quadratic_grad(x: Tensor, g: Tensor, sym: Tensor) -> Tensor:
     x (..., C, d), g (..., C, c), sym = symmetric_state(S) (..., d, d, c) -> (..., C, d):
     gx_a = Σ_{b, c} T[a, b, c] x_b g_c, one matmul over the (b, c) pairs.
     """
-    shape = (*torch.broadcast_shapes(x.shape[:-1], g.shape[:-1]), x.shape[-1], g.shape[-1])
+    shape = (*_batch_shape(x.shape[:-1], g.shape[:-1]), x.shape[-1], g.shape[-1])
     if math.prod(shape) < SCRATCH_MIN_ELEMENTS or torch.compiler.is_compiling():
         z = (x.unsqueeze(-1) * g.unsqueeze(-2)).flatten(-2)  # (..., C, d·c)
     else:  # the same products, written into a scratch buffer
