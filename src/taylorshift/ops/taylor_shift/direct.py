@@ -24,7 +24,6 @@ from .features import (
     scaled_query,
     split_factor,
 )
-from .workspace import scratch
 
 # Entries of one block's (b, H, rows, keys) score matrix: 2^18 float32 values are 1 MiB,
 # so a block's scores, weights and their gradient stay in a core's L2 cache.
@@ -42,30 +41,18 @@ def allowed_keys(
     return allowed
 
 
-def _taylor_(s: Tensor, order: int, out: Tensor | None = None) -> Tensor:
-    """w(s) = Σ_{n<=order} sⁿ/n! into a new tensor or ``out`` (s is kept), in as few passes
-    over the (rows, keys) block as the order allows: 1 + s (order 1, the derivative of order
-    2) and (1 + s) + s·s/2 (order 2) directly, higher orders by Horner's rule."""
+def _taylor_(s: Tensor, order: int) -> Tensor:
+    """w(s) = Σ_{n<=order} sⁿ/n! into a new tensor (s is kept), in as few passes over the
+    (rows, keys) block as the order allows: 1 + s (order 1, the derivative of order 2) and
+    (1 + s) + s·s/2 (order 2) directly, higher orders by Horner's rule."""
     if order == 1:
-        return torch.add(s, 1.0, out=out) if out is not None else s + 1.0
+        return s + 1.0
     if order == 2:
-        w = torch.add(s, 1.0, out=out) if out is not None else s + 1.0
-        return w.addcmul_(s, s, value=0.5)
-    w = torch.div(s, order, out=out) if out is not None else s / order
-    w.add_(1.0)
+        return (s + 1.0).addcmul_(s, s, value=0.5)
+    w = s / order + 1.0
     for n in range(order - 1, 0, -1):
         w.mul_(s).div_(n).add_(1.0)
     return w
-
-
-def _block_buffer(slot: str, shape: tuple[int, ...], like: Tensor) -> Tensor | None:
-    """A scratch buffer for one block's (b, H, rows, keys) matrix on the CPU (eager), else
-    None (a fresh tensor). Blocks of up to 1 MiB allocated fresh at every block faulted
-    ~1,000 pages per call at the listops-cpu shapes, a fifth of the call
-    (benchmarks/direct_cpu/scratch); each slot is used up before the next block."""
-    if like.device.type != "cpu" or torch.compiler.is_compiling():
-        return None
-    return scratch(slot, shape, like.dtype, like.device)
 
 
 def _blocks(b: int, h: int, nq: int, nk: int) -> list[tuple[int, int, int, int]]:
@@ -91,16 +78,9 @@ def _block_mask(mask: Tensor | None, b0: int, b1: int, i0: int, i1: int) -> Tens
 def _block_weights(
     q: Tensor, k: Tensor, mask: Tensor | None, causal_from: int | None, order: int
 ) -> tuple[Tensor, Tensor]:
-    """Scores and masked weights of one block: q (b, H, r, d), k (b, H, n, d) -> (b, H, r, n),
-    in this thread's scratch buffers on the CPU (valid until the next block)."""
-    shape = (*q.shape[:-1], k.shape[-2])
-    buffer = _block_buffer("direct-scores", shape, q)
-    s = (
-        q @ k.transpose(-2, -1)
-        if buffer is None
-        else torch.matmul(q, k.transpose(-2, -1), out=buffer)
-    )
-    w = _taylor_(s, order, _block_buffer("direct-weights", shape, q))
+    """Scores and masked weights of one block: q (b, H, r, d), k (b, H, n, d) -> (b, H, r, n)."""
+    s = q @ k.transpose(-2, -1)
+    w = _taylor_(s, order)
     if causal_from is not None:
         w.tril_(causal_from)
     if mask is not None:
@@ -164,11 +144,8 @@ def weighted_sums_grad(
         if need_v:
             dv[b0:b1, :, :end] += w.transpose(-2, -1) @ gb
         if need_q or need_k:
-            buffer = _block_buffer("direct-grad", s.shape, s)
-            vt = vb.transpose(-2, -1)
-            ds = gb @ vt if buffer is None else torch.matmul(gb, vt, out=buffer)
-            if order > 1:
-                ds.mul_(_taylor_(s, order - 1, _block_buffer("direct-slope", s.shape, s)))
+            ds = gb @ vb.transpose(-2, -1)
+            ds.mul_(_taylor_(s, order - 1) if order > 1 else 1.0)
             if causal_from is not None:
                 ds.tril_(causal_from)
             if mb is not None:
