@@ -64,5 +64,5 @@ def test_saved_for_backward_is_inputs_output_and_small_state(causal):
     stored = {x.data_ptr(): x.numel() * x.element_size() for x in saved}
     inputs_and_output = 4 * b * h * n * d * 4 + t.numel() * 4
     denominators = b * h * n * 4
-    state = b * h * feature_dim(d) * (d + 1) * 4
+    state = b * h * (feature_dim(d) * (d + 1) + d + d * d) * 4  # the state and key moments
     assert sum(stored.values()) <= inputs_and_output + denominators + state

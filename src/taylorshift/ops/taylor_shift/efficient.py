@@ -92,16 +92,25 @@ def finish_outputs(
 
     Returns (y, den). A row with n = 0 has a zero state product, so 0/1 keeps it zero.
     """
-    nom, den = y_prime[..., :-1], y_prime[..., -1]
+    return scale_outputs(y_prime[..., :-1], y_prime[..., -1], count, normalize, d), y_prime[..., -1]
+
+
+def scale_outputs(nom: Tensor, den: Tensor, count: Tensor, normalize: bool, d: int) -> Tensor:
+    """y = nom/den · sqrt(n/d) from the numerator (…, N, dv) and the denominator (…, N)."""
     valid = count > 0
     scale = 1.0 / torch.where(valid, den, 1.0)
     if normalize:
         scale = scale * torch.sqrt(count / d)
-    return nom * scale.unsqueeze(-1), den
+    return nom * scale.unsqueeze(-1)
 
 
 class EfficientTaylorShiftFunction(torch.autograd.Function):
-    """Non-causal efficient TaylorShift with a chunked, recomputing backward."""
+    """Non-causal efficient TaylorShift with a chunked, recomputing backward.
+
+    The numerator goes through the (D, dv) state; the denominator through the key sums
+    Σ_j k'_j and Σ_j k'_j k'_jᵀ (``key_moments``), so every product with a feature block is
+    dv wide, not dv + 1 (docs/efficient-form.md §2, "Denominator").
+    """
 
     @staticmethod
     def forward(ctx, query, key, value, temperature, factor, normalize, key_mask, chunk):
@@ -111,7 +120,7 @@ class EfficientTaylorShiftFunction(torch.autograd.Function):
         weights = state_weights(d, cd, query.device)  # (D, 1)
         tau = query_factor(temperature, factor, cd, b, h)
 
-        state = key_state(key, value, key_mask, normalize, chunk)
+        state, ksum, kk = key_state(key, value, key_mask, normalize, chunk, ones=False)
 
         count = key_count(key_mask, nk, cd, query.device)  # (B, H, 1) or scalar tensor
         weighted = state * weights
@@ -120,47 +129,60 @@ class EfficientTaylorShiftFunction(torch.autograd.Function):
         for i0 in range(0, nq, chunk):
             i1 = min(i0 + chunk, nq)
             q = scaled_query(query[:, :, i0:i1].to(cd), tau, normalize)
-            y_prime = feature_product(chunk_features(q), weighted)
-            y, den[:, :, i0:i1] = finish_outputs(y_prime, count, normalize, d)
-            out[:, :, i0:i1] = y.to(out.dtype)
+            nom = feature_product(chunk_features(q), weighted)
+            den[:, :, i0:i1] = denominators(q, ksum, kk, count)
+            out[:, :, i0:i1] = scale_outputs(nom, den[:, :, i0:i1], count, normalize, d).to(
+                out.dtype
+            )
 
-        ctx.save_for_backward(query, key, value, temperature, key_mask, state, out, den)
+        ctx.save_for_backward(query, key, value, temperature, key_mask, state, ksum, kk, out, den)
         ctx.factor, ctx.normalize, ctx.chunk = factor, normalize, chunk
         return out
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_out):
-        query, key, value, temperature, key_mask, state, out, den = ctx.saved_tensors
+        query, key, value, temperature, key_mask, state, ksum, kk, out, den = ctx.saved_tensors
         need_q, need_k, need_v, need_t = ctx.needs_input_grad[:4]
         normalize, chunk = ctx.normalize, ctx.chunk
         b, h, nq, d = query.shape
-        nk = key.shape[2]
+        nk, dv = key.shape[2], value.shape[3]
         cd = state.dtype
         weights = state_weights(d, cd, query.device)
         weighted = state * weights
         count = key_count(key_mask, nk, cd, query.device)
         g_y = grad_outputs(grad_out.to(cd), out.to(cd), den, count, normalize, d)
+        g_nom, g_den = g_y[..., :dv], g_y[..., dv]
 
         tau = query_factor(temperature, ctx.factor, cd, b, h)
         gq = gt = None
-        if need_q or need_t:
+        need_qt = need_q or need_t
+        if need_qt:
             g_scaled = torch.empty((b, h, nq, d), dtype=cd, device=query.device)
-        g_state = torch.zeros_like(state)  # gradient w.r.t. the weighted state
-        if need_q or need_t:
             sym = symmetric_state(weighted[..., : d * (d + 1) // 2, :], d)
+        g_state = torch.zeros_like(state)  # gradient w.r.t. the weighted state
+        # gradients w.r.t. the key moments: Σ_i g_i q'_i and ½ Σ_i g_i q'_i q'_iᵀ
+        g_ksum = torch.zeros_like(ksum)
+        g_kk = torch.zeros_like(kk)
         for i0 in range(0, nq, chunk):
             i1 = min(i0 + chunk, nq)
-            g_chunk = g_y[:, :, i0:i1]
+            g_chunk, g_d = g_nom[:, :, i0:i1], g_den[:, :, i0:i1, None]
             q = scaled_query(query[:, :, i0:i1].to(cd), tau, normalize)
-            if need_q or need_t:
-                g_scaled[:, :, i0:i1] = state_input_grad(q, g_chunk, weighted, sym)
+            if need_qt:
+                # ∂den/∂q' = Σ k' + (Σ k' k'ᵀ) q'
+                g_scaled[:, :, i0:i1] = state_input_grad(q, g_chunk, weighted, sym) + g_d * (
+                    ksum.unsqueeze(-2) + q @ kk
+                )
             g_state = add_feature_product(g_state, chunk_features(q), g_chunk)
-        if need_q or need_t:
+            g_ksum += (g_d * q).sum(-2)
+            g_kk += 0.5 * ((g_d * q).transpose(-2, -1) @ q)
+        if need_qt:
             gq, gt = scaled_input_grad(query.to(cd), g_scaled, tau, normalize)
 
         g_state *= weights  # now the gradient w.r.t. the unweighted state
-        gk, gv = key_side_grads(key, value, key_mask, g_state, normalize, chunk, need_k, need_v)
+        gk, gv = key_side_grads(
+            key, value, key_mask, g_state, normalize, chunk, need_k, need_v, (g_ksum, g_kk)
+        )
         return (
             gq.to(query.dtype) if need_q else None,
             gk,
@@ -173,23 +195,53 @@ class EfficientTaylorShiftFunction(torch.autograd.Function):
         )
 
 
+def denominators(q: Tensor, ksum: Tensor, kk: Tensor, count: Tensor) -> Tensor:
+    """Σ_j w(q'·k'_j) over the attended keys = n + q'·Σ k' + ½ q'ᵀ (Σ k' k'ᵀ) q', (…, C),
+    from the key moments of ``key_moments``: O(C d²), no features."""
+    linear = (q * ksum.unsqueeze(-2)).sum(-1)
+    quadratic = ((q @ kk) * q).sum(-1)
+    return count + linear + 0.5 * quadratic
+
+
 def key_state(
-    key: Tensor, value: Tensor, key_mask: Tensor | None, normalize: bool, chunk: int
-) -> Tensor:
+    key: Tensor,
+    value: Tensor,
+    key_mask: Tensor | None,
+    normalize: bool,
+    chunk: int,
+    ones: bool = True,
+):
     """S = Σ_j φ(k'_j)ᵀ [v_j, 1] over the keys not masked, chunk by chunk, without autograd:
-    (B, H, D, dv + 1) in the compute dtype."""
+    (B, H, D, dv + 1) in the compute dtype.
+
+    ``ones=False``: S = Σ_j φ(k'_j)ᵀ v_j, (B, H, D, dv), with the key moments that give the
+    denominators instead of the ones column: returns (S, Σ_j k'_j (B, H, d),
+    Σ_j k'_j k'_jᵀ (B, H, d, d)), masked keys left out of all three.
+    """
     b, h, nk, d = key.shape
     dv = value.shape[-1]
     cd = compute_dtype(key.dtype)
-    state = key.new_zeros((b, h, feature_dim(d), dv + 1), dtype=cd)
+    state = key.new_zeros((b, h, feature_dim(d), dv + 1 if ones else dv), dtype=cd)
+    ksum = key.new_zeros((b, h, d), dtype=cd)
+    kk = key.new_zeros((b, h, d, d), dtype=cd)
     with torch.no_grad():
         for j0 in range(0, nk, chunk):
             j1 = min(j0 + chunk, nk)
             k = scaled_key(key[:, :, j0:j1].to(cd), normalize)
             mask = None if key_mask is None else key_mask[:, :, j0:j1]
-            v = values_with_ones(value[:, :, j0:j1].to(cd), mask)
+            if ones:
+                v = values_with_ones(value[:, :, j0:j1].to(cd), mask)
+            else:
+                v = value[:, :, j0:j1].to(cd)
+                if mask is not None:
+                    real = mask.unsqueeze(-1).to(cd)
+                    v, k_real = v * real, k * real
+                else:
+                    k_real = k
+                ksum += k_real.sum(-2)
+                kk += k_real.transpose(-2, -1) @ k
             state = add_feature_product(state, chunk_features(k), v)
-    return state
+    return state if ones else (state, ksum, kk)
 
 
 def state_input_grad(x: Tensor, g: Tensor, state: Tensor, sym: Tensor | None = None) -> Tensor:
@@ -224,11 +276,16 @@ def key_side_grads(
     chunk: int,
     need_k: bool,
     need_v: bool,
+    moments_grad: tuple[Tensor, Tensor] | None = None,
 ) -> tuple[Tensor | None, Tensor | None]:
     """Gradients of key and value from the gradient of S = Σ_j φ(k'_j)ᵀ v'_j (B, H, D, dv+1).
 
     ∂/∂v'_j = φ(k'_j) g_state and ∂/∂k'_j = ``state_input_grad(k'_j, v'_j, g_state)``; the
     map k -> k' (normalisation) is differentiated by ``scaled_input_grad``.
+
+    ``moments_grad`` = (a, B), the gradients w.r.t. the key moments Σ k' and Σ k' k'ᵀ of
+    ``key_state(..., ones=False)``: then g_state is (B, H, D, dv) (no ones column) and each
+    real key also gets a + (B + Bᵀ) k'_j.
     """
     if not (need_k or need_v):
         return None, None
@@ -245,9 +302,17 @@ def key_side_grads(
         if need_v:
             g = feature_product(chunk_features(k), g_state)[..., :dv]
             gv[:, :, j0:j1] = g if mask is None else g * mask.unsqueeze(-1)
-        if need_k:
+        if need_k and moments_grad is None:
             v = values_with_ones(value[:, :, j0:j1].to(cd), mask)
             g_scaled[:, :, j0:j1] = state_input_grad(k, v, g_state, sym)
+        elif need_k:
+            g_ksum, g_kk = moments_grad
+            v = value[:, :, j0:j1].to(cd)
+            g = g_ksum.unsqueeze(-2) + k @ (g_kk + g_kk.transpose(-2, -1))
+            if mask is not None:
+                real = mask.unsqueeze(-1).to(cd)
+                v, g = v * real, g * real
+            g_scaled[:, :, j0:j1] = state_input_grad(k, v, g_state, sym) + g
     gk = None
     if need_k:
         gk, _ = scaled_input_grad(key.to(cd), g_scaled, 1.0, normalize)
