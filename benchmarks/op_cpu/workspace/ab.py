@@ -48,6 +48,19 @@ def export_before(rev: str, into: Path) -> None:
         path.write_text(re.sub(r"\b(from|import) taylorshift\b", r"\1 taylorshift_before", text))
 
 
+def shuffled_rounds(fns: dict, rounds: int) -> dict:
+    """Seconds per call of each function, one call of each per round in a shuffled order."""
+    times = {key: [] for key in fns}
+    for _ in range(rounds):
+        keys = list(fns)
+        random.shuffle(keys)
+        for key in keys:
+            start = time.perf_counter()
+            fns[key]()
+            times[key].append(time.perf_counter() - start)
+    return times
+
+
 def faults_per_call(fn, calls: int = 5) -> float:
     start = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     for _ in range(calls):
@@ -102,14 +115,7 @@ def main() -> None:
             fn()
             fn()
         faults = {label: faults_per_call(fns[label, "b"]) for label in ("before", "after")}
-        times = {key: [] for key in fns}
-        for _ in range(args.rounds):
-            keys = list(fns)
-            random.shuffle(keys)
-            for key in keys:
-                start = time.perf_counter()
-                fns[key]()
-                times[key].append(time.perf_counter() - start)
+        times = shuffled_rounds(fns, args.rounds)
         ms = {key: statistics.median(ts) * 1e3 for key, ts in times.items()}
         row = (f"| {d} | {n} | {ms['before', 'f']:.2f} | {ms['after', 'f']:.2f} "
                f"| {ms['before', 'f'] / ms['after', 'f']:.2f} | {ms['before', 'b']:.2f} "

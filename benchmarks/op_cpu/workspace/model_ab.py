@@ -13,18 +13,16 @@ step of each in a shuffled order. Prints the medians and the ratio.
 from __future__ import annotations
 
 import argparse
-import random
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import torch
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from ab import export_before
+from ab import export_before, shuffled_rounds
 
 
 def model(attention_cls, dim=128, heads=4, depth=4):
@@ -71,14 +69,7 @@ def main() -> None:
     for name in models:
         step(name)
         step(name)
-    times = {name: [] for name in models}
-    for _ in range(args.rounds):
-        names = list(models)
-        random.shuffle(names)
-        for name in names:
-            start = time.perf_counter()
-            step(name)
-            times[name].append(time.perf_counter() - start)
+    times = shuffled_rounds({name: (lambda name=name: step(name)) for name in models}, args.rounds)
     ms = {k: statistics.median(v) * 1e3 for k, v in times.items()}
     ratios = sorted(b / a for b, a in zip(times["before"], times["after"], strict=True))
     print(f"N={args.n}: step before {ms['before']:.1f} ms, after {ms['after']:.1f} ms, "
