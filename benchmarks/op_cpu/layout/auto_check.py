@@ -1,0 +1,74 @@
+"""`auto` against the faster of its two forms, in one process, shuffled rounds.
+
+    python benchmarks/op_cpu/layout/auto_check.py --rounds 5 \\
+        --out benchmarks/op_cpu/layout/auto_check.md
+
+Issue 18, part 6: `auto` as it runs without a calibration file (the refitted CPU prior;
+run it where ``taylorshift bench calibrate --show`` lists nothing), B 1, H 4, float32,
+non-causal; forward and forward + backward at d = 16, 32, 64 and N = 256 … 4,096.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "workspace"))
+from ab import shuffled_rounds
+
+from taylorshift import taylor_shift_attention
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    lines = [
+        "# `auto` against its faster form (refitted CPU prior, no calibration file)",
+        "",
+        f"    python {' '.join(sys.argv)}",
+        "",
+        f"{time.strftime('%Y-%m-%d')}, torch {torch.__version__}, {args.threads} threads, "
+        f"B 1, H 4, float32, non-causal, median of {args.rounds} shuffled rounds (ms).",
+        "",
+        "| d | N | pass | direct | efficient | auto | auto / faster form |",
+        "|---:|---:|---|---:|---:|---:|---:|",
+    ]
+    gen = torch.Generator().manual_seed(0)
+    for d in (16, 32, 64):
+        for n in (256, 512, 1024, 2048, 4096):
+            q, k, v = (torch.randn(1, 4, n, d, generator=gen, requires_grad=True) for _ in range(3))
+            for name, backward in (("forward", False), ("forward + backward", True)):
+
+                def call(mode, backward=backward, q=q, k=k, v=v):
+                    if backward:
+                        taylor_shift_attention(q, k, v, mode=mode).sum().backward()
+                    else:
+                        with torch.no_grad():
+                            taylor_shift_attention(q, k, v, mode=mode)
+
+                fns = {m: (lambda m=m: call(m)) for m in ("direct", "efficient", "auto")}
+                for fn in fns.values():
+                    fn()
+                times = shuffled_rounds(fns, args.rounds)
+                ms = {m: statistics.median(t) * 1e3 for m, t in times.items()}
+                best = min(ms["direct"], ms["efficient"])
+                row = (f"| {d} | {n} | {name} | {ms['direct']:.2f} | {ms['efficient']:.2f} "
+                       f"| {ms['auto']:.2f} | {ms['auto'] / best:.2f} |")  # fmt: skip
+                print(row, flush=True)
+                lines.append(row)
+    tmp = args.out.with_suffix(".tmp")
+    tmp.write_text("\n".join(lines) + "\n")
+    tmp.replace(args.out)
+
+
+if __name__ == "__main__":
+    main()
