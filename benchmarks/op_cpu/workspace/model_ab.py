@@ -1,5 +1,7 @@
 """A small transformer's training step with the efficient form at two revisions, one process.
 
+    python benchmarks/op_cpu/workspace/model_ab.py --before 2e9c023 --rounds 7 --n 1024 --causal
+
     python benchmarks/op_cpu/workspace/model_ab.py --before 2e9c023 --rounds 15
 
 Four pre-norm blocks (TaylorShiftAttention with mode="efficient" + a 4x MLP), dim 128,
@@ -25,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from ab import export_before, shuffled_rounds
 
 
-def model(attention_cls, dim=128, heads=4, depth=4):
+def model(attention_cls, dim=128, heads=4, depth=4, causal=False):
     class Block(nn.Module):
         def __init__(self):
             super().__init__()
@@ -34,7 +36,7 @@ def model(attention_cls, dim=128, heads=4, depth=4):
             self.mlp = nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim))
 
         def forward(self, x):
-            x = x + self.attn(self.n1(x))
+            x = x + self.attn(self.n1(x), is_causal=causal)
             return x + self.mlp(self.n2(x))
 
     return nn.Sequential(*[Block() for _ in range(depth)])
@@ -46,6 +48,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--n", type=int, default=1024)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--causal", action="store_true", help="causal attention (an LM's)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     tmp = Path(tempfile.mkdtemp(prefix="ts-model-ab-"))
@@ -56,7 +59,8 @@ def main() -> None:
     from taylorshift.nn import TaylorShiftAttention as After
 
     torch.manual_seed(0)
-    models = {"before": model(Before), "after": model(After)}
+    models = {name: model(cls, causal=args.causal) for name, cls in (("before", Before),
+                                                                     ("after", After))}  # fmt: skip
     models["after"].load_state_dict(models["before"].state_dict())
     opts = {k: torch.optim.SGD(m.parameters(), lr=1e-4) for k, m in models.items()}
     x = torch.randn(8, args.n, 128)
@@ -72,7 +76,8 @@ def main() -> None:
     times = shuffled_rounds({name: (lambda name=name: step(name)) for name in models}, args.rounds)
     ms = {k: statistics.median(v) * 1e3 for k, v in times.items()}
     ratios = sorted(b / a for b, a in zip(times["before"], times["after"], strict=True))
-    print(f"N={args.n}: step before {ms['before']:.1f} ms, after {ms['after']:.1f} ms, "
+    label = f"N={args.n}{' causal' if args.causal else ''}"
+    print(f"{label}: step before {ms['before']:.1f} ms, after {ms['after']:.1f} ms, "
           f"before/after {ms['before'] / ms['after']:.2f} (rounds' ratios "
           f"{ratios[len(ratios) // 4]:.2f}-{ratios[3 * len(ratios) // 4]:.2f})")  # fmt: skip
 
