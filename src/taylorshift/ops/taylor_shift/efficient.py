@@ -32,7 +32,7 @@ from .features import (
 )
 
 # Elements of one chunk of features, (B, H, C, D), that the default chunk size aims at
-# (32 MiB in float32; benchmarks/op_cpu/workspace has 2^22 to 2^24 side by side).
+# (32 MiB in float32; benchmarks/op_cpu/workspace/chunk.md has 2^22 to 2^24 side by side).
 CHUNK_ELEMENTS = 1 << 23
 MIN_CHUNK = 64
 MAX_CHUNK = 4096
@@ -107,9 +107,9 @@ def scale_outputs(nom: Tensor, den: Tensor, count: Tensor, normalize: bool, d: i
 class EfficientTaylorShiftFunction(torch.autograd.Function):
     """Non-causal efficient TaylorShift with a chunked, recomputing backward.
 
-    The numerator goes through the (D, dv) state; the denominator through the key sums
-    Σ_j k'_j and Σ_j k'_j k'_jᵀ (``key_moments``), so every product with a feature block is
-    dv wide, not dv + 1 (docs/efficient-form.md §2, "Denominator").
+    The numerator goes through the (D, dv) state; the denominator through the key moments
+    Σ_j k'_j and Σ_j k'_j k'_jᵀ (``key_state(..., ones=False)``, ``denominators``), so every
+    product with a feature block is dv wide, not dv + 1 (docs/efficient-form.md §1).
     """
 
     @staticmethod
@@ -197,7 +197,7 @@ class EfficientTaylorShiftFunction(torch.autograd.Function):
 
 def denominators(q: Tensor, ksum: Tensor, kk: Tensor, count: Tensor) -> Tensor:
     """Σ_j w(q'·k'_j) over the attended keys = n + q'·Σ k' + ½ q'ᵀ (Σ k' k'ᵀ) q', (…, C),
-    from the key moments of ``key_moments``: O(C d²), no features."""
+    from the key moments of ``key_state(..., ones=False)``: O(C d²), no features."""
     linear = (q * ksum.unsqueeze(-2)).sum(-1)
     quadratic = ((q @ kk) * q).sum(-1)
     return count + linear + 0.5 * quadratic

@@ -12,7 +12,7 @@ from functools import lru_cache
 import torch
 from torch import Tensor
 
-from .workspace import SCRATCH_MIN_ELEMENTS, scratch
+from .workspace import scratch
 
 # Floor on ‖q‖ and ‖k‖ before dividing (as torch.nn.functional.normalize): a zero vector
 # stays zero, so its scores are 0 and its weights the constant term 1.
@@ -155,14 +155,12 @@ def feature_dim(d: int) -> int:
 
 
 @torch.no_grad()
-def features(x: Tensor, out: Tensor | None = None) -> Tensor:
+def features(x: Tensor) -> Tensor:
     """φ(x) = [x_a x_b for a <= b, x, 1]: (..., N, d) -> (..., N, d(d+1)/2 + d + 1).
 
     With the state weights of ``state_weights``, φ(q)ᵀ diag(c) φ(k) = 1 + q·k + (q·k)²/2:
     the symmetric form of the row-wise tensor product (SPEC §2.2). Not differentiable:
     backward passes go through ``quadratic_grad`` instead, which needs no features.
-    ``out``: a contiguous tensor of the result's shape and x's dtype to write into (the
-    efficient forms pass a scratch buffer, ``workspace.scratch``); eager only.
     """
     d = x.shape[-1]
     if torch.compiler.is_compiling():
@@ -178,10 +176,8 @@ def features(x: Tensor, out: Tensor | None = None) -> Tensor:
         # the products are the same, so every path agrees bitwise.
         outer = (x.unsqueeze(-1) * x.unsqueeze(-2)).flatten(-2)  # (..., N, d²)
         quad = outer[..., _flat_pair_index(d, x.device)]
-        phi = torch.cat([quad, x, torch.ones_like(x[..., :1])], dim=-1)
-        return phi if out is None else out.copy_(phi)
-    if out is None:
-        out = torch.empty((*x.shape[:-1], feature_dim(d)), dtype=x.dtype, device=x.device)
+        return torch.cat([quad, x, torch.ones_like(x[..., :1])], dim=-1)
+    out = torch.empty((*x.shape[:-1], feature_dim(d)), dtype=x.dtype, device=x.device)
     # Row a of the upper triangle, x_a · x[a:], as one contiguous slice of the output:
     # for long chunks d strided multiplies beat a gather of the pairs several times over on
     # the CPU (benchmarks/features_cpu).
@@ -207,8 +203,8 @@ def chunk_features(x: Tensor) -> Tensor:
     2^20 elements (``workspace.scratch``: valid until the next call).
 
     Feature-major, each row a of the upper triangle is d − a contiguous rows of C products,
-    and φ(k)ᵀ V' is a plain product: the feature map was ~2x and the chunk's two products
-    together 1.1–1.3x faster so at d = 16 … 64 (docs/efficient-form.md §2).
+    and φ(k)ᵀ V' is a plain product: the feature map was 1.7–3x and the chunk's two products
+    together 1.04–1.2x faster so at d = 16 … 64 (docs/efficient-form.md §2).
     """
     d = x.shape[-1]
     big_d = feature_dim(d)
@@ -217,10 +213,9 @@ def chunk_features(x: Tensor) -> Tensor:
     ):
         return features(x)
     shape = (*x.shape[:-2], big_d, x.shape[-2])
-    if math.prod(shape) < SCRATCH_MIN_ELEMENTS:
+    out = scratch("features", shape, x.dtype, x.device)
+    if out is None:
         out = torch.empty(shape, dtype=x.dtype, device=x.device)
-    else:
-        out = scratch("features", shape, x.dtype, x.device)
     with torch.no_grad():
         xt = x.transpose(-2, -1).contiguous()  # (…, d, C)
         start = 0
@@ -235,9 +230,8 @@ def chunk_features(x: Tensor) -> Tensor:
 def feature_product(f: Tensor, m: Tensor) -> Tensor:
     """f @ m, (…, C, D) @ (…, D, c), into a scratch buffer (valid until the next call)."""
     shape = (*_batch_shape(f.shape[:-2], m.shape[:-2]), f.shape[-2], m.shape[-1])
-    if math.prod(shape) < SCRATCH_MIN_ELEMENTS or torch.compiler.is_compiling():
-        return f @ m
-    return torch.matmul(f, m, out=scratch("product", shape, f.dtype, f.device))
+    buffer = scratch("product", shape, f.dtype, f.device)
+    return f @ m if buffer is None else torch.matmul(f, m, out=buffer)
 
 
 def add_feature_product(acc: Tensor | None, f: Tensor, m: Tensor) -> Tensor:
@@ -269,11 +263,11 @@ def quadratic_grad(x: Tensor, g: Tensor, sym: Tensor) -> Tensor:
     gx_a = Σ_{b, c} T[a, b, c] x_b g_c, one matmul over the (b, c) pairs.
     """
     shape = (*_batch_shape(x.shape[:-1], g.shape[:-1]), x.shape[-1], g.shape[-1])
-    if math.prod(shape) < SCRATCH_MIN_ELEMENTS or torch.compiler.is_compiling():
+    buffer = scratch("grad-outer", shape, x.dtype, x.device)
+    if buffer is None:
         z = (x.unsqueeze(-1) * g.unsqueeze(-2)).flatten(-2)  # (..., C, d·c)
     else:  # the same products, written into a scratch buffer
-        z = scratch("grad-outer", shape, x.dtype, x.device)
-        z = torch.mul(x.unsqueeze(-1), g.unsqueeze(-2), out=z).flatten(-2)
+        z = torch.mul(x.unsqueeze(-1), g.unsqueeze(-2), out=buffer).flatten(-2)
     return z @ sym.flatten(-2).transpose(-2, -1)
 
 
