@@ -11,7 +11,6 @@ non-causal; forward and forward + backward at d = 16, 32, 64 and N = 256 … 4,0
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -19,9 +18,10 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "workspace"))
-from ab import shuffled_rounds
+from ab import medians_ms, shuffled_rounds
 
 from taylorshift import taylor_shift_attention
+from taylorshift.atomic import write_atomic
 
 
 def main() -> None:
@@ -58,16 +58,13 @@ def main() -> None:
                 fns = {m: (lambda m=m: call(m)) for m in ("direct", "efficient", "auto")}
                 for fn in fns.values():
                     fn()
-                times = shuffled_rounds(fns, args.rounds)
-                ms = {m: statistics.median(t) * 1e3 for m, t in times.items()}
+                ms = medians_ms(shuffled_rounds(fns, args.rounds))
                 best = min(ms["direct"], ms["efficient"])
                 row = (f"| {d} | {n} | {name} | {ms['direct']:.2f} | {ms['efficient']:.2f} "
                        f"| {ms['auto']:.2f} | {ms['auto'] / best:.2f} |")  # fmt: skip
                 print(row, flush=True)
                 lines.append(row)
-    tmp = args.out.with_suffix(".tmp")
-    tmp.write_text("\n".join(lines) + "\n")
-    tmp.replace(args.out)
+    write_atomic(args.out, ("\n".join(lines) + "\n").encode())
 
 
 if __name__ == "__main__":

@@ -28,6 +28,8 @@ from pathlib import Path
 
 import torch
 
+from taylorshift.atomic import write_atomic
+
 ROOT = Path(__file__).resolve().parents[3]
 POINTS = [(16, 256), (16, 512), (32, 256), (32, 512), (32, 1024), (64, 512), (64, 1024),
           (64, 4096)]  # fmt: skip
@@ -59,6 +61,11 @@ def shuffled_rounds(fns: dict, rounds: int) -> dict:
             fns[key]()
             times[key].append(time.perf_counter() - start)
     return times
+
+
+def medians_ms(times: dict) -> dict:
+    """The median of each key's seconds, in milliseconds."""
+    return {key: statistics.median(ts) * 1e3 for key, ts in times.items()}
 
 
 def faults_per_call(fn, calls: int = 5) -> float:
@@ -115,17 +122,14 @@ def main() -> None:
             fn()
             fn()
         faults = {label: faults_per_call(fns[label, "b"]) for label in ("before", "after")}
-        times = shuffled_rounds(fns, args.rounds)
-        ms = {key: statistics.median(ts) * 1e3 for key, ts in times.items()}
+        ms = medians_ms(shuffled_rounds(fns, args.rounds))
         row = (f"| {d} | {n} | {ms['before', 'f']:.2f} | {ms['after', 'f']:.2f} "
                f"| {ms['before', 'f'] / ms['after', 'f']:.2f} | {ms['before', 'b']:.2f} "
                f"| {ms['after', 'b']:.2f} | {ms['before', 'b'] / ms['after', 'b']:.2f} "
                f"| {faults['before']:.0f} | {faults['after']:.0f} |")  # fmt: skip
         print(row, flush=True)
         lines.append(row)
-    tmp_out = args.out.with_suffix(".tmp")
-    tmp_out.write_text("\n".join(lines) + "\n")
-    tmp_out.replace(args.out)
+    write_atomic(args.out, ("\n".join(lines) + "\n").encode())
 
 
 if __name__ == "__main__":

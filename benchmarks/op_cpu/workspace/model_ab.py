@@ -15,7 +15,6 @@ step of each in a shuffled order. Prints the medians and the ratio.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import tempfile
 from pathlib import Path
@@ -24,7 +23,7 @@ import torch
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from ab import export_before, shuffled_rounds
+from ab import export_before, medians_ms, shuffled_rounds
 
 
 def model(attention_cls, dim=128, heads=4, depth=4, causal=False):
@@ -74,7 +73,7 @@ def main() -> None:
         step(name)
         step(name)
     times = shuffled_rounds({name: (lambda name=name: step(name)) for name in models}, args.rounds)
-    ms = {k: statistics.median(v) * 1e3 for k, v in times.items()}
+    ms = medians_ms(times)
     ratios = sorted(b / a for b, a in zip(times["before"], times["after"], strict=True))
     label = f"N={args.n}{' causal' if args.causal else ''}"
     print(f"{label}: step before {ms['before']:.1f} ms, after {ms['after']:.1f} ms, "
