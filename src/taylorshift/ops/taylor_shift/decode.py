@@ -141,7 +141,7 @@ def _decode_one(query, key, value, state, key_mask, tau, normalize, inplace):
     if normalize:
         x = x / torch.linalg.vector_norm(x, dim=-1, keepdim=True).clamp_min(NORM_EPS)
     phi = features(x * _query_key_factor(tau, x))  # (B, H, 2, D)
-    v = torch.cat([value.to(cd), torch.ones_like(value[..., :1], dtype=cd)], dim=-1)
+    v = torch.nn.functional.pad(value.to(cd), (0, 1), value=1.0)  # [v, 1]
     if key_mask is not None:  # (B, H, 1): a padded token joins no sum
         real = key_mask.to(cd)
         v = v * real.unsqueeze(-1)
@@ -149,13 +149,14 @@ def _decode_one(query, key, value, state, key_mask, tau, normalize, inplace):
     else:
         count.add_(1.0)
     n = sums.shape[-2]
-    # S += φ(k')ᵀ [v, 1], batched over (B, H): (BH, D, 1) @ (BH, 1, dv + 1)
-    sums.view(b * h, n, dv + 1).baddbmm_(
-        phi[:, :, 1:].reshape(b * h, n, 1), v.reshape(b * h, 1, dv + 1)
-    )
+    # S += φ(k')ᵀ [v, 1]: an elementwise rank-1 update, (B, H, D, 1) ⊙ (B, H, 1, dv + 1)
+    # (2x faster than baddbmm_ with an inner dimension of 1)
+    sums.addcmul_(phi[:, :, 1:].transpose(-1, -2), v)
     # y' = (c ⊙ φ(q')) S, the token's attention to itself included
     weights = state_weights(d, cd, query.device).squeeze(-1)
-    y_prime = (phi[:, :, :1] * weights) @ sums  # (B, H, 1, dv + 1)
+    y_prime = torch.bmm(
+        (phi[:, :, :1] * weights).view(b * h, 1, n), sums.view(b * h, n, dv + 1)
+    ).view(b, h, 1, dv + 1)
     nom, den = y_prime[..., :dv], y_prime[..., dv:]
     n_i = count[:, :, None, None]
     scale = torch.sqrt(n_i / d) / den if normalize else 1.0 / den

@@ -134,10 +134,14 @@ def _pair_index_cpu(d: int) -> tuple[Tensor, Tensor]:
 
 
 @lru_cache(maxsize=64)
-def _flat_pair_index(d: int, device: torch.device) -> Tensor:
-    """a · d + b for the pairs of ``pair_index``: positions in a flattened (d, d) product."""
-    a, b = _pair_index_cpu(d)
-    return (a * d + b).to(device)
+def _feature_index(d: int, device: torch.device) -> Tensor:
+    """Positions of φ(x)'s entries in the flattened (d + 1, d + 1) outer product of [x, 1]:
+    the pairs a <= b, then (a, d) for the linear terms, then (d, d) for the constant."""
+    with torch.inference_mode(False):  # usable in and out of inference mode
+        a, b = _pair_index_cpu(d)
+        linear = torch.arange(d) * (d + 1) + d
+        index = torch.cat([a * (d + 1) + b, linear, torch.tensor([(d + 1) ** 2 - 1])])
+        return index.to(device)
 
 
 def pair_index(d: int, device: torch.device) -> tuple[Tensor, Tensor]:
@@ -174,9 +178,11 @@ def features(x: Tensor) -> Tensor:
         # triangle picked by one index, beats d small multiplies (and two gathers, 2x,
         # benchmarks/decode_cpu);
         # the products are the same, so every path agrees bitwise.
-        outer = (x.unsqueeze(-1) * x.unsqueeze(-2)).flatten(-2)  # (..., N, d²)
-        quad = outer[..., _flat_pair_index(d, x.device)]
-        return torch.cat([quad, x, torch.ones_like(x[..., :1])], dim=-1)
+        # With x extended by a 1, the outer product holds x_a x_b, x_a and 1 alike, so one
+        # index picks the whole of φ(x) (no concatenation after it: 2x on a decoding step).
+        ext = torch.nn.functional.pad(x, (0, 1), value=1.0)
+        outer = (ext.unsqueeze(-1) * ext.unsqueeze(-2)).flatten(-2)  # (..., N, (d + 1)²)
+        return outer[..., _feature_index(d, x.device)]
     out = torch.empty((*x.shape[:-1], feature_dim(d)), dtype=x.dtype, device=x.device)
     # Row a of the upper triangle, x_a · x[a:], as one contiguous slice of the output:
     # for long chunks d strided multiplies beat a gather of the pairs several times over on
