@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from taylorshift import taylor_shift_attention, theory
-from taylorshift.ops.taylor_shift import dispatch
-from taylorshift.ops.taylor_shift.dispatch import choose_mode
+from taylorshift.ops.taylor_shift import dispatch, interface
+from taylorshift.ops.taylor_shift.dispatch import Decision, choose_mode, decide_mode
 from taylorshift.ops.taylor_shift.efficient_causal import DEFAULT_CAUSAL_CHUNK
 from tests.helpers import write_calibration
 
@@ -42,27 +42,59 @@ def test_auto_crossover_follows_the_operation_counts(d, switch):
 
 
 def test_auto_uses_direct_when_efficient_cannot():
-    assert choose_mode(10**5, 10**5, 8, 8, causal=False, order=4, mask_varies=False) == "direct"
-    assert choose_mode(10**5, 10**5, 8, 8, causal=False, order=2, mask_varies=True) == "direct"
+    n = 10**5
+    decision = decide_mode(n, n, 8, 8, causal=False, order=4, mask_varies=False)
+    assert decision == Decision("direct", "order")
+    decision = decide_mode(n, n, 8, 8, causal=False, order=2, mask_varies=True)
+    assert decision == Decision("direct", "mask")
+
+
+@pytest.fixture
+def forms_run(monkeypatch) -> list[str]:
+    """The names of the forms ``taylor_shift_attention`` calls, in order (a spy on each)."""
+    calls: list[str] = []
+    for name in ("direct_taylor_shift", "efficient_taylor_shift", "causal_efficient_taylor_shift"):
+        form = getattr(interface, name)
+
+        def spy(*args, _form=form, _name=name, **kwargs):
+            calls.append(_name)
+            return _form(*args, **kwargs)
+
+        monkeypatch.setattr(interface, name, spy)
+    return calls
+
+
+EFFICIENT = {False: "efficient_taylor_shift", True: "causal_efficient_taylor_shift"}
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-def test_auto_logs_its_choice_and_matches_both_forms(caplog, causal):
+def test_auto_runs_the_chosen_form_and_matches_both_forms(forms_run, causal):
+    q, k, v = (torch.randn(1, 2, 600, 4, dtype=torch.float64) for _ in range(3))
+    kw = dict(causal=causal, order=2, mask_varies=False, device="cpu", dtype=torch.float64)
+    assert decide_mode(600, 600, 4, 4, **kw, batch_heads=2) == Decision("efficient", "theory")
+    y = taylor_shift_attention(q, k, v, is_causal=causal)
+    assert forms_run == [EFFICIENT[causal]]
+    # positive control: the spy sees the other form when it is asked for
+    other = taylor_shift_attention(q, k, v, is_causal=causal, mode="direct")
+    assert forms_run[1:] == ["direct_taylor_shift"]
+    torch.testing.assert_close(y, other, rtol=1e-10, atol=1e-12)
+
+
+def test_auto_logs_its_choice(caplog):
     q, k, v = (torch.randn(1, 2, 600, 4, dtype=torch.float64) for _ in range(3))
     with caplog.at_level(logging.DEBUG, logger="taylorshift.dispatch"):
-        y = taylor_shift_attention(q, k, v, is_causal=causal)
-    assert "auto -> efficient" in caplog.text and "theory" in caplog.text
-    for mode in ("direct", "efficient"):
-        other = taylor_shift_attention(q, k, v, is_causal=causal, mode=mode)
-        torch.testing.assert_close(y, other, rtol=1e-10, atol=1e-12)
+        taylor_shift_attention(q, k, v)
+    assert "auto -> efficient" in caplog.text
 
 
-def test_auto_with_query_varying_mask_runs_direct(caplog):
+def test_auto_with_query_varying_mask_runs_direct(forms_run):
     q, k, v = (torch.randn(1, 1, 300, 4, dtype=torch.float64) for _ in range(3))
     mask = torch.rand(300, 300) > 0.5
-    with caplog.at_level(logging.DEBUG, logger="taylorshift.dispatch"):
-        taylor_shift_attention(q, k, v, mask)
-    assert "auto -> direct (the mask varies over queries)" in caplog.text
+    assert decide_mode(300, 300, 4, 4, causal=False, order=2, mask_varies=True).basis == "mask"
+    taylor_shift_attention(q, k, v, mask)
+    assert forms_run == ["direct_taylor_shift"]
+    taylor_shift_attention(q, k, v, mask[0:1].expand(300, -1))  # key padding: efficient
+    assert forms_run[1:] == ["efficient_taylor_shift"]
 
 
 # Calibration: a measured crossover N̂ per device, dtype, causal and pass (tests/conftest.py
@@ -72,50 +104,53 @@ CPU64 = dict(device="cpu", dtype=torch.float64)
 FULL = dict(causal=False, order=2, mask_varies=False)
 
 
-def auto_log(caplog, q, k, v, **kw) -> tuple[torch.Tensor, str]:
-    with caplog.at_level(logging.DEBUG, logger="taylorshift.dispatch"):
-        y = taylor_shift_attention(q, k, v, **kw)
-    return y, caplog.text
-
-
 @pytest.mark.parametrize("n_hat, mode", [(1e6, "direct"), (8, "efficient")], ids=str)
-def test_calibration_decides_against_the_theory(isolated_cache_dir, caplog, n_hat, mode):
+def test_calibration_decides_against_the_theory(isolated_cache_dir, forms_run, n_hat, mode):
     # theory: efficient from N ≈ 15 (d = 4), so N = 600 is efficient and N = 12 direct
     n = 600 if mode == "direct" else 12
     q, k, v = (torch.randn(1, 2, n, 4, dtype=torch.float64) for _ in range(3))
     assert choose_mode(n, n, 4, 4, **FULL) != mode
     write_calibration(isolated_cache_dir, {4: n_hat})
-    y, log = auto_log(caplog, q, k, v)
-    assert f"auto -> {mode} (calibration [cpu: " in log and "float64 | full | forward" in log
+    assert decide_mode(n, n, 4, 4, **FULL, **CPU64) == Decision(mode, "calibration")
+    y = taylor_shift_attention(q, k, v)
+    assert forms_run == [f"{mode}_taylor_shift"]
     other = taylor_shift_attention(q, k, v, mode="efficient" if mode == "direct" else "direct")
     torch.testing.assert_close(y, other, rtol=1e-10, atol=1e-12)  # only the form changed
 
 
-def test_no_calibration_means_theory(caplog):
-    q, k, v = (torch.randn(1, 1, 32, 4, dtype=torch.float64) for _ in range(3))
-    _, log = auto_log(caplog, q, k, v)
-    assert "(theory:" in log and "calibration [" not in log
+def test_the_calibrated_choice_is_logged_with_its_entry(isolated_cache_dir, caplog):
+    write_calibration(isolated_cache_dir, {4: 1e6})
+    q, k, v = (torch.randn(1, 2, 600, 4, dtype=torch.float64) for _ in range(3))
+    with caplog.at_level(logging.DEBUG, logger="taylorshift.dispatch"):
+        taylor_shift_attention(q, k, v)
+    assert "auto -> direct (calibration [cpu: " in caplog.text
+    assert "float64 | full | forward" in caplog.text
 
 
-def test_calibration_of_another_dtype_or_device_is_not_used(isolated_cache_dir, caplog):
+def test_no_calibration_means_theory():
+    assert decide_mode(32, 32, 4, 4, **FULL, **CPU64).basis == "theory"
+    assert decide_mode(32, 32, 4, 4, **FULL).basis == "theory"
+
+
+def test_calibration_of_another_dtype_or_device_is_not_used(isolated_cache_dir):
     write_calibration(isolated_cache_dir, {4: 1e6}, dtype="float32")
-    assert choose_mode(600, 600, 4, 4, **FULL, **CPU64) == "efficient"
+    assert decide_mode(600, 600, 4, 4, **FULL, **CPU64) == Decision("efficient", "theory")
     other = dict(device="cpu", dtype=torch.float32)
-    assert choose_mode(600, 600, 4, 4, **FULL, **other) == "direct"
+    assert decide_mode(600, 600, 4, 4, **FULL, **other) == Decision("direct", "calibration")
     dispatch.reload_calibration()
     write_calibration(isolated_cache_dir, {4: 1e6}, device="meta")
     dispatch.reload_calibration()
-    assert choose_mode(600, 600, 4, 4, **FULL, **CPU64) == "efficient"
+    assert decide_mode(600, 600, 4, 4, **FULL, **CPU64) == Decision("efficient", "theory")
 
 
 def test_calibration_without_device_or_when_switched_off_is_not_used(
     isolated_cache_dir, monkeypatch
 ):
     write_calibration(isolated_cache_dir, {4: 1e6})
-    assert choose_mode(600, 600, 4, 4, **FULL, **CPU64) == "direct"
-    assert choose_mode(600, 600, 4, 4, **FULL) == "efficient"  # no device: theory
+    assert decide_mode(600, 600, 4, 4, **FULL, **CPU64) == Decision("direct", "calibration")
+    assert decide_mode(600, 600, 4, 4, **FULL) == Decision("efficient", "theory")  # no device
     monkeypatch.setenv(dispatch.CALIBRATION_ENV, "off")
-    assert choose_mode(600, 600, 4, 4, **FULL, **CPU64) == "efficient"
+    assert decide_mode(600, 600, 4, 4, **FULL, **CPU64) == Decision("efficient", "theory")
 
 
 @pytest.mark.parametrize(
@@ -128,8 +163,8 @@ def test_corrupt_calibration_warns_once_and_falls_back(isolated_cache_dir, caplo
     (isolated_cache_dir / "calibration.json").write_text(content)
     q, k, v = (torch.randn(1, 1, 600, 4, dtype=torch.float64) for _ in range(3))
     with pytest.warns(RuntimeWarning, match="ignoring the calibration file .*calibration.json"):
-        _, log = auto_log(caplog, q, k, v)
-    assert "auto -> efficient (theory:" in log
+        taylor_shift_attention(q, k, v)
+    assert decide_mode(600, 600, 4, 4, **FULL, **CPU64) == Decision("efficient", "theory")
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # read once per process: no second warning
         taylor_shift_attention(q, k, v)
@@ -185,17 +220,19 @@ def test_head_dims_between_calibrated_ones_interpolate_the_correction(isolated_c
     assert choose_mode(math.floor(n_hat), math.floor(n_hat), 8, 8, **FULL, **CPU64) == "direct"
 
 
-def test_training_calls_use_the_forward_backward_calibration(isolated_cache_dir, caplog):
+def test_training_calls_use_the_forward_backward_calibration(isolated_cache_dir, forms_run):
     write_calibration(isolated_cache_dir, {4: 1e6}, passes="forward")
     write_calibration(isolated_cache_dir, {4: 8}, passes="train")
+    for backward, mode in ((False, "direct"), (True, "efficient")):
+        decision = decide_mode(64, 64, 4, 4, **FULL, **CPU64, backward=backward)
+        assert decision == Decision(mode, "calibration")
     q, k, v = (torch.randn(1, 1, 64, 4, dtype=torch.float64) for _ in range(3))
     with torch.no_grad():
-        _, log = auto_log(caplog, q, k, v)
-    assert "auto -> direct (calibration" in log and "| forward]" in log
-    caplog.clear()
+        taylor_shift_attention(q, k, v.requires_grad_(True))  # no autograd: forward
+    assert forms_run == ["direct_taylor_shift"]
     q.requires_grad_(True)
-    y, log = auto_log(caplog, q, k, v)
-    assert "auto -> efficient (calibration" in log and "| forward+backward]" in log
+    y = taylor_shift_attention(q, k, v)
+    assert forms_run[1:] == ["efficient_taylor_shift"]
     y.sum().backward()
     assert q.grad is not None and torch.isfinite(q.grad).all()
 
@@ -234,7 +271,10 @@ def test_auto_never_picks_a_form_over_the_memory_budget_when_the_other_fits():
     state = bh * (d * (d + 1) // 2 + d + 1) * (d + 1) * 4
     assert state > 8 * 2**30
     assert choose_mode(n, n, d, d, **kw, batch_heads=bh, memory_budget=2**62) == "efficient"
-    assert choose_mode(n, n, d, d, **kw, batch_heads=bh, memory_budget=4 * 2**30) == "direct"
+    budget = 4 * 2**30
+    assert decide_mode(n, n, d, d, **kw, batch_heads=bh, memory_budget=budget) == Decision(
+        "direct", "memory"
+    )
     # neither fits: time decides
     assert choose_mode(n, n, d, d, **kw, batch_heads=bh, memory_budget=2**20) == "efficient"
 
@@ -255,8 +295,10 @@ CPU_PRIOR_SWITCH = {16: 435, 32: 981, 64: 2252}
 @pytest.mark.parametrize(("d", "switch"), CPU_PRIOR_SWITCH.items(), ids=lambda x: str(x))
 def test_cpu_without_calibration_switches_where_cpus_measured(d, switch):
     cpu32 = dict(device="cpu", dtype=torch.float32)
-    assert choose_mode(switch - 1, switch - 1, d, d, **FULL, **cpu32) == "direct"
-    assert choose_mode(switch, switch, d, d, **FULL, **cpu32) == "efficient"
+    assert decide_mode(switch - 1, switch - 1, d, d, **FULL, **cpu32) == Decision(
+        "direct", "cpu prior"
+    )
+    assert decide_mode(switch, switch, d, d, **FULL, **cpu32) == Decision("efficient", "cpu prior")
 
 
 def test_cpu_prior_only_for_what_was_measured(isolated_cache_dir, monkeypatch):

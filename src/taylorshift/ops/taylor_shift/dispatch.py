@@ -37,6 +37,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
@@ -53,9 +54,11 @@ __all__ = [
     "CALIBRATION_VERSION",
     "Calibration",
     "CalibrationError",
+    "Decision",
     "cache_dir",
     "calibration_path",
     "choose_mode",
+    "decide_mode",
     "default_memory_budget",
     "device_key",
     "entry_key",
@@ -337,6 +340,16 @@ def _calibration_enabled() -> bool:
     return os.environ.get(CALIBRATION_ENV, "").strip().lower() not in ("off", "0", "false", "no")
 
 
+class Decision(NamedTuple):
+    """The form ``mode="auto"`` runs and what decided it (``basis``): ``"order"`` (an order
+    other than 2 has no efficient form), ``"mask"`` (a mask that varies over queries),
+    ``"memory"`` (only one form's working set fits), ``"calibration"`` (a measured crossover
+    of this device), ``"cpu prior"`` (:data:`CPU_PRIOR`) or ``"theory"`` (operation counts)."""
+
+    mode: str
+    basis: str
+
+
 def choose_mode(
     nq: int,
     nk: int,
@@ -352,7 +365,30 @@ def choose_mode(
     batch_heads: int = 1,
     memory_budget: int | None = None,
 ) -> str:
-    """'direct' or 'efficient' for ``mode="auto"``, logged at debug level with the reason.
+    """'direct' or 'efficient' for ``mode="auto"``: the mode of :func:`decide_mode`."""
+    return decide_mode(
+        nq, nk, d, dv, causal=causal, order=order, mask_varies=mask_varies, device=device,
+        dtype=dtype, backward=backward, batch_heads=batch_heads, memory_budget=memory_budget,
+    ).mode  # fmt: skip
+
+
+def decide_mode(
+    nq: int,
+    nk: int,
+    d: int,
+    dv: int,
+    *,
+    causal: bool,
+    order: int,
+    mask_varies: bool,
+    device: torch.device | str | None = None,
+    dtype: torch.dtype | None = None,
+    backward: bool = False,
+    batch_heads: int = 1,
+    memory_budget: int | None = None,
+) -> Decision:
+    """The form for ``mode="auto"`` and what decided it, logged at debug level with the
+    numbers behind it.
 
     ``device`` and ``dtype`` select a stored calibration (none given: theory only);
     ``backward`` says that a backward pass will follow (the forward + backward crossover
@@ -361,12 +397,13 @@ def choose_mode(
     Memory first: a form whose working set (:func:`working_set_bytes`, for ``batch_heads``
     = B·H) exceeds ``memory_budget`` bytes is not chosen when the other form's fits (default
     budget: :func:`default_memory_budget` of ``device``). Time decides among the forms that
-    fit, or when neither does.
+    fit, or when neither does: a calibration of this device, else the CPU prior, else the
+    operation counts.
     """
     if order != 2 or mask_varies:
         reason = "order != 2" if order != 2 else "the mask varies over queries"
         logger.debug("auto -> direct (%s)", reason)
-        return "direct"
+        return Decision("direct", "order" if order != 2 else "mask")
     itemsize = 8 if dtype == torch.float64 else 4
     sizes = {
         m: working_set_bytes(m, nq, nk, d, dv, causal, batch_heads, itemsize)
@@ -381,7 +418,7 @@ def choose_mode(
             "auto -> %s (memory: working sets direct %d B, efficient %d B, budget %d B)",
             fits[0], sizes["direct"], sizes["efficient"], memory_budget,
         )  # fmt: skip
-        return fits[0]
+        return Decision(fits[0], "memory")
     if device is not None and dtype is not None and _calibration_enabled():
         try:
             mode = _calibrated_mode(nq, nk, d, dv, causal, torch.device(device), dtype, backward)
@@ -389,11 +426,10 @@ def choose_mode(
             _warn_once(f"the calibration lookup failed ({type(err).__name__}: {err})")
             mode = None
         if mode is not None:
-            return mode
-    if device is not None and dtype is not None and _calibration_enabled():
+            return Decision(mode, "calibration")
         mode = _cpu_prior_mode(nq, nk, d, dv, causal, torch.device(device), dtype)
         if mode is not None:
-            return mode
+            return Decision(mode, "cpu prior")
     direct = impl_ops_direct(nq, nk, d, dv, order)
     efficient = impl_ops_efficient(nq, nk, d, dv, causal, DEFAULT_CAUSAL_CHUNK)
     mode = "efficient" if efficient < direct else "direct"
@@ -407,7 +443,7 @@ def choose_mode(
         d,
         dv,
     )
-    return mode
+    return Decision(mode, "theory")
 
 
 # Without a calibration of this CPU, the correction ρ(d) = N̂_measured / N̂_theory, non-causal
