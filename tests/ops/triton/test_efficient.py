@@ -27,7 +27,7 @@ from tests.ops.triton.conftest import TRITON_MISSING
 pytest.importorskip("triton", reason=TRITON_MISSING)
 
 from taylorshift.ops.triton import efficient as triton_efficient
-from taylorshift.ops.triton import triton_efficient_taylor_shift
+from taylorshift.ops.triton.efficient import triton_efficient_taylor_shift
 
 CASES = [
     Case(2, 2, 7, 65, 16, 16, mask="empty"),

@@ -18,7 +18,7 @@ from tests.ops.triton.conftest import TRITON_MISSING
 
 pytest.importorskip("triton", reason=TRITON_MISSING)
 
-from taylorshift.ops.triton import triton_causal_efficient_taylor_shift
+from taylorshift.ops.triton.efficient_causal import triton_causal_efficient_taylor_shift
 
 CHUNK = 8  # small, so that the test lengths are not multiples of it
 

@@ -68,24 +68,28 @@ def test_router_knows_the_causal_kernels_chunk():
 
 
 @pytest.mark.parametrize(
-    "fused_name, torch_form",
+    "module, fused_name, torch_name",
     [
-        ("triton_direct_taylor_shift", "direct.direct_taylor_shift"),
-        ("triton_efficient_taylor_shift", "efficient.efficient_taylor_shift"),
-        ("triton_causal_efficient_taylor_shift", "efficient_causal.causal_efficient_taylor_shift"),
+        ("direct", "triton_direct_taylor_shift", "direct_taylor_shift"),
+        ("efficient", "triton_efficient_taylor_shift", "efficient_taylor_shift"),
+        (
+            "efficient_causal",
+            "triton_causal_efficient_taylor_shift",
+            "causal_efficient_taylor_shift",
+        ),
     ],
 )
-def test_each_fused_form_has_its_pytorch_forms_signature(fused_name, torch_form):
+def test_each_fused_form_has_its_pytorch_forms_signature(module, fused_name, torch_name):
     """The public op picks the fused or the PyTorch form and calls either the same way."""
     import importlib
     import inspect
 
-    from taylorshift.ops import triton as fused_forms
-
-    module, name = torch_form.split(".")
-    reference = getattr(importlib.import_module(f"taylorshift.ops.taylor_shift.{module}"), name)
+    reference = getattr(
+        importlib.import_module(f"taylorshift.ops.taylor_shift.{module}"), torch_name
+    )
+    fused_form = getattr(importlib.import_module(f"taylorshift.ops.triton.{module}"), fused_name)
     want = inspect.signature(reference).parameters
-    got = inspect.signature(getattr(fused_forms, fused_name)).parameters
+    got = inspect.signature(fused_form).parameters
     assert [(p.name, p.kind, p.default) for p in got.values()] == [
         (p.name, p.kind, p.default) for p in want.values()
     ]
@@ -93,10 +97,8 @@ def test_each_fused_form_has_its_pytorch_forms_signature(fused_name, torch_form)
 
 def test_fused_forms_refuse_what_they_do_not_compute():
     from taylorshift import TaylorShiftState
-    from taylorshift.ops.triton import (
-        triton_causal_efficient_taylor_shift,
-        triton_direct_taylor_shift,
-    )
+    from taylorshift.ops.triton.direct import triton_direct_taylor_shift
+    from taylorshift.ops.triton.efficient_causal import triton_causal_efficient_taylor_shift
 
     q = torch.randn(1, 2, 5, 4)
     varying = torch.ones(1, 1, 5, 5, dtype=torch.bool).tril()
@@ -110,3 +112,22 @@ def test_fused_forms_refuse_what_they_do_not_compute():
         triton_causal_efficient_taylor_shift(*args, initial_state=state)
     with pytest.raises(NotImplementedError, match="neither continues nor returns"):
         triton_causal_efficient_taylor_shift(*args, output_final_state=True)
+
+
+@pytest.mark.parametrize(
+    "name, module",
+    [
+        ("triton_direct_taylor_shift", "direct"),
+        ("triton_efficient_taylor_shift", "efficient"),
+        ("triton_causal_efficient_taylor_shift", "efficient_causal"),
+    ],
+)
+def test_the_unchecked_forms_moved_out_of_the_package_namespace(name, module):
+    import importlib
+
+    import taylorshift.ops.triton as package
+
+    assert name not in package.__all__
+    with pytest.warns(FutureWarning, match=rf"taylorshift.ops.triton.{module}\b"):
+        form = getattr(package, name)
+    assert form is getattr(importlib.import_module(f"taylorshift.ops.triton.{module}"), name)

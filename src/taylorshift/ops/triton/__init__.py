@@ -2,18 +2,27 @@
 
 Importing this package does not import Triton: ``is_available()`` says whether the kernels
 can run here (Triton installed, and a CUDA device or ``TRITON_INTERPRET=1`` for the CPU
-interpreter) and ``unavailable_reason()`` says why not. The forms themselves are imported
-on first use (``from taylorshift.ops.triton import triton_efficient_taylor_shift`` imports
-Triton then). Install with ``pip install 'taylorshift[triton]'``.
+interpreter) and ``unavailable_reason()`` says why not. Install with
+``pip install 'taylorshift[triton]'``.
+
+The public way to run the kernels is ``taylorshift.taylor_shift_attention``: it checks its
+inputs and routes CUDA tensors to them (falling back to PyTorch where a kernel cannot run).
+The forms themselves skip input checks, like the PyTorch forms of
+``taylorshift.ops.taylor_shift``, and are imported from their modules:
+``taylorshift.ops.triton.direct.triton_direct_taylor_shift``,
+``.efficient.triton_efficient_taylor_shift``,
+``.efficient_causal.triton_causal_efficient_taylor_shift`` (importing one imports Triton).
 """
 
 from __future__ import annotations
 
 import importlib
 import os
+import warnings
 
-# Public name -> submodule that defines it; loaded (with Triton) on first access.
-_LAZY = {
+# Old package-level names of the unchecked forms -> the submodule that defines them; they
+# still resolve (loading Triton), with a FutureWarning naming the new spelling.
+_MOVED = {
     "triton_direct_taylor_shift": "direct",
     "triton_efficient_taylor_shift": "efficient",
     "triton_causal_efficient_taylor_shift": "efficient_causal",
@@ -42,10 +51,17 @@ def is_available() -> bool:
 
 
 def __getattr__(name: str):
-    if name in _LAZY:
-        module = importlib.import_module(f".{_LAZY[name]}", __name__)
+    if name in _MOVED:
+        warnings.warn(
+            f"taylorshift.ops.triton.{name} skips input checks and is no longer exported "
+            f"here: call taylorshift.taylor_shift_attention (checked; it runs this kernel on "
+            f"CUDA tensors) or import it from taylorshift.ops.triton.{_MOVED[name]}",
+            FutureWarning,
+            stacklevel=2,
+        )
+        module = importlib.import_module(f".{_MOVED[name]}", __name__)
         return getattr(module, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = ["is_available", "unavailable_reason", *_LAZY]
+__all__ = ["is_available", "unavailable_reason"]
