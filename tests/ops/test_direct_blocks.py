@@ -27,12 +27,19 @@ def _mask(kind, b, h, nq, nk):
     return mask
 
 
+# The backward takes each block's weights from the forward up to KEEP_ENTRIES, else
+# recomputes them: both ways are checked against the reference.
+WEIGHTS = {"kept": 1 << 40, "recomputed": 0}
+
+
+@pytest.mark.parametrize("weights", WEIGHTS)
 @pytest.mark.parametrize("entries", [1, 40, 300, 1 << 18], ids=lambda e: f"block{e}")
 @pytest.mark.parametrize("mask_kind", ["none", "padding", "general"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "B{}-H{}-Nq{}-Nk{}-d{}-dv{}".format(*s))
-def test_blocks_match_reference(monkeypatch, entries, mask_kind, causal, shape):
+def test_blocks_match_reference(monkeypatch, weights, entries, mask_kind, causal, shape):
     monkeypatch.setattr(direct, "BLOCK_ENTRIES", entries)
+    monkeypatch.setattr(direct, "KEEP_ENTRIES", WEIGHTS[weights])
     b, h, nq, nk, d, dv = shape
     q, k, v = random_qkv(b, h, nq, nk, d, dv, seed=sum(shape))
     tau = torch.linspace(0.5, 3.0, h, dtype=torch.float64).view(1, h, 1, 1).requires_grad_()
@@ -48,10 +55,12 @@ def test_blocks_match_reference(monkeypatch, entries, mask_kind, causal, shape):
         assert_rel_close(a, e, 1e-11, f"d{name}")
 
 
+@pytest.mark.parametrize("weights", WEIGHTS)
 @pytest.mark.parametrize("order", [4, 6])
 @pytest.mark.parametrize("normalize", [True, False], ids=["normalize", "plain"])
-def test_higher_orders_in_blocks(monkeypatch, order, normalize):
+def test_higher_orders_in_blocks(monkeypatch, weights, order, normalize):
     monkeypatch.setattr(direct, "BLOCK_ENTRIES", 50)
+    monkeypatch.setattr(direct, "KEEP_ENTRIES", WEIGHTS[weights])
     q, k, v = random_qkv(2, 2, 13, 13, 4, 3, seed=order)
     kwargs = {"is_causal": True, "normalize": normalize, "order": order}
     got = taylor_shift_attention(q, k, v, mode="direct", **kwargs)
@@ -77,3 +86,39 @@ def test_blocks_cover_every_row_once(monkeypatch, entries):
         covered[b0:b1, i0:i1] += 1
         assert (b1 - b0) * 3 * (i1 - i0) * 11 <= max(entries, 3 * 11)
     assert bool((covered == 1).all()), f"budget {entries}: {covered}"
+
+
+@pytest.mark.parametrize("weights", WEIGHTS)
+def test_kept_weights_spare_the_backward_its_score_products(monkeypatch, weights):
+    monkeypatch.setattr(direct, "BLOCK_ENTRIES", 40)
+    monkeypatch.setattr(direct, "KEEP_ENTRIES", WEIGHTS[weights])
+    calls = []
+    real = direct._block_weights
+    monkeypatch.setattr(direct, "_block_weights", lambda *a: calls.append(1) or real(*a))
+    q, k, v = random_qkv(2, 2, 9, 9, 4, 3, seed=5)
+    out = taylor_shift_attention(q, k, v, mode="direct", attn_mask=key_padding(2, 9))
+    forward_blocks = len(calls)
+    assert forward_blocks == len(direct._blocks(2, 2, 9, 9)) > 1
+    grads = torch.autograd.grad(out.sum(), (q, k, v), retain_graph=True)
+    backward_blocks = len(calls) - forward_blocks
+    assert backward_blocks == (0 if weights == "kept" else forward_blocks)
+    # a second backward through the same graph recomputes (the kept blocks are released)
+    again = torch.autograd.grad(out.sum(), (q, k, v))
+    assert len(calls) - forward_blocks - backward_blocks == forward_blocks
+    for a, b in zip(grads, again, strict=True):
+        assert_rel_close(a, b, 1e-13, "second backward")
+
+
+def test_no_weights_are_kept_without_autograd_or_above_the_limit(monkeypatch):
+    q, k, v = random_qkv(2, 2, 9, 9, 4, 3, seed=6)
+    kept = []
+    real = direct.weighted_sums
+    monkeypatch.setattr(
+        direct, "weighted_sums", lambda *a: kept.append(a[-1] is not None) or real(*a)
+    )
+    with torch.no_grad():
+        taylor_shift_attention(q, k, v, mode="direct")
+    taylor_shift_attention(q, k, v, mode="direct")
+    monkeypatch.setattr(direct, "KEEP_ENTRIES", 2 * 2 * 9 * 9 - 1)
+    taylor_shift_attention(q, k, v, mode="direct")
+    assert kept == [False, True, False]

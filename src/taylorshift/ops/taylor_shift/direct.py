@@ -29,6 +29,13 @@ from .features import (
 # so a block's scores, weights and their gradient stay in a core's L2 cache.
 BLOCK_ENTRIES = 1 << 18
 
+# Up to this many (B, H, Nq, Nk) entries a call under autograd keeps each block's weights
+# and their derivative from the forward (two float32 matrices, at most 32 MiB) instead of
+# recomputing them in the backward: at short N the recomputation's score product and
+# elementwise passes are a fixed cost of several operations per block
+# (benchmarks/direct_cpu/keep-weights).
+KEEP_ENTRIES = 1 << 22
+
 
 def allowed_keys(
     mask: Tensor | None, is_causal: bool, nq: int, nk: int, device: torch.device
@@ -81,11 +88,16 @@ def _block_weights(
     """Scores and masked weights of one block: q (b, H, r, d), k (b, H, n, d) -> (b, H, r, n)."""
     s = q @ k.transpose(-2, -1)
     w = _taylor_(s, order)
-    if causal_from is not None:
-        w.tril_(causal_from)
-    if mask is not None:
-        w.mul_(mask)
+    _mask_scores_(w, mask, causal_from)
     return s, w
+
+
+def _mask_scores_(x: Tensor, mask: Tensor | None, causal_from: int | None) -> None:
+    """Zero the pairs of a (b, H, rows, keys) block that are not attended, in place."""
+    if causal_from is not None:
+        x.tril_(causal_from)
+    if mask is not None:
+        x.mul_(mask)
 
 
 def _block_inputs(q, k, v, mask, is_causal, b0, b1, i0, i1):
@@ -102,20 +114,40 @@ def _block_inputs(q, k, v, mask, is_causal, b0, b1, i0, i1):
 
 
 def weighted_sums(
-    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool, order: int = 2
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: Tensor | None,
+    is_causal: bool,
+    order: int = 2,
+    kept: list | None = None,
 ) -> Tensor:
     """Σ_j w(q_i · k_j) v_j over the attended pairs, block by block: (B, H, Nq, c).
 
     q (B, H, Nq, d) and k (B, H, Nk, d) already scaled; v (B, H, Nk, c); ``mask`` None or
-    bool (B, H, Nq or 1, Nk). No autograd: see ``weighted_sums_grad``.
+    bool (B, H, Nq or 1, Nk). No autograd: see ``weighted_sums_grad``. With a list as
+    ``kept``, each block's masked weights and their masked derivative w'(s) are appended
+    to it, for ``weighted_sums_grad(..., kept=)``.
     """
     b, h, nq, _ = q.shape
     out = q.new_empty((b, h, nq, v.shape[-1]))
     for b0, b1, i0, i1 in _blocks(b, h, nq, k.shape[2]):
         qb, kb, vb, mb, _ = _block_inputs(q, k, v, mask, is_causal, b0, b1, i0, i1)
-        _, w = _block_weights(qb, kb, mb, i0 if is_causal else None, order)
+        causal_from = i0 if is_causal else None
+        s, w = _block_weights(qb, kb, mb, causal_from, order)
         out[b0:b1, :, i0:i1] = w @ vb
+        if kept is not None:
+            kept.append((w, _block_derivative(s, mb, causal_from, order)))
     return out
+
+
+def _block_derivative(
+    s: Tensor, mask: Tensor | None, causal_from: int | None, order: int
+) -> Tensor:
+    """w'(s) = w_{order-1}(s) on the attended pairs, 0 elsewhere (orders are even, >= 2)."""
+    wd = _taylor_(s, order - 1)
+    _mask_scores_(wd, mask, causal_from)
+    return wd
 
 
 def weighted_sums_grad(
@@ -127,29 +159,31 @@ def weighted_sums_grad(
     is_causal: bool,
     order: int = 2,
     need: tuple[bool, bool, bool] = (True, True, True),
+    kept: list | None = None,
 ) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
-    """Gradients (q, k, v) of Σ_i grad_i · ``weighted_sums(q, k, v, ...)``_i, recomputing
-    each block's weights: ∂v_j = Σ_i w_ij g_i, ∂s_ij = (g_i · v_j) w'(s_ij) on attended
-    pairs, ∂q_i = Σ_j ∂s_ij k_j, ∂k_j = Σ_i ∂s_ij q_i (docs/direct-form.md)."""
+    """Gradients (q, k, v) of Σ_i grad_i · ``weighted_sums(q, k, v, ...)``_i: ∂v_j =
+    Σ_i w_ij g_i, ∂s_ij = (g_i · v_j) w'(s_ij) on attended pairs, ∂q_i = Σ_j ∂s_ij k_j,
+    ∂k_j = Σ_i ∂s_ij q_i (docs/direct-form.md). Each block's weights are recomputed, or
+    taken from ``kept`` as ``weighted_sums(..., kept=)`` filled it for the same inputs."""
     need_q, need_k, need_v = need
     b, h, nq, _ = q.shape
     dq = torch.zeros_like(q) if need_q else None
     dk = torch.zeros_like(k) if need_k else None
     dv = torch.zeros_like(v) if need_v else None
-    for b0, b1, i0, i1 in _blocks(b, h, nq, k.shape[2]):
+    for index, (b0, b1, i0, i1) in enumerate(_blocks(b, h, nq, k.shape[2])):
         qb, kb, vb, mb, end = _block_inputs(q, k, v, mask, is_causal, b0, b1, i0, i1)
         gb = grad[b0:b1, :, i0:i1]
         causal_from = i0 if is_causal else None
-        s, w = _block_weights(qb, kb, mb, causal_from, order)
+        if kept is not None:
+            w, wd = kept[index]
+        else:
+            s, w = _block_weights(qb, kb, mb, causal_from, order)
+            wd = _block_derivative(s, mb, causal_from, order) if need_q or need_k else None
         if need_v:
             dv[b0:b1, :, :end] += w.transpose(-2, -1) @ gb
         if need_q or need_k:
             ds = gb @ vb.transpose(-2, -1)
-            ds.mul_(_taylor_(s, order - 1) if order > 1 else 1.0)
-            if causal_from is not None:
-                ds.tril_(causal_from)
-            if mb is not None:
-                ds.mul_(mb)
+            ds.mul_(wd)
             if need_q:
                 dq[b0:b1, :, i0:i1] = ds @ kb
             if need_k:
@@ -165,8 +199,9 @@ class _DirectAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(
-        ctx, query, key, value, temperature, factor, normalize, mask, is_causal, order, count
-    ):
+        ctx, query, key, value, temperature, factor, normalize, mask, is_causal, order, count,
+        keep,
+    ):  # fmt: skip
         cd = compute_dtype(query.dtype)
         tau = factor if temperature is None else temperature.to(cd)
         q = scaled_query(query.to(cd), tau, normalize)
@@ -175,7 +210,9 @@ class _DirectAttention(torch.autograd.Function):
         # [v, 1]: the numerator and the row sums (denominators) in one pass
         # (v.new_ones, not ones_like(v[..., :1]): dv may be 0)
         ones = v.new_ones((*v.shape[:-1], 1))
-        y_prime = weighted_sums(q, k, torch.cat([v, ones], dim=-1), mask, is_causal, order)
+        ctx.kept = [] if keep else None
+        vp = torch.cat([v, ones], dim=-1)
+        y_prime = weighted_sums(q, k, vp, mask, is_causal, order, ctx.kept)
         out, den = finish_outputs(y_prime, count, normalize, q.shape[-1])
         ctx.save_for_backward(query, key, value, temperature, q, k, mask, count, out, den)
         ctx.factor, ctx.is_causal, ctx.order, ctx.normalize = factor, is_causal, order, normalize
@@ -192,7 +229,10 @@ class _DirectAttention(torch.autograd.Function):
         vp = torch.cat([v, v.new_ones((*v.shape[:-1], 1))], dim=-1)
         need_q, need_k, need_v, need_t = ctx.needs_input_grad[:4]
         need = (need_q or need_t, need_k, need_v)
-        dq, dk, dvp = weighted_sums_grad(q, k, vp, g, mask, ctx.is_causal, ctx.order, need)
+        dq, dk, dvp = weighted_sums_grad(
+            q, k, vp, g, mask, ctx.is_causal, ctx.order, need, kept=ctx.kept
+        )
+        ctx.kept = None
         gq = gt = gk = None
         if need_q or need_t:
             tau = ctx.factor if temperature is None else temperature.to(cd)
@@ -204,7 +244,7 @@ class _DirectAttention(torch.autograd.Function):
             gk.to(key.dtype) if need_k else None,
             dvp[..., :-1].to(value.dtype) if need_v else None,
             gt.sum_to_size(temperature.shape).to(temperature.dtype) if need_t else None,
-            None, None, None, None, None, None,
+            None, None, None, None, None, None, None,
         )  # fmt: skip
 
 
@@ -232,4 +272,12 @@ def direct_taylor_shift(
         mask = mask.expand(b, h, mask.shape[2], nk)
     count = attended_counts(mask, is_causal, b, h, nq, nk, query.device).to(cd)[..., 0]
     t, f = split_factor(temperature, scale, normalize, d)
-    return _DirectAttention.apply(query, key, value, t, f, normalize, mask, is_causal, order, count)
+    # keep the blocks' weights for the backward when one follows and they are small
+    keep = b * h * nq * nk <= KEEP_ENTRIES and _backward_follows(query, key, value, t)
+    return _DirectAttention.apply(
+        query, key, value, t, f, normalize, mask, is_causal, order, count, keep
+    )
+
+
+def _backward_follows(*inputs: Tensor | None) -> bool:
+    return torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in inputs)

@@ -491,11 +491,17 @@ def working_set_bytes(
     backward, beyond what every form needs alike (the inputs, the output, their gradients).
 
     direct: blocks of at most 2^18 scores (three live copies: scores, weights, their
-    gradient) and the row sums; efficient: the (D, dv + 1) state per batch entry and head
-    three times (state, its weighted copy, its gradient) and one chunk of features.
+    gradient), the row sums, and for calls of at most 2^22 (Nq, Nk) entries in all the
+    weights and their derivative kept for the backward (``direct.KEEP_ENTRIES``);
+    efficient: the (D, dv + 1) state per batch entry and head three times (state, its
+    weighted copy, its gradient) and one chunk of features.
     """
     if mode == "direct":
-        return itemsize * (3 * (1 << 18) + batch_heads * nq)
+        from .direct import KEEP_ENTRIES
+
+        entries = batch_heads * nq * nk
+        kept = 2 * entries if entries <= KEEP_ENTRIES else 0
+        return itemsize * (3 * (1 << 18) + batch_heads * nq + kept)
     from .efficient import default_chunk_size
 
     chunk = DEFAULT_CAUSAL_CHUNK if causal else default_chunk_size(batch_heads, d, dv)
