@@ -530,6 +530,25 @@ def check_kernel_inputs(query: Tensor, torch_form: str) -> None:
         )
 
 
+def scaled_inputs(
+    query: Tensor,
+    key: Tensor,
+    temperature: Tensor | float,
+    scale: float | None,
+    normalize: bool,
+) -> tuple[Tensor, Tensor]:
+    """q' (B, H, Nq, d) and k' (B, H, Nk, d) in float32, the kernels' inputs (s = q'·k').
+
+    O(N d) work left to torch, so that autograd differentiates these cheap maps (and a
+    tensor temperature gets its gradient through q').
+    """
+    factor = score_factor(temperature, scale, normalize, query.shape[-1])
+    if isinstance(factor, Tensor):
+        factor = factor.to(torch.float32)
+    qp = scaled_query(query.to(torch.float32), factor, normalize)
+    return qp, scaled_key(key.to(torch.float32), normalize)
+
+
 def triton_efficient_taylor_shift(
     query: Tensor,
     key: Tensor,
@@ -552,14 +571,10 @@ def triton_efficient_taylor_shift(
     of the torch form, never its result).
     """
     check_kernel_inputs(query, "efficient form")
-    d = query.shape[-1]
-    factor = score_factor(temperature, scale, normalize, d)
-    if isinstance(factor, Tensor):
-        factor = factor.to(torch.float32)
-    # q' and k' in float32 (O(N d)); autograd differentiates these cheap maps.
-    qp = scaled_query(query.to(torch.float32), factor, normalize).contiguous()
-    kp = scaled_key(key.to(torch.float32), normalize).contiguous()
-    out, _, _ = triton_efficient_forward(qp, kp, value.contiguous(), key_mask, normalize)
+    qp, kp = scaled_inputs(query, key, temperature, scale, normalize)
+    out, _, _ = triton_efficient_forward(
+        qp.contiguous(), kp.contiguous(), value.contiguous(), key_mask, normalize
+    )
     return out
 
 
