@@ -65,6 +65,14 @@ def window_mask(nq: int, nk: int, window: int, is_causal: bool, device=None) -> 
     return (j - pos).abs() < window
 
 
+def _allowed(
+    q: Tensor, k: Tensor, window: int, attn_mask: Tensor | None, is_causal: bool
+) -> Tensor:
+    """The (…, Nq, Nk) bool mask of the window and ``attn_mask`` together."""
+    mask = window_mask(q.shape[-2], k.shape[-2], window, is_causal, q.device)
+    return mask if attn_mask is None else mask & attn_mask
+
+
 def masked_softmax_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
     """SDPA under a bool mask (True = attend); a row with no allowed key gives zeros."""
     has_keys = mask.any(-1, keepdim=True)
@@ -99,9 +107,7 @@ def naive_sliding_window_attention(
     """The plain reference: the whole (Nq, Nk) score matrix under the window's mask."""
     _check(q, k, v, window, is_causal)
     s = (q @ k.transpose(-2, -1)) / math.sqrt(q.shape[-1])
-    mask = window_mask(q.shape[-2], k.shape[-2], window, is_causal, q.device)
-    if attn_mask is not None:
-        mask = mask & attn_mask
+    mask = _allowed(q, k, window, attn_mask, is_causal)
     s = s.masked_fill(~mask, float("-inf"))
     has_keys = mask.any(-1, keepdim=True)
     a = torch.softmax(s.masked_fill(~has_keys, 0.0), dim=-1)
@@ -124,10 +130,7 @@ def sliding_window_attention(
     if k.shape[-2] != n or (attn_mask is not None and padding is None) or n <= window:
         # one block (N <= window), cross-attention or a mask varying over queries: the
         # (Nq, Nk) mask
-        mask = window_mask(n, k.shape[-2], window, is_causal, q.device)
-        if attn_mask is not None:
-            mask = mask & attn_mask
-        return masked_softmax_attention(q, k, v, mask)
+        return masked_softmax_attention(q, k, v, _allowed(q, k, window, attn_mask, is_causal))
     blocks = -(-n // window)
     size = blocks * window
     before, after = (1, 0) if is_causal else (1, 1)  # neighbour blocks each block sees

@@ -27,6 +27,107 @@ from ..taylor_shift.features import compute_dtype, scaled_key, scaled_query, sco
 
 
 @triton.jit
+def _program_head(H):
+    """(b, h, row) of this program (grid axes 2 and 1); row indexes the (B·H, Nq) statistics."""
+    h = tl.program_id(1).to(tl.int64)
+    b = tl.program_id(2).to(tl.int64)
+    return b, h, b * H + h
+
+
+@triton.jit
+def _block(start, N, BLOCK: tl.constexpr):
+    """Offsets start, ..., start + BLOCK - 1 of a block of tokens, and which of them are < N."""
+    offs = start + tl.arange(0, BLOCK)
+    return offs, offs < N
+
+
+@triton.jit
+def _head_dims(D, DV, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr):
+    """Offsets over the padded head dims of q/k and of v, and which of them are real."""
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    return offs_d, offs_dv, offs_d < D, offs_dv < DV
+
+
+@triton.jit
+def _load_tile(base, rows, cols, stride_row, stride_col, row_ok, col_ok):
+    """The (len(rows), len(cols)) tile at base + rows·stride_row + cols·stride_col, 0 outside."""
+    return tl.load(
+        base + rows[:, None] * stride_row + cols[None, :] * stride_col,
+        mask=row_ok[:, None] & col_ok[None, :],
+        other=0.0,
+    )
+
+
+@triton.jit
+def _store_tile(base, tile, rows, cols, stride_row, stride_col, row_ok, col_ok):
+    """Store tile where both its row and its column are real (see _load_tile)."""
+    tl.store(
+        base + rows[:, None] * stride_row + cols[None, :] * stride_col,
+        tile,
+        mask=row_ok[:, None] & col_ok[None, :],
+    )
+
+
+@triton.jit
+def _load_rows(base, offs_m, row_ok, ACC: tl.constexpr):
+    """One per-query statistic (BLOCK_M,) in ACC, 0 past Nq."""
+    return tl.load(base + offs_m, mask=row_ok, other=0.0).to(ACC)
+
+
+@triton.jit
+def _taylor_weight(s):
+    """w(s) = 1 + s + s²/2, elementwise."""
+    return 1.0 + s * (1.0 + 0.5 * s)
+
+
+@triton.jit
+def _key_ok(m_base, offs_n, smn, col_ok, HAS_MASK: tl.constexpr):
+    """(BLOCK_N,): key j exists and, with a key mask, is not masked out."""
+    ok = col_ok
+    if HAS_MASK:
+        km = tl.load(m_base + offs_n * smn, mask=col_ok, other=0)
+        ok = ok & (km != 0)
+    return ok
+
+
+@triton.jit
+def _attended(key_ok, offs_m, offs_n, IS_CAUSAL: tl.constexpr):
+    """(BLOCK_M, BLOCK_N): query i attends key j (key_ok[j], and j <= i when causal)."""
+    ok = key_ok[None, :]
+    if IS_CAUSAL:
+        ok = ok & (offs_n[None, :] <= offs_m[:, None])
+    return ok
+
+
+@triton.jit
+def _key_end(pid_m, NK, BLOCK_M: tl.constexpr, IS_CAUSAL: tl.constexpr):
+    """End of the keys a query block walks: key blocks past it are all zero when causal."""
+    hi = NK
+    if IS_CAUSAL:
+        hi = tl.minimum(NK, (pid_m + 1) * BLOCK_M)
+    return hi
+
+
+@triton.jit
+def _backward_rows(F, RInv, Delta, row, offs_m, row_ok, do, NQ, ACC: tl.constexpr):
+    """Backward's per-query inputs in ACC: 1/D_i and δ_i (BLOCK_M,), and g_i = f_i ∂L/∂out_i
+    (BLOCK_M, BLOCK_DV), ∂L/∂y_i before the output factor."""
+    f = _load_rows(F + row * NQ, offs_m, row_ok, ACC)
+    ri = _load_rows(RInv + row * NQ, offs_m, row_ok, ACC)
+    delta = _load_rows(Delta + row * NQ, offs_m, row_ok, ACC)
+    return ri, delta, do.to(ACC) * f[:, None]
+
+
+@triton.jit
+def _score_grad(g, v, s, ok, ri, delta, ACC: tl.constexpr, PRECISION: tl.constexpr):
+    """ds_ij = ∂L/∂s_ij on one (BLOCK_M, BLOCK_N) tile, 0 where query i does not attend key j."""
+    dp = tl.dot(g, tl.trans(v), input_precision=PRECISION, out_dtype=ACC)  # g_i · v_j
+    # ∂y_i/∂w_ij = (v_j − y_i)/D_i and w'(s) = 1 + s.
+    return tl.where(ok, (dp - delta[:, None]) * (1.0 + s) * ri[:, None], 0.0)
+
+
+@triton.jit
 def _direct_fwd_kernel(
     Q, K, V, F, KM, KMAX, Out, RInv,
     sqb, sqh, sqn, sqd,
@@ -42,73 +143,44 @@ def _direct_fwd_kernel(
 ):  # fmt: skip
     """One block of BLOCK_M queries of one (b, h): out = f · Σ_j w v_j / Σ_j w, RInv = 1/Σ_j w."""
     pid_m = tl.program_id(0)
-    h = tl.program_id(1).to(tl.int64)
-    b = tl.program_id(2).to(tl.int64)
-    pid_bh = b * H + h  # row of the (B·H, Nq) statistics
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, BLOCK_D)
-    offs_dv = tl.arange(0, BLOCK_DV)
-    row_ok = offs_m < NQ
-    d_ok = offs_d < D
-    dv_ok = offs_dv < DV
+    b, h, pid_bh = _program_head(H)
+    offs_m, row_ok = _block(pid_m * BLOCK_M, NQ, BLOCK_M)
+    offs_d, offs_dv, d_ok, dv_ok = _head_dims(D, DV, BLOCK_D, BLOCK_DV)
 
-    q = tl.load(
-        Q + b * sqb + h * sqh + offs_m[:, None] * sqn + offs_d[None, :] * sqd,
-        mask=row_ok[:, None] & d_ok[None, :],
-        other=0.0,
-    )  # (BLOCK_M, BLOCK_D)
+    # q (BLOCK_M, BLOCK_D) of this query block
+    q = _load_tile(Q + b * sqb + h * sqh, offs_m, offs_d, sqn, sqd, row_ok, d_ok)
     # A static bound, not a running max: |s_ij| <= ‖q'_i‖ max_j ‖k'_j‖ = r_i, and
     # 1/2 <= w(s) <= w(r_i), so c_i w lies in (0, 1] and can be rounded to float16/bfloat16
     # for the second matmul without overflow. c_i cancels between numerator and denominator.
     qf = q.to(ACC)
     r = tl.sqrt(tl.sum(qf * qf, 1)) * tl.load(KMAX + pid_bh).to(ACC)
-    c = 1.0 / (1.0 + r * (1.0 + 0.5 * r))  # (BLOCK_M,)
+    c = 1.0 / _taylor_weight(r)  # (BLOCK_M,)
 
     k_base = K + b * skb + h * skh
     v_base = V + b * svb + h * svh
     m_base = KM + b * smb + h * smh
     acc = tl.zeros((BLOCK_M, BLOCK_DV), dtype=ACC)
     den = tl.zeros((BLOCK_M,), dtype=ACC)
-    hi = NK
-    if IS_CAUSAL:
-        # Key j is attended only if j <= i: key blocks past this query block are all zero.
-        hi = tl.minimum(NK, (pid_m + 1) * BLOCK_M)
-    for start_n in range(0, hi, BLOCK_N):
-        offs_n = start_n + tl.arange(0, BLOCK_N)
-        col_ok = offs_n < NK
-        k = tl.load(
-            k_base + offs_n[:, None] * skn + offs_d[None, :] * skd,
-            mask=col_ok[:, None] & d_ok[None, :],
-            other=0.0,
-        )  # (BLOCK_N, BLOCK_D)
-        v = tl.load(
-            v_base + offs_n[:, None] * svn + offs_dv[None, :] * svd,
-            mask=col_ok[:, None] & dv_ok[None, :],
-            other=0.0,
-        )  # (BLOCK_N, BLOCK_DV)
+    for start_n in range(0, _key_end(pid_m, NK, BLOCK_M, IS_CAUSAL), BLOCK_N):
+        offs_n, col_ok = _block(start_n, NK, BLOCK_N)
+        k = _load_tile(k_base, offs_n, offs_d, skn, skd, col_ok, d_ok)  # (BLOCK_N, BLOCK_D)
+        v = _load_tile(v_base, offs_n, offs_dv, svn, svd, col_ok, dv_ok)  # (BLOCK_N, BLOCK_DV)
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION, out_dtype=ACC)  # (BLOCK_M, BLOCK_N)
-        ok = col_ok[None, :]
-        if HAS_MASK:
-            km = tl.load(m_base + offs_n * smn, mask=col_ok, other=0)
-            ok = ok & (km != 0)[None, :]
-        if IS_CAUSAL:
-            ok = ok & (offs_n[None, :] <= offs_m[:, None])
+        key_ok = _key_ok(m_base, offs_n, smn, col_ok, HAS_MASK)
+        ok = _attended(key_ok, offs_m, offs_n, IS_CAUSAL)
         # Masked keys leave every sum, the constant term of w included.
-        w = tl.where(ok, (1.0 + s * (1.0 + 0.5 * s)) * c[:, None], 0.0)
+        w = tl.where(ok, _taylor_weight(s) * c[:, None], 0.0)
         den += tl.sum(w, 1)
         acc += tl.dot(w.to(v.dtype), v, input_precision=PRECISION, out_dtype=ACC)
 
-    f = tl.load(F + pid_bh * NQ + offs_m, mask=row_ok, other=0.0).to(ACC)
+    f = _load_rows(F + pid_bh * NQ, offs_m, row_ok, ACC)
     # den >= c_i n_i / 2 > 0 when query i attends any key; an empty row has acc = den = 0 and
     # divides by 1 to stay at exactly zero.
     has = den > 0
     safe = tl.where(has, den, 1.0)
     out = acc / safe[:, None] * f[:, None]
-    tl.store(
-        Out + b * sob + h * soh + offs_m[:, None] * son + offs_dv[None, :] * sod,
-        out.to(Out.dtype.element_ty),
-        mask=row_ok[:, None] & dv_ok[None, :],
-    )
+    out_base = Out + b * sob + h * soh
+    _store_tile(out_base, out.to(Out.dtype.element_ty), offs_m, offs_dv, son, sod, row_ok, dv_ok)
     # 1 / Σ_j w(s_ij) without the c_i factor, 0 for an empty row: backward's only statistic.
     tl.store(RInv + pid_bh * NQ + offs_m, tl.where(has, c / safe, 0.0), mask=row_ok)
 
@@ -134,30 +206,14 @@ def _direct_bwd_dkv_kernel(
     DK has the strides sx*, DVal the strides sy*.
     """
     pid_n = tl.program_id(0)
-    h = tl.program_id(1).to(tl.int64)
-    b = tl.program_id(2).to(tl.int64)
-    pid_bh = b * H + h  # row of the (B·H, Nq) statistics
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, BLOCK_D)
-    offs_dv = tl.arange(0, BLOCK_DV)
-    col_ok = offs_n < NK
-    d_ok = offs_d < D
-    dv_ok = offs_dv < DV
+    b, h, pid_bh = _program_head(H)
+    offs_n, col_ok = _block(pid_n * BLOCK_N, NK, BLOCK_N)
+    offs_d, offs_dv, d_ok, dv_ok = _head_dims(D, DV, BLOCK_D, BLOCK_DV)
 
-    k = tl.load(
-        K + b * skb + h * skh + offs_n[:, None] * skn + offs_d[None, :] * skd,
-        mask=col_ok[:, None] & d_ok[None, :],
-        other=0.0,
-    )  # (BLOCK_N, BLOCK_D)
-    v = tl.load(
-        V + b * svb + h * svh + offs_n[:, None] * svn + offs_dv[None, :] * svd,
-        mask=col_ok[:, None] & dv_ok[None, :],
-        other=0.0,
-    )  # (BLOCK_N, BLOCK_DV)
-    key_ok = col_ok
-    if HAS_MASK:
-        km = tl.load(KM + b * smb + h * smh + offs_n * smn, mask=col_ok, other=0)
-        key_ok = key_ok & (km != 0)
+    # k (BLOCK_N, BLOCK_D) and v (BLOCK_N, BLOCK_DV) of this key block
+    k = _load_tile(K + b * skb + h * skh, offs_n, offs_d, skn, skd, col_ok, d_ok)
+    v = _load_tile(V + b * svb + h * svh, offs_n, offs_dv, svn, svd, col_ok, dv_ok)
+    key_ok = _key_ok(KM + b * smb + h * smh, offs_n, smn, col_ok, HAS_MASK)
 
     q_base = Q + b * sqb + h * sqh
     do_base = DO + b * sdb + h * sdh
@@ -168,44 +224,23 @@ def _direct_bwd_dkv_kernel(
         # Queries i < j do not attend key j: skip the query blocks wholly above this key block.
         lo = ((pid_n * BLOCK_N) // BLOCK_M) * BLOCK_M
     for start_m in range(lo, NQ, BLOCK_M):
-        offs_m = start_m + tl.arange(0, BLOCK_M)
-        row_ok = offs_m < NQ
-        q = tl.load(
-            q_base + offs_m[:, None] * sqn + offs_d[None, :] * sqd,
-            mask=row_ok[:, None] & d_ok[None, :],
-            other=0.0,
-        )  # (BLOCK_M, BLOCK_D)
-        do = tl.load(
-            do_base + offs_m[:, None] * sdn + offs_dv[None, :] * sdd,
-            mask=row_ok[:, None] & dv_ok[None, :],
-            other=0.0,
-        )  # (BLOCK_M, BLOCK_DV)
-        f = tl.load(F + pid_bh * NQ + offs_m, mask=row_ok, other=0.0).to(ACC)
-        ri = tl.load(RInv + pid_bh * NQ + offs_m, mask=row_ok, other=0.0).to(ACC)
-        delta = tl.load(Delta + pid_bh * NQ + offs_m, mask=row_ok, other=0.0).to(ACC)
-        g = (do.to(ACC) * f[:, None]).to(v.dtype)  # ∂L/∂y_i before the output factor
+        offs_m, row_ok = _block(start_m, NQ, BLOCK_M)
+        q = _load_tile(q_base, offs_m, offs_d, sqn, sqd, row_ok, d_ok)  # (BLOCK_M, BLOCK_D)
+        do = _load_tile(do_base, offs_m, offs_dv, sdn, sdd, row_ok, dv_ok)  # (BLOCK_M, BLOCK_DV)
+        ri, delta, g = _backward_rows(F, RInv, Delta, pid_bh, offs_m, row_ok, do, NQ, ACC)
+        g = g.to(v.dtype)
 
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION, out_dtype=ACC)  # (BLOCK_M, BLOCK_N)
-        ok = key_ok[None, :]
-        if IS_CAUSAL:
-            ok = ok & (offs_n[None, :] <= offs_m[:, None])
-        p = tl.where(ok, (1.0 + s * (1.0 + 0.5 * s)) * ri[:, None], 0.0)  # w_ij / D_i <= 1
+        ok = _attended(key_ok, offs_m, offs_n, IS_CAUSAL)
+        p = tl.where(ok, _taylor_weight(s) * ri[:, None], 0.0)  # w_ij / D_i <= 1
         dv += tl.dot(tl.trans(p.to(v.dtype)), g, input_precision=PRECISION, out_dtype=ACC)
-        dp = tl.dot(g, tl.trans(v), input_precision=PRECISION, out_dtype=ACC)  # g_i · v_j
-        # ∂y_i/∂w_ij = (v_j − y_i)/D_i and w'(s) = 1 + s.
-        ds = tl.where(ok, (dp - delta[:, None]) * (1.0 + s) * ri[:, None], 0.0)
+        ds = _score_grad(g, v, s, ok, ri, delta, ACC, PRECISION)
         dk += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision=PRECISION, out_dtype=ACC)
 
-    tl.store(
-        DK + b * sxb + h * sxh + offs_n[:, None] * sxn + offs_d[None, :] * sxd,
-        dk.to(DK.dtype.element_ty),
-        mask=col_ok[:, None] & d_ok[None, :],
-    )
-    tl.store(
-        DVal + b * syb + h * syh + offs_n[:, None] * syn + offs_dv[None, :] * syd,
-        dv.to(DVal.dtype.element_ty),
-        mask=col_ok[:, None] & dv_ok[None, :],
-    )
+    dk_base = DK + b * sxb + h * sxh
+    dv_base = DVal + b * syb + h * syh
+    _store_tile(dk_base, dk.to(DK.dtype.element_ty), offs_n, offs_d, sxn, sxd, col_ok, d_ok)
+    _store_tile(dv_base, dv.to(DVal.dtype.element_ty), offs_n, offs_dv, syn, syd, col_ok, dv_ok)
 
 
 @triton.jit
@@ -225,67 +260,32 @@ def _direct_bwd_dq_kernel(
 ):  # fmt: skip
     """One block of BLOCK_M queries: dq'_i = Σ_j ds_ij k'_j over key blocks (strides sx*)."""
     pid_m = tl.program_id(0)
-    h = tl.program_id(1).to(tl.int64)
-    b = tl.program_id(2).to(tl.int64)
-    pid_bh = b * H + h  # row of the (B·H, Nq) statistics
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, BLOCK_D)
-    offs_dv = tl.arange(0, BLOCK_DV)
-    row_ok = offs_m < NQ
-    d_ok = offs_d < D
-    dv_ok = offs_dv < DV
+    b, h, pid_bh = _program_head(H)
+    offs_m, row_ok = _block(pid_m * BLOCK_M, NQ, BLOCK_M)
+    offs_d, offs_dv, d_ok, dv_ok = _head_dims(D, DV, BLOCK_D, BLOCK_DV)
 
-    q = tl.load(
-        Q + b * sqb + h * sqh + offs_m[:, None] * sqn + offs_d[None, :] * sqd,
-        mask=row_ok[:, None] & d_ok[None, :],
-        other=0.0,
-    )  # (BLOCK_M, BLOCK_D)
-    do = tl.load(
-        DO + b * sdb + h * sdh + offs_m[:, None] * sdn + offs_dv[None, :] * sdd,
-        mask=row_ok[:, None] & dv_ok[None, :],
-        other=0.0,
-    )  # (BLOCK_M, BLOCK_DV)
-    f = tl.load(F + pid_bh * NQ + offs_m, mask=row_ok, other=0.0).to(ACC)
-    ri = tl.load(RInv + pid_bh * NQ + offs_m, mask=row_ok, other=0.0).to(ACC)
-    delta = tl.load(Delta + pid_bh * NQ + offs_m, mask=row_ok, other=0.0).to(ACC)
-    g = (do.to(ACC) * f[:, None]).to(V.dtype.element_ty)  # ∂L/∂y_i before the output factor
+    # q (BLOCK_M, BLOCK_D) and ∂L/∂out (BLOCK_M, BLOCK_DV) of this query block
+    q = _load_tile(Q + b * sqb + h * sqh, offs_m, offs_d, sqn, sqd, row_ok, d_ok)
+    do = _load_tile(DO + b * sdb + h * sdh, offs_m, offs_dv, sdn, sdd, row_ok, dv_ok)
+    ri, delta, g = _backward_rows(F, RInv, Delta, pid_bh, offs_m, row_ok, do, NQ, ACC)
+    g = g.to(V.dtype.element_ty)
 
     k_base = K + b * skb + h * skh
     v_base = V + b * svb + h * svh
     m_base = KM + b * smb + h * smh
     dq = tl.zeros((BLOCK_M, BLOCK_D), dtype=ACC)
-    hi = NK
-    if IS_CAUSAL:
-        hi = tl.minimum(NK, (pid_m + 1) * BLOCK_M)
-    for start_n in range(0, hi, BLOCK_N):
-        offs_n = start_n + tl.arange(0, BLOCK_N)
-        col_ok = offs_n < NK
-        k = tl.load(
-            k_base + offs_n[:, None] * skn + offs_d[None, :] * skd,
-            mask=col_ok[:, None] & d_ok[None, :],
-            other=0.0,
-        )  # (BLOCK_N, BLOCK_D)
-        v = tl.load(
-            v_base + offs_n[:, None] * svn + offs_dv[None, :] * svd,
-            mask=col_ok[:, None] & dv_ok[None, :],
-            other=0.0,
-        )  # (BLOCK_N, BLOCK_DV)
+    for start_n in range(0, _key_end(pid_m, NK, BLOCK_M, IS_CAUSAL), BLOCK_N):
+        offs_n, col_ok = _block(start_n, NK, BLOCK_N)
+        k = _load_tile(k_base, offs_n, offs_d, skn, skd, col_ok, d_ok)  # (BLOCK_N, BLOCK_D)
+        v = _load_tile(v_base, offs_n, offs_dv, svn, svd, col_ok, dv_ok)  # (BLOCK_N, BLOCK_DV)
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION, out_dtype=ACC)
-        ok = col_ok[None, :]
-        if HAS_MASK:
-            km = tl.load(m_base + offs_n * smn, mask=col_ok, other=0)
-            ok = ok & (km != 0)[None, :]
-        if IS_CAUSAL:
-            ok = ok & (offs_n[None, :] <= offs_m[:, None])
-        dp = tl.dot(g, tl.trans(v), input_precision=PRECISION, out_dtype=ACC)
-        ds = tl.where(ok, (dp - delta[:, None]) * (1.0 + s) * ri[:, None], 0.0)
+        key_ok = _key_ok(m_base, offs_n, smn, col_ok, HAS_MASK)
+        ok = _attended(key_ok, offs_m, offs_n, IS_CAUSAL)
+        ds = _score_grad(g, v, s, ok, ri, delta, ACC, PRECISION)
         dq += tl.dot(ds.to(k.dtype), k, input_precision=PRECISION, out_dtype=ACC)
 
-    tl.store(
-        DQ + b * sxb + h * sxh + offs_m[:, None] * sxn + offs_d[None, :] * sxd,
-        dq.to(DQ.dtype.element_ty),
-        mask=row_ok[:, None] & d_ok[None, :],
-    )
+    dq_base = DQ + b * sxb + h * sxh
+    _store_tile(dq_base, dq.to(DQ.dtype.element_ty), offs_m, offs_d, sxn, sxd, row_ok, d_ok)
 
 
 # Block sizes (BLOCK_M queries, BLOCK_N keys, warps). Untuned on a GPU so far; the interpreter

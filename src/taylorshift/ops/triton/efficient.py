@@ -124,6 +124,32 @@ def _load_rows(
 
 
 @triton.jit
+def _token_block(N, BLOCK_M: tl.constexpr):
+    # (bh, rows, live) of a program over tokens: grid axis 0 is b·h, axis 1 the block of
+    # BLOCK_M tokens; live marks the rows < N.
+    bh = tl.program_id(0).to(tl.int64)
+    rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
+    return bh, rows, rows < N
+
+
+@triton.jit
+def _pair_offsets(p, tt, cols, T: tl.constexpr, DVP: tl.constexpr, OFF_QD: tl.constexpr):
+    # Where tile pair p's share of one (b, h)'s state lies: its (T², len(cols)) block of S
+    # and its (T²,) denominator row. The state kernel writes there, the others read.
+    return p * (T * T * DVP) + tt[:, None] * DVP + cols[None, :], OFF_QD + p * (T * T) + tt
+
+
+@triton.jit
+def _linear_offsets(
+    ta, cols, T: tl.constexpr, DVP: tl.constexpr, OFF_L: tl.constexpr, OFF_LD: tl.constexpr
+):
+    # Tile ta's linear rows of the state: its feature indices ca (T,), where its
+    # (T, len(cols)) block lies and where its (T,) denominator lies.
+    ca = ta * T + tl.arange(0, T)
+    return ca, OFF_L + ca[:, None] * DVP + cols[None, :], OFF_LD + ca
+
+
+@triton.jit
 def _state_kernel(
     x_ptr, u_ptr, r_ptr, pairs_ptr, s_ptr, N,
     sx_b, sx_n, su_b, su_n, sr_b, sr_n, ss_b,
@@ -172,15 +198,16 @@ def _state_kernel(
 
     s_base = s_ptr + bh * ss_b
     tt = tl.arange(0, T * T)
-    ca = ta * T + tl.arange(0, T)
+    at_q, at_qd = _pair_offsets(p, tt, cols, T, DVP, OFF_QD)
+    ca, at_l, at_ld = _linear_offsets(ta, cols, T, DVP, OFF_L, OFF_LD)
     # Store masks as vectors: program ids may be plain ints (interpreter).
     first = (tt * 0 + dvb) == 0  # (T²,)
     diag = (ca * 0 + ta) == tb  # (T,)
     pair0 = (cols * 0 + p) == 0  # (BLOCK_DV,)
-    tl.store(s_base + p * (T * T * DVP) + tt[:, None] * DVP + cols[None, :], quad)
-    tl.store(s_base + OFF_QD + p * (T * T) + tt, quad_den, mask=first)
-    tl.store(s_base + OFF_L + ca[:, None] * DVP + cols[None, :], lin, mask=diag[:, None])
-    tl.store(s_base + OFF_LD + ca, lin_den, mask=diag & ((ca * 0 + dvb) == 0))
+    tl.store(s_base + at_q, quad)
+    tl.store(s_base + at_qd, quad_den, mask=first)
+    tl.store(s_base + at_l, lin, mask=diag[:, None])
+    tl.store(s_base + at_ld, lin_den, mask=diag & ((ca * 0 + dvb) == 0))
     tl.store(s_base + OFF_C + cols, const, mask=pair0)
     total = tl.zeros((BLOCK_DV,), tl.float32) + tl.sum(const_den, axis=0)
     tl.store(s_base + OFF_CD + cols, total, mask=pair0 & (cols == 0))
@@ -200,9 +227,7 @@ def _apply_kernel(
 
     Without FINISH the numerator is stored, times the row mask r when HAS_R (g_v).
     """
-    bh = tl.program_id(0).to(tl.int64)
-    rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
-    live = rows < N
+    bh, rows, live = _token_block(N, BLOCK_M)
     x_base = x_ptr + bh * sx_b
     s_base = s_ptr + bh * ss_b
     cols = tl.arange(0, DVP)
@@ -217,13 +242,12 @@ def _apply_kernel(
             p = _pair_index(ta, tb, NT)
             w = tl.where(ta == tb, 0.5, 1.0)  # c: a diagonal tile holds (a, b) and (b, a)
             f = tl.reshape(xa[:, :, None] * xb[:, None, :], (BLOCK_M, T * T))
-            sq = tl.load(s_base + p * (T * T * DVP) + tt[:, None] * DVP + cols[None, :])
-            sqd = tl.load(s_base + OFF_QD + p * (T * T) + tt)
+            at_q, at_qd = _pair_offsets(p, tt, cols, T, DVP, OFF_QD)
+            sq, sqd = tl.load(s_base + at_q), tl.load(s_base + at_qd)
             nom += w * tl.dot(f, sq, input_precision=PRECISION)
             den += w * tl.sum(f * sqd[None, :], axis=1)
-        ca = ta * T + tl.arange(0, T)
-        sl = tl.load(s_base + OFF_L + ca[:, None] * DVP + cols[None, :])
-        sld = tl.load(s_base + OFF_LD + ca)
+        _, at_l, at_ld = _linear_offsets(ta, cols, T, DVP, OFF_L, OFF_LD)
+        sl, sld = tl.load(s_base + at_l), tl.load(s_base + at_ld)
         nom += tl.dot(xa, sl, input_precision=PRECISION)
         den += tl.sum(xa * sld[None, :], axis=1)
     nom += tl.load(s_base + OFF_C + cols)[None, :]
@@ -262,9 +286,7 @@ def _grad_kernel(
     z x_B to tile A and zᵀ x_A to tile B. The gradient lives in registers as
     (BLOCK_M, NT_PAD, T); a tile is added where the tile index matches.
     """
-    bh = tl.program_id(0).to(tl.int64)
-    rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
-    live = rows < N
+    bh, rows, live = _token_block(N, BLOCK_M)
     x_base = x_ptr + bh * sx_b
     s_base = s_ptr + bh * ss_b
     cols = tl.arange(0, DVP)
@@ -282,16 +304,15 @@ def _grad_kernel(
             xb = _load_tile(x_base, rows, live, sx_n, tb, T, D)
             p = _pair_index(ta, tb, NT)
             w = tl.where(ta == tb, 0.5, 1.0)
-            sq = tl.load(s_base + p * (T * T * DVP) + tt[:, None] * DVP + cols[None, :])
-            sqd = tl.load(s_base + OFF_QD + p * (T * T) + tt)
+            at_q, at_qd = _pair_offsets(p, tt, cols, T, DVP, OFF_QD)
+            sq, sqd = tl.load(s_base + at_q), tl.load(s_base + at_qd)
             z = tl.dot(g, tl.trans(sq), input_precision=PRECISION) + r[:, None] * sqd[None, :]
             z = tl.reshape(w * z, (BLOCK_M, T, T))
             ga += tl.sum(z * xb[:, None, :], axis=2)
             gb = tl.sum(z * xa[:, :, None], axis=1)
             gx += tl.where(tile_of == tb, gb[:, None, :], 0.0)
-        ca = ta * T + tl.arange(0, T)
-        sl = tl.load(s_base + OFF_L + ca[:, None] * DVP + cols[None, :])
-        sld = tl.load(s_base + OFF_LD + ca)
+        _, at_l, at_ld = _linear_offsets(ta, cols, T, DVP, OFF_L, OFF_LD)
+        sl, sld = tl.load(s_base + at_l), tl.load(s_base + at_ld)
         ga += tl.dot(g, tl.trans(sl), input_precision=PRECISION) + r[:, None] * sld[None, :]
         gx += tl.where(tile_of == ta, ga[:, None, :], 0.0)
 
@@ -509,6 +530,25 @@ def check_kernel_inputs(query: Tensor, torch_form: str) -> None:
         )
 
 
+def scaled_inputs(
+    query: Tensor,
+    key: Tensor,
+    temperature: Tensor | float,
+    scale: float | None,
+    normalize: bool,
+) -> tuple[Tensor, Tensor]:
+    """q' (B, H, Nq, d) and k' (B, H, Nk, d) in float32, the kernels' inputs (s = q'·k').
+
+    O(N d) work left to torch, so that autograd differentiates these cheap maps (and a
+    tensor temperature gets its gradient through q').
+    """
+    factor = score_factor(temperature, scale, normalize, query.shape[-1])
+    if isinstance(factor, Tensor):
+        factor = factor.to(torch.float32)
+    qp = scaled_query(query.to(torch.float32), factor, normalize)
+    return qp, scaled_key(key.to(torch.float32), normalize)
+
+
 def triton_efficient_taylor_shift(
     query: Tensor,
     key: Tensor,
@@ -531,14 +571,10 @@ def triton_efficient_taylor_shift(
     of the torch form, never its result).
     """
     check_kernel_inputs(query, "efficient form")
-    d = query.shape[-1]
-    factor = score_factor(temperature, scale, normalize, d)
-    if isinstance(factor, Tensor):
-        factor = factor.to(torch.float32)
-    # q' and k' in float32 (O(N d)); autograd differentiates these cheap maps.
-    qp = scaled_query(query.to(torch.float32), factor, normalize).contiguous()
-    kp = scaled_key(key.to(torch.float32), normalize).contiguous()
-    out, _, _ = triton_efficient_forward(qp, kp, value.contiguous(), key_mask, normalize)
+    qp, kp = scaled_inputs(query, key, temperature, scale, normalize)
+    out, _, _ = triton_efficient_forward(
+        qp.contiguous(), kp.contiguous(), value.contiguous(), key_mask, normalize
+    )
     return out
 
 

@@ -28,10 +28,10 @@ from torch import Tensor
 
 from ..taylor_shift.efficient import finish_outputs
 from ..taylor_shift.efficient_causal import causal_count
-from ..taylor_shift.features import scaled_key, scaled_query, score_factor, taylor_weight
+from ..taylor_shift.features import taylor_weight
 from ..taylor_shift.fused import CAUSAL_CHUNK
 from ..taylor_shift.state import TaylorShiftState
-from .efficient import _apply, _grad, _state, check_kernel_inputs, layout
+from .efficient import _apply, _grad, _state, check_kernel_inputs, layout, scaled_inputs
 
 # Tokens per chunk (defined beside the router, which sizes the states without importing
 # Triton): the intra-chunk block costs O(N C d) and the per-chunk states
@@ -221,11 +221,7 @@ def triton_causal_efficient_taylor_shift(
     b, h, nq, d = query.shape
     nk = key.shape[2]
     chunk = chunk_size or DEFAULT_CHUNK
-    factor = score_factor(temperature, scale, normalize, d)
-    if isinstance(factor, Tensor):
-        factor = factor.to(torch.float32)
-    qp = scaled_query(query.to(torch.float32), factor, normalize)
-    kp = scaled_key(key.to(torch.float32), normalize)
+    qp, kp = scaled_inputs(query, key, temperature, scale, normalize)
     v = value.to(torch.float32)
     if key_mask is None:
         ones = v.new_ones((*v.shape[:-1], 1))
