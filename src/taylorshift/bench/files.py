@@ -8,7 +8,7 @@ import io
 import json
 import os
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 from ..atomic import write_atomic
@@ -19,6 +19,7 @@ __all__ = [
     "write_csv",
     "write_figure",
     "write_json",
+    "write_results",
     "write_text",
 ]
 
@@ -75,6 +76,25 @@ def write_csv(
     for row in rows:
         writer.writerow({k: "" if row.get(k) is None else row.get(k) for k in columns})
     return write_text(path, buf.getvalue())
+
+
+def write_results(
+    folder: str | os.PathLike,
+    results: dict,
+    rows: Iterable[dict],
+    report: Callable[[dict], str],
+    names: tuple[str, str, str] = ("results.json", "results.csv", "report.md"),
+) -> list[Path]:
+    """A benchmark's three files in ``folder``: ``results`` as JSON, ``rows`` as CSV and
+    ``report(results)`` as Markdown, named by ``names``. The report is written last, so the
+    data survive a report that fails."""
+    folder = Path(folder)
+    json_name, csv_name, report_name = names
+    return [
+        write_json(folder / json_name, results),
+        write_csv(folder / csv_name, rows),
+        write_text(folder / report_name, report(results)),
+    ]
 
 
 def write_figure(path: str | os.PathLike, fig, *, dpi: int = 110) -> Path:

@@ -442,14 +442,9 @@ def write_outputs(
             stacklevel=2,
         )
         plots = plot
-    out = Path(out)
-    written = [
-        files.write_json(out / "results.json", results),
-        files.write_csv(out / "results.csv", results["rows"]),
-        files.write_text(out / "report.md", report_markdown(results)),
-    ]
+    written = files.write_results(out, results, results["rows"], report_markdown)
     if plots:
-        written.append(files.write_figure(out / "scaling.png", make_figure(results)))
+        written.append(files.write_figure(Path(out) / "scaling.png", make_figure(results)))
     return written
 
 
