@@ -22,7 +22,7 @@ from ..models import CausalLM, CausalLMConfig
 from . import machine
 from .core import OK, dtype_option, dtypes, markdown_table, mib, parse_device
 from .figures import figure, log_axes
-from .files import fresh_folder, write_figure, write_results
+from .files import fresh_folder, write_results
 from .measure import cuda_peak_memory, time_call
 
 HELP = (
@@ -194,10 +194,8 @@ def make_figure(result: dict):
 def write_outputs(results: dict, out: str | Path, *, plots: bool = True) -> list[Path]:
     """decode.json, decode.csv, decode.md and (``plots``) decode.png, written atomically."""
     names = ("decode.json", "decode.csv", "decode.md")
-    written = write_results(out, results, results["rows"], report_markdown, names)
-    if plots:
-        written.append(write_figure(Path(out) / "decode.png", make_figure(results)))
-    return written
+    figure = ("decode.png", make_figure) if plots else None
+    return write_results(out, results, results["rows"], report_markdown, names, figure=figure)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -84,17 +84,24 @@ def write_results(
     rows: Iterable[dict],
     report: Callable[[dict], str],
     names: tuple[str, str, str] = ("results.json", "results.csv", "report.md"),
+    *,
+    figure: tuple[str, Callable[[dict], object]] | None = None,
 ) -> list[Path]:
-    """A benchmark's three files in ``folder``: ``results`` as JSON, ``rows`` as CSV and
-    ``report(results)`` as Markdown, named by ``names``. The report is written last, so the
-    data survive a report that fails."""
+    """A benchmark's files in ``folder``: ``results`` as JSON, ``rows`` as CSV and
+    ``report(results)`` as Markdown, named by ``names``, then ``figure`` (file name, function
+    of ``results`` returning a matplotlib figure) as PNG where given. The report and the
+    figure come last, so the data survive a report or a plot that fails."""
     folder = Path(folder)
     json_name, csv_name, report_name = names
-    return [
+    written = [
         write_json(folder / json_name, results),
         write_csv(folder / csv_name, rows),
         write_text(folder / report_name, report(results)),
     ]
+    if figure is not None:
+        figure_name, make_figure = figure
+        written.append(write_figure(folder / figure_name, make_figure(results)))
+    return written
 
 
 def write_figure(path: str | os.PathLike, fig, *, dpi: int = 110) -> Path:

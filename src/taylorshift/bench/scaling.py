@@ -442,10 +442,8 @@ def write_outputs(
             stacklevel=2,
         )
         plots = plot
-    written = files.write_results(out, results, results["rows"], report_markdown)
-    if plots:
-        written.append(files.write_figure(Path(out) / "scaling.png", make_figure(results)))
-    return written
+    figure = ("scaling.png", make_figure) if plots else None
+    return files.write_results(out, results, results["rows"], report_markdown, figure=figure)
 
 
 # Command line.
