@@ -252,6 +252,20 @@ class EncoderClassifier(nn.Module):
         self.head = nn.Linear(dim, config.num_classes, **fk)
 
     @classmethod
+    def _config_from(cls, config: EncoderConfig | None, settings: dict[str, Any]):
+        """A subclass's config from its ``__init__(config=None, **settings)``: built from
+        ``settings`` when ``config`` is None, else ``config`` with ``settings`` applied;
+        TypeError when it is not a ``config_class``."""
+        if config is None:
+            config = cls.config_class.from_dict(settings)
+        elif settings:
+            config = config.replace(**settings)
+        if not isinstance(config, cls.config_class):
+            name = cls.config_class.__name__
+            raise TypeError(f"config must be a {name}; got {type(config).__name__}")
+        return config
+
+    @classmethod
     def from_config(cls, config: EncoderConfig | dict[str, Any], *, device=None, dtype=None):
         """Build from a config object or a dict of its fields."""
         if isinstance(config, dict):
