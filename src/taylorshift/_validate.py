@@ -14,9 +14,26 @@ from __future__ import annotations
 import math
 import numbers
 from collections.abc import Iterable
-from typing import Literal, TypeVar, overload
+from typing import TYPE_CHECKING, Literal, TypedDict, TypeVar, overload
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack  # typing.Unpack needs Python 3.11
 
 T = TypeVar("T")
+
+
+class _IntBounds(TypedDict, total=False):
+    ge: int | None
+    le: int | None
+
+
+class _NumberBounds(TypedDict, total=False):
+    gt: float | None
+    ge: float | None
+    lt: float | None
+    le: float | None
+    finite: bool
+
 
 _MAX_SHOWN = 80  # characters of a refused value's repr in the message
 
@@ -53,18 +70,15 @@ def _within(value, gt=None, ge=None, lt=None, le=None) -> bool:
     )
 
 
+# The overloads tell a type checker that None comes back only with allow_none=True; the
+# bounds they accept are the ones spelled out (with their defaults) by the implementation.
 @overload
 def check_int(
-    name: str,
-    value: object,
-    *,
-    ge: int | None = None,
-    le: int | None = None,
-    allow_none: Literal[False] = False,
+    name: str, value: object, *, allow_none: Literal[False] = False, **bounds: Unpack[_IntBounds]
 ) -> int: ...
 @overload
 def check_int(
-    name: str, value: object, *, ge: int | None = None, le: int | None = None, allow_none: bool
+    name: str, value: object, *, allow_none: bool, **bounds: Unpack[_IntBounds]
 ) -> int | None: ...
 def check_int(
     name: str,
@@ -92,24 +106,12 @@ def check_number(
     name: str,
     value: object,
     *,
-    gt: float | None = None,
-    ge: float | None = None,
-    lt: float | None = None,
-    le: float | None = None,
-    finite: bool = True,
     allow_none: Literal[False] = False,
+    **bounds: Unpack[_NumberBounds],
 ) -> float: ...
 @overload
 def check_number(
-    name: str,
-    value: object,
-    *,
-    gt: float | None = None,
-    ge: float | None = None,
-    lt: float | None = None,
-    le: float | None = None,
-    finite: bool = True,
-    allow_none: bool,
+    name: str, value: object, *, allow_none: bool, **bounds: Unpack[_NumberBounds]
 ) -> float | None: ...
 def check_number(
     name: str,

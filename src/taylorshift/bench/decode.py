@@ -22,7 +22,7 @@ from ..models import CausalLM, CausalLMConfig
 from . import machine
 from .core import OK, dtype_option, dtypes, markdown_table, mib, parse_device
 from .figures import figure, log_axes
-from .files import fresh_folder, write_csv, write_figure, write_json, write_text
+from .files import fresh_folder, write_results
 from .measure import cuda_peak_memory, time_call
 
 HELP = (
@@ -193,15 +193,9 @@ def make_figure(result: dict):
 
 def write_outputs(results: dict, out: str | Path, *, plots: bool = True) -> list[Path]:
     """decode.json, decode.csv, decode.md and (``plots``) decode.png, written atomically."""
-    out = Path(out)
-    written = [
-        write_json(out / "decode.json", results),
-        write_csv(out / "decode.csv", results["rows"]),
-        write_text(out / "decode.md", report_markdown(results)),
-    ]
-    if plots:
-        written.append(write_figure(out / "decode.png", make_figure(results)))
-    return written
+    names = ("decode.json", "decode.csv", "decode.md")
+    figure = ("decode.png", make_figure) if plots else None
+    return write_results(out, results, results["rows"], report_markdown, names, figure=figure)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -8,7 +8,7 @@ import io
 import json
 import os
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 from ..atomic import write_atomic
@@ -19,6 +19,7 @@ __all__ = [
     "write_csv",
     "write_figure",
     "write_json",
+    "write_results",
     "write_text",
 ]
 
@@ -75,6 +76,32 @@ def write_csv(
     for row in rows:
         writer.writerow({k: "" if row.get(k) is None else row.get(k) for k in columns})
     return write_text(path, buf.getvalue())
+
+
+def write_results(
+    folder: str | os.PathLike,
+    results: dict,
+    rows: Iterable[dict],
+    report: Callable[[dict], str],
+    names: tuple[str, str, str] = ("results.json", "results.csv", "report.md"),
+    *,
+    figure: tuple[str, Callable[[dict], object]] | None = None,
+) -> list[Path]:
+    """A benchmark's files in ``folder``: ``results`` as JSON, ``rows`` as CSV and
+    ``report(results)`` as Markdown, named by ``names``, then ``figure`` (file name, function
+    of ``results`` returning a matplotlib figure) as PNG where given. The report and the
+    figure come last, so the data survive a report or a plot that fails."""
+    folder = Path(folder)
+    json_name, csv_name, report_name = names
+    written = [
+        write_json(folder / json_name, results),
+        write_csv(folder / csv_name, rows),
+        write_text(folder / report_name, report(results)),
+    ]
+    if figure is not None:
+        figure_name, make_figure = figure
+        written.append(write_figure(folder / figure_name, make_figure(results)))
+    return written
 
 
 def write_figure(path: str | os.PathLike, fig, *, dpi: int = 110) -> Path:

@@ -442,15 +442,8 @@ def write_outputs(
             stacklevel=2,
         )
         plots = plot
-    out = Path(out)
-    written = [
-        files.write_json(out / "results.json", results),
-        files.write_csv(out / "results.csv", results["rows"]),
-        files.write_text(out / "report.md", report_markdown(results)),
-    ]
-    if plots:
-        written.append(files.write_figure(out / "scaling.png", make_figure(results)))
-    return written
+    figure = ("scaling.png", make_figure) if plots else None
+    return files.write_results(out, results, results["rows"], report_markdown, figure=figure)
 
 
 # Command line.

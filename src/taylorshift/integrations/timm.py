@@ -28,6 +28,7 @@ import torch
 from torch import nn
 
 from ..nn import Attention, list_kernels
+from ..nn.attention import takes_attention_arguments
 
 ATTN_LAYER_MIN_VERSION = "1.0.23"
 
@@ -70,6 +71,7 @@ def attn_layer_class(
     class TimmAttention(Attention):
         # Attention's own signature (timm's arguments come first in it), with the bound
         # settings added: a caller that passes one of them again gets Python's TypeError.
+        @takes_attention_arguments("attn_kernel", "kernel_args", "projection", "context_len")
         def __init__(self, *args: Any, **kwargs: Any):
             super().__init__(
                 *args,
@@ -80,11 +82,6 @@ def attn_layer_class(
                 context_len=context_len,
             )
 
-    bound_names = ("attn_kernel", "kernel_args", "projection", "context_len")
-    signature = inspect.signature(Attention.__init__)
-    TimmAttention.__init__.__signature__ = signature.replace(  # type: ignore[attr-defined]
-        parameters=[p for p in signature.parameters.values() if p.name not in bound_names]
-    )
     TimmAttention.__doc__ = (
         f"taylorshift Attention for timm: attn_kernel={attn_kernel!r}, kernel_args={bound}, "
         f"projection={projection!r}, context_len={context_len}"

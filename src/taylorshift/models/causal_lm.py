@@ -13,7 +13,7 @@ layer whatever the context), any kernel can use a key/value cache (``cache="kv"`
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
@@ -22,9 +22,8 @@ from torch import Tensor, nn
 from .._validate import check_bool, check_int, check_number
 from ..nn import CACHE_KINDS
 from .encoder import (
-    ModelConfigBase,
+    TrunkConfig,
     check_padding_mask,
-    check_trunk,
     init_linear_layers,
     position_embedding,
     transformer_blocks,
@@ -35,22 +34,18 @@ DECODE_PROJECTIONS = ("standard", "optimized", "query-only")
 
 
 @dataclass(frozen=True)
-class CausalLMConfig(ModelConfigBase):
+class CausalLMConfig(TrunkConfig):
     """Settings of ``CausalLM``; every field is saved with the weights.
 
     Args:
-        vocab_size: token ids are in ``[0, vocab_size)`` (258: bytes, pad, cls).
-        dim: model width.
-        depth: number of Transformer blocks.
-        num_heads: attention heads (``dim`` must be divisible by it).
-        mlp_ratio: MLP hidden width / ``dim``.
-        qkv_bias: biases on the q/k/v projections.
-        qk_norm: LayerNorm on each head's queries and keys.
-        attn_kernel: a name from ``taylorshift.nn.list_kernels()``.
-        kernel_args: that kernel's options (JSON-serialisable), e.g. ``{"mode": "efficient"}``.
+        dim, depth, num_heads, mlp_ratio, qkv_bias, qk_norm, attn_kernel, kernel_args,
+            pos_embedding, dropout, attn_drop, drop_path: as ``TrunkConfig``
+            (``taylorshift.models.encoder``).
         projection: ``standard``, ``optimized`` or ``query-only`` (``super`` fixes the
             context length and cannot decode token by token).
-        pos_embedding: ``"cosine"`` (any length) or ``"learned"`` (up to ``max_len``).
+        short_conv: taps of the causal short convolution on q, k, v in every attention layer
+            (``taylorshift.nn.Attention``); 0: none. Decoding carries its last inputs.
+        vocab_size: token ids are in ``[0, vocab_size)`` (258: bytes, pad, cls).
         max_len: the longest sequence of ``pos_embedding="learned"``.
         token_init_std: standard deviation of the token embedding at initialisation,
             N(0, std²): 1 (default) matches the unit amplitude of the cosine position
@@ -60,40 +55,21 @@ class CausalLMConfig(ModelConfigBase):
         tie_embeddings: the LM head reuses the token embedding matrix (off by default: in
             one unrecorded trial, a tied 1-block width-32 model stayed at the unigram loss
             over 200 steps of byte-level text where the untied one learned).
-        dropout, attn_drop, drop_path: as ``EncoderConfig``.
-        short_conv: taps of the causal short convolution on q, k, v in every attention layer
-            (``taylorshift.nn.Attention``); 0: none. Decoding carries its last inputs.
     """
 
+    projections: ClassVar[tuple[str, ...]] = DECODE_PROJECTIONS
+
     vocab_size: int = 258
-    dim: int = 256
-    depth: int = 4
-    num_heads: int = 4
-    mlp_ratio: float = 4.0
-    qkv_bias: bool = True
-    qk_norm: bool = False
-    attn_kernel: str = "taylorshift"
-    kernel_args: dict[str, Any] = field(default_factory=dict)
-    projection: str = "standard"
-    pos_embedding: str = "cosine"
     max_len: int = 2048
     tie_embeddings: bool = False
     token_init_std: float = 1.0
-    dropout: float = 0.0
-    attn_drop: float = 0.0
-    drop_path: float = 0.0
-    short_conv: int = 0
-
-    def __post_init__(self) -> None:
-        self.validate()
 
     def validate(self) -> None:
-        """Raise ValueError/TypeError naming the first bad field, its expected and its value."""
         for name in ("vocab_size", "max_len"):
             check_int(name, getattr(self, name), ge=1)
         check_bool("tie_embeddings", self.tie_embeddings)
         check_number("token_init_std", self.token_init_std, gt=0)
-        check_trunk(self, DECODE_PROJECTIONS)
+        super().validate()
 
 
 @register_model_class

@@ -96,12 +96,7 @@ class TransformerClassifier(EncoderClassifier):
     def __init__(
         self, config: ClassifierConfig | None = None, *, device=None, dtype=None, **settings: Any
     ):
-        if config is None:
-            config = ClassifierConfig.from_dict(settings)
-        elif settings:
-            config = config.replace(**settings)
-        if not isinstance(config, ClassifierConfig):
-            raise TypeError(f"config must be a ClassifierConfig; got {type(config).__name__}")
+        config = self._config_from(config, settings)
         super().__init__(config, config.max_len, device=device, dtype=dtype)
         fk = {"device": device, "dtype": dtype}
         if config.vocab_size is not None:

@@ -76,13 +76,12 @@ class ModelConfigBase:
 
 
 @dataclass(frozen=True)
-class EncoderConfig(ModelConfigBase):
-    """Settings shared by the encoder models; every field is saved with the weights.
+class TrunkConfig(ModelConfigBase):
+    """The fields of every Transformer trunk (``EncoderConfig``'s and ``CausalLMConfig``'s).
 
     Frozen: ``config.replace(**overrides)`` returns a validated copy.
 
     Args:
-        num_classes: outputs of the classification head.
         dim: model width d_emb.
         depth: number of Transformer blocks.
         num_heads: attention heads (``dim`` must be divisible by it).
@@ -92,21 +91,19 @@ class EncoderConfig(ModelConfigBase):
         attn_kernel: a name from ``taylorshift.nn.list_kernels()``.
         kernel_args: that kernel's options, e.g. ``{"mode": "efficient"}``; must be
             JSON-serialisable (it is saved in the weights file).
-        projection: ``standard``, ``optimized``, ``query-only`` or ``super`` (see
-            ``taylorshift.nn.Attention``).
-        context_len: ℓ of ``projection="super"``: the most tokens it takes, CLS included.
+        projection: one of the subclass's ``projections`` (see ``taylorshift.nn.Attention``).
         pos_embedding: ``"cosine"`` (fixed sinusoidal, any length) or ``"learned"``.
-        pooling: ``"cls"`` (a learned CLS token, its output feeds the head) or ``"mean"``
-            (average of the real tokens' outputs).
         dropout: dropout after the embedding and in every block (after the attention
             output projection and in the MLP).
         attn_drop: attention dropout; its meaning depends on the kernel (``taylorshift.nn``).
         drop_path: stochastic depth of the last block; it rises linearly from 0 at the first.
         short_conv: taps of the short convolution on q, k, v over the sequence in every
-            attention layer (``taylorshift.nn.Attention``; centred in encoders); 0: none.
+            attention layer (``taylorshift.nn.Attention``); 0: none.
     """
 
-    num_classes: int = 10
+    #: The projections this kind of model accepts.
+    projections: ClassVar[tuple[str, ...]] = PROJECTIONS
+
     dim: int = 256
     depth: int = 4
     num_heads: int = 4
@@ -116,9 +113,7 @@ class EncoderConfig(ModelConfigBase):
     attn_kernel: str = "taylorshift"
     kernel_args: dict[str, Any] = field(default_factory=dict)
     projection: str = "standard"
-    context_len: int | None = None
     pos_embedding: str = "cosine"
-    pooling: str = "cls"
     dropout: float = 0.0
     attn_drop: float = 0.0
     drop_path: float = 0.0
@@ -129,9 +124,35 @@ class EncoderConfig(ModelConfigBase):
 
     def validate(self) -> None:
         """Raise ValueError/TypeError naming the first bad field, its expected and its value."""
+        check_trunk(self, self.projections)
+
+
+@dataclass(frozen=True)
+class EncoderConfig(TrunkConfig):
+    """Settings shared by the encoder models; every field is saved with the weights.
+
+    Frozen: ``config.replace(**overrides)`` returns a validated copy.
+
+    Args:
+        dim, depth, num_heads, mlp_ratio, qkv_bias, qk_norm, attn_kernel, kernel_args,
+            pos_embedding, dropout, attn_drop, drop_path: as ``TrunkConfig``.
+        projection: ``standard``, ``optimized``, ``query-only`` or ``super`` (see
+            ``taylorshift.nn.Attention``).
+        short_conv: as ``TrunkConfig``; centred in encoders.
+        num_classes: outputs of the classification head.
+        context_len: ℓ of ``projection="super"``: the most tokens it takes, CLS included.
+        pooling: ``"cls"`` (a learned CLS token, its output feeds the head) or ``"mean"``
+            (average of the real tokens' outputs).
+    """
+
+    num_classes: int = 10
+    context_len: int | None = None
+    pooling: str = "cls"
+
+    def validate(self) -> None:
         check_int("num_classes", self.num_classes, ge=1)
         check_int("context_len", self.context_len, ge=1, allow_none=True)
-        check_trunk(self, PROJECTIONS)
+        super().validate()
         check_choice("pooling", self.pooling, POOLINGS)
 
 
@@ -229,6 +250,20 @@ class EncoderClassifier(nn.Module):
         self.blocks = transformer_blocks(config, context_len=config.context_len, **fk)
         self.norm = nn.LayerNorm(dim, **fk)
         self.head = nn.Linear(dim, config.num_classes, **fk)
+
+    @classmethod
+    def _config_from(cls, config: EncoderConfig | None, settings: dict[str, Any]):
+        """A subclass's config from its ``__init__(config=None, **settings)``: built from
+        ``settings`` when ``config`` is None, else ``config`` with ``settings`` applied;
+        TypeError when it is not a ``config_class``."""
+        if config is None:
+            config = cls.config_class.from_dict(settings)
+        elif settings:
+            config = config.replace(**settings)
+        if not isinstance(config, cls.config_class):
+            name = cls.config_class.__name__
+            raise TypeError(f"config must be a {name}; got {type(config).__name__}")
+        return config
 
     @classmethod
     def from_config(cls, config: EncoderConfig | dict[str, Any], *, device=None, dtype=None):

@@ -43,48 +43,33 @@ _LISTOPS = {"vocab_size": LISTOPS_VOCAB_SIZE, "num_classes": 10, "max_len": 2000
 _CIFAR = {"vocab_size": PIXEL_VOCAB_SIZE, "num_classes": 10, "max_len": 1024}
 _IMDB = {"vocab_size": BYTE_VOCAB_SIZE, "num_classes": 2, "max_len": 4000}
 
-_PAPER: dict[str, tuple[type[EncoderClassifier], EncoderConfig]] = {
-    "listops": (
-        TransformerClassifier,
-        ClassifierConfig(depth=4, dim=512, num_heads=8, mlp_ratio=2, **_LISTOPS, **_COMMON),
-    ),
-    "cifar-pixel": (
-        TransformerClassifier,
-        ClassifierConfig(depth=1, dim=256, num_heads=4, mlp_ratio=1, **_CIFAR, **_COMMON),
-    ),
-    "imdb-byte": (
-        TransformerClassifier,
-        ClassifierConfig(depth=4, dim=256, num_heads=4, mlp_ratio=4, **_IMDB, **_COMMON),
-    ),
-    "vit-tiny": (VisionTransformer, ViTConfig(depth=12, dim=192, num_heads=3, **_COMMON)),
-    "vit-small": (VisionTransformer, ViTConfig(depth=12, dim=384, num_heads=6, **_COMMON)),
+_Preset = tuple[type[EncoderClassifier], EncoderConfig]
+
+
+def _classifier(task: dict[str, Any], **size: Any) -> _Preset:
+    """A TransformerClassifier for ``task`` (vocabulary, classes, length), Table 6's dropouts."""
+    return TransformerClassifier, ClassifierConfig(**size, **task, **_COMMON)
+
+
+def _vit(**size: Any) -> _Preset:
+    """A VisionTransformer with Table 6's dropouts."""
+    return VisionTransformer, ViTConfig(**size, **_COMMON)
+
+
+_PAPER: dict[str, _Preset] = {
+    "listops": _classifier(_LISTOPS, depth=4, dim=512, num_heads=8, mlp_ratio=2),
+    "cifar-pixel": _classifier(_CIFAR, depth=1, dim=256, num_heads=4, mlp_ratio=1),
+    "imdb-byte": _classifier(_IMDB, depth=4, dim=256, num_heads=4, mlp_ratio=4),
+    "vit-tiny": _vit(depth=12, dim=192, num_heads=3),
+    "vit-small": _vit(depth=12, dim=384, num_heads=6),
 }
 
-_SMALL: dict[str, tuple[type[EncoderClassifier], EncoderConfig]] = {
-    "listops-small": (
-        TransformerClassifier,
-        ClassifierConfig(depth=2, dim=64, num_heads=4, mlp_ratio=2, **_LISTOPS, **_COMMON),
-    ),
-    "cifar-pixel-small": (
-        TransformerClassifier,
-        ClassifierConfig(depth=1, dim=64, num_heads=4, mlp_ratio=1, **_CIFAR, **_COMMON),
-    ),
-    "imdb-byte-small": (
-        TransformerClassifier,
-        ClassifierConfig(depth=2, dim=64, num_heads=4, mlp_ratio=2, **_IMDB, **_COMMON),
-    ),
-    "vit-micro": (
-        VisionTransformer,
-        ViTConfig(
-            depth=4,
-            dim=64,
-            num_heads=4,
-            mlp_ratio=2,
-            img_size=32,
-            patch_size=4,
-            num_classes=10,
-            **_COMMON,
-        ),
+_SMALL: dict[str, _Preset] = {
+    "listops-small": _classifier(_LISTOPS, depth=2, dim=64, num_heads=4, mlp_ratio=2),
+    "cifar-pixel-small": _classifier(_CIFAR, depth=1, dim=64, num_heads=4, mlp_ratio=1),
+    "imdb-byte-small": _classifier(_IMDB, depth=2, dim=64, num_heads=4, mlp_ratio=2),
+    "vit-micro": _vit(
+        depth=4, dim=64, num_heads=4, mlp_ratio=2, img_size=32, patch_size=4, num_classes=10
     ),
 }
 

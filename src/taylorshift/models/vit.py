@@ -74,12 +74,7 @@ class VisionTransformer(EncoderClassifier):
     def __init__(
         self, config: ViTConfig | None = None, *, device=None, dtype=None, **settings: Any
     ):
-        if config is None:
-            config = ViTConfig.from_dict(settings)
-        elif settings:
-            config = config.replace(**settings)
-        if not isinstance(config, ViTConfig):
-            raise TypeError(f"config must be a ViTConfig; got {type(config).__name__}")
+        config = self._config_from(config, settings)
         super().__init__(config, config.num_patches, device=device, dtype=dtype)
         self.patch_embed = PatchEmbedding(
             config.patch_size,

@@ -34,8 +34,11 @@ the last k − 1 projected tokens of each row in the cache (``conv``).
 
 from __future__ import annotations
 
+import inspect
 import math
 import warnings
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -123,6 +126,8 @@ class Attention(nn.Module):
             the module docs); 0 (default) has none.
     """
 
+    # timm calls attn_layer positionally: these names, their order and defaults stay timm's.
+    # Subclasses that fix some arguments reuse this signature (takes_attention_arguments).
     def __init__(
         self,
         dim: int,
@@ -358,6 +363,34 @@ class Attention(nn.Module):
         return self.proj(self.norm(y))
 
 
+_Init = TypeVar("_Init", bound=Callable[..., None])
+
+
+def takes_attention_arguments(*bound: str) -> Callable[[_Init], _Init]:
+    """Decorates a subclass's ``__init__(self, *args, <own keyword-only>, **kwargs)`` that
+    passes ``args`` and ``kwargs`` on to ``Attention.__init__`` and sets the ``bound``
+    arguments itself: its signature (as ``inspect`` and help() show it) becomes Attention's
+    less ``bound``, with its own keyword-only arguments before Attention's.
+
+    Attention's arguments are written once, in ``Attention.__init__``; a caller passing a
+    bound one gets Python's TypeError (a second value for it) from ``Attention.__init__``.
+    """
+
+    def decorate(init: _Init) -> _Init:
+        own = inspect.signature(init).parameters.values()
+        parent = inspect.signature(Attention.__init__)
+        inherited = [p for p in parent.parameters.values() if p.name not in bound]
+        keyword_only = inspect.Parameter.KEYWORD_ONLY
+        init.__signature__ = parent.replace(  # type: ignore[attr-defined]
+            parameters=[p for p in inherited if p.kind is not keyword_only]
+            + [p for p in own if p.kind is keyword_only]
+            + [p for p in inherited if p.kind is keyword_only]
+        )
+        return init
+
+    return decorate
+
+
 class TaylorShiftAttention(Attention):
     """Multi-head TaylorShift attention, a drop-in for timm's ``Attention``.
 
@@ -377,43 +410,21 @@ class TaylorShiftAttention(Attention):
     direct and the efficient form.
     """
 
+    @takes_attention_arguments("attn_kernel", "kernel_args")
     def __init__(
         self,
-        dim: int,
-        num_heads: int = 8,
-        qkv_bias: bool = False,
-        qk_norm: bool = False,
-        scale_norm: bool = False,
-        proj_bias: bool = True,
-        attn_drop: float = 0.0,
-        proj_drop: float = 0.0,
-        norm_layer: type[nn.Module] | None = None,
-        device=None,
-        dtype=None,
-        *,
+        *args: Any,
         mode: str = "auto",
         order: int = 2,
         temperature: float = 1.0,
         normalize: bool = True,
         local_heads: int = 0,
         window: int = 64,
-        projection: str = "standard",
-        context_len: int | None = None,
-        context_dim: int | None = None,
-        short_conv: int = 0,
+        **kwargs: Any,
     ):
         super().__init__(
-            dim,
-            num_heads,
-            qkv_bias,
-            qk_norm,
-            scale_norm,
-            proj_bias,
-            attn_drop,
-            proj_drop,
-            norm_layer,
-            device,
-            dtype,
+            *args,
+            **kwargs,
             attn_kernel="taylorshift",
             kernel_args={
                 "mode": mode,
@@ -423,8 +434,4 @@ class TaylorShiftAttention(Attention):
                 "local_heads": local_heads,
                 "window": window,
             },
-            projection=projection,
-            context_len=context_len,
-            context_dim=context_dim,
-            short_conv=short_conv,
         )

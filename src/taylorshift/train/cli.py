@@ -165,13 +165,17 @@ def run_train(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     return 0
 
 
+_RUN_PATHS = "a run folder (its latest checkpoint), a checkpoint folder"
+
+
+def _add_checkpoint_argument(parser: argparse.ArgumentParser, also: str) -> None:
+    """The required ``--checkpoint PATH`` of eval and generate; ``also``: what else it takes
+    besides a run folder or a checkpoint folder."""
+    parser.add_argument("--checkpoint", required=True, metavar="PATH", help=_RUN_PATHS + also)
+
+
 def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--checkpoint",
-        required=True,
-        metavar="PATH",
-        help="a run folder (its latest checkpoint), a checkpoint folder or a file in one",
-    )
+    _add_checkpoint_argument(parser, " or a file in one")
     parser.add_argument("--split", choices=SPLITS, default="test", help="(default: %(default)s)")
     parser.add_argument("--batch-size", type=int, metavar="B", help="default: the run's")
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
@@ -217,13 +221,7 @@ def run_eval(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
 
 def add_generate_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--checkpoint",
-        required=True,
-        metavar="PATH",
-        help="a run folder (its latest checkpoint), a checkpoint folder, or a model file "
-        "written by save_model, of a causal LM",
-    )
+    _add_checkpoint_argument(parser, ", or a model file written by save_model, of a causal LM")
     prompt = parser.add_mutually_exclusive_group()
     prompt.add_argument("--prompt", help="text to continue (default: a newline)")
     prompt.add_argument(

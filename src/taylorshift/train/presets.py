@@ -39,6 +39,29 @@ _LM_TEMPERATURE_LR = {"temperature": 10.0}
 # preset: sequence parallelism (run.sequence_parallel) does not take local heads yet.
 _LM_LOCAL_HEADS = {"local_heads": 1, "window": 32}
 
+
+def _lm_optim(lr: float, epochs: int, warmup_epochs: float) -> OptimConfig:
+    """AdamW as the language-model presets train with it, τ's learning rate raised (above)."""
+    return OptimConfig(
+        name="adamw",
+        lr=lr,
+        weight_decay=0.1,
+        epochs=epochs,
+        warmup_epochs=warmup_epochs,
+        grad_clip=1.0,
+        lr_multipliers=dict(_LM_TEMPERATURE_LR),
+    )
+
+
+def _split_sizes(train: int, val: int, test: int) -> dict[str, dict[str, int]]:
+    """``split_options`` of a generated task: how many samples each split draws."""
+    return {
+        "train": {"num_samples": train},
+        "val": {"num_samples": val},
+        "test": {"num_samples": test},
+    }
+
+
 _LISTOPS_CPU_OPTIONS = {"min_len": 10, "max_len": 50, "max_depth": 4}
 
 PRESETS: dict[str, TrainConfig] = {
@@ -70,11 +93,7 @@ PRESETS: dict[str, TrainConfig] = {
         data=DataConfig(
             task="listops",
             options=dict(_LISTOPS_CPU_OPTIONS),
-            split_options={
-                "train": {"num_samples": 8192},
-                "val": {"num_samples": 1024},
-                "test": {"num_samples": 2048},
-            },
+            split_options=_split_sizes(train=8192, val=1024, test=2048),
             batch_size=32,
         ),
         model=ModelConfig(name="listops-small"),
@@ -85,11 +104,7 @@ PRESETS: dict[str, TrainConfig] = {
         data=DataConfig(
             task="listops",
             options={"min_len": 8, "max_len": 32, "max_depth": 4},
-            split_options={
-                "train": {"num_samples": 256},
-                "val": {"num_samples": 64},
-                "test": {"num_samples": 64},
-            },
+            split_options=_split_sizes(train=256, val=64, test=64),
             batch_size=16,
         ),
         model=ModelConfig(name="listops-small", overrides={"depth": 1, "dim": 32, "num_heads": 2}),
@@ -111,11 +126,7 @@ PRESETS: dict[str, TrainConfig] = {
         data=DataConfig(
             task="recall",
             options={"seq_len": 64, "num_pairs": 4, "vocab_size": 64},
-            split_options={
-                "train": {"num_samples": 8192},
-                "val": {"num_samples": 512},
-                "test": {"num_samples": 1024},
-            },
+            split_options=_split_sizes(train=8192, val=512, test=1024),
             batch_size=16,
         ),
         model=ModelConfig(
@@ -131,15 +142,7 @@ PRESETS: dict[str, TrainConfig] = {
     "lm": TrainConfig(
         data=DataConfig(task="lm", options={"seq_len": 256}, batch_size=32, eval_limit=256),
         model=ModelConfig(name="lm-small"),
-        optim=OptimConfig(
-            name="adamw",
-            lr=1e-3,
-            weight_decay=0.1,
-            epochs=5,
-            warmup_epochs=0.2,
-            grad_clip=1.0,
-            lr_multipliers=dict(_LM_TEMPERATURE_LR),
-        ),
+        optim=_lm_optim(lr=1e-3, epochs=5, warmup_epochs=0.2),
         run=RunConfig(out_dir="runs/lm", log_every=16),
     ),
     # Real data without a download (benchmarks/parity): scikit-learn's digits as 1,024-pixel
@@ -157,15 +160,7 @@ PRESETS: dict[str, TrainConfig] = {
     "text-bytes-cpu": TrainConfig(
         data=DataConfig(task="text-bytes", options={"seq_len": 256}, batch_size=32),
         model=ModelConfig(name="lm-tiny", kernel_args={"taylorshift": dict(_LM_LOCAL_HEADS)}),
-        optim=OptimConfig(
-            name="adamw",
-            lr=3e-3,
-            weight_decay=0.1,
-            epochs=3,
-            warmup_epochs=0.1,
-            grad_clip=1.0,
-            lr_multipliers=dict(_LM_TEMPERATURE_LR),
-        ),
+        optim=_lm_optim(lr=3e-3, epochs=3, warmup_epochs=0.1),
         run=RunConfig(out_dir="runs/text-bytes-cpu", log_every=50),
     ),
     "imdb-byte-cpu": TrainConfig(

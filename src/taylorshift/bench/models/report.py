@@ -193,11 +193,7 @@ def write_outputs(results: dict, out: str | Path, *, plots: bool = True) -> list
         )
         results, out = out, results
     out = Path(out)
-    written = [
-        files.write_json(out / "results.json", results),
-        files.write_csv(out / "results.csv", [_flat(r) for r in results["rows"]]),
-        files.write_text(out / "report.md", report_markdown(results)),
-    ]
+    written = files.write_results(out, results, map(_flat, results["rows"]), report_markdown)
     if not plots:
         return written
     rows = results["rows"]

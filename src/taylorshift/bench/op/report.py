@@ -4,7 +4,7 @@ numbers, the method, the machine), the plots, and the summary printed at the end
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import torch
@@ -154,13 +154,19 @@ def _vs_theory(n: float | None, ref: int) -> str:
     return f"{n / ref:.2f}×" if n else "–"
 
 
-def _crossover_rows(results: dict) -> list[list[object]]:
+def _crossovers_with_theory(results: dict) -> Iterator[tuple[dict, dict]]:
+    """Each crossover (recorded, or analysed from the points) with the theory of its d;
+    crossovers at a d without theory are skipped."""
     theory_d = theory_by_d(results)
-    rows = []
     for c in results.get("crossovers") or analyse(results):
         th = theory_d.get(c["d"])
-        if th is None:
-            continue
+        if th is not None:
+            yield c, th
+
+
+def _crossover_rows(results: dict) -> list[list[object]]:
+    rows = []
+    for c, th in _crossovers_with_theory(results):
         if c["metric"] == "time":
             refs = f"N0 {th['n0']} · sym {th['n0_symmetric']} · A100 {th['n0_a100_estimate']}"
             ratio = _vs_theory(c["n"], th["n0"])
@@ -184,12 +190,8 @@ def _crossover_rows(results: dict) -> list[list[object]]:
 
 def findings(results: dict) -> list[str]:
     """Short sentences generated from the numbers: what a reader should take away."""
-    theory_d = theory_by_d(results)
     out = []
-    for c in results.get("crossovers") or analyse(results):
-        th = theory_d.get(c["d"])
-        if th is None:
-            continue
+    for c, th in _crossovers_with_theory(results):
         what = "faster than" if c["metric"] == "time" else "leaner than"
         base = "direct TaylorShift" if c["baseline"] == "direct" else "the best softmax"
         where = f"d = {c['d']}, {c['pass']}, {c['dtype']}"
