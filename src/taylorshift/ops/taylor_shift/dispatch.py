@@ -37,7 +37,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 
@@ -350,26 +350,10 @@ class Decision(NamedTuple):
     basis: str
 
 
-def choose_mode(
-    nq: int,
-    nk: int,
-    d: int,
-    dv: int,
-    *,
-    causal: bool,
-    order: int,
-    mask_varies: bool,
-    device: torch.device | str | None = None,
-    dtype: torch.dtype | None = None,
-    backward: bool = False,
-    batch_heads: int = 1,
-    memory_budget: int | None = None,
-) -> str:
-    """'direct' or 'efficient' for ``mode="auto"``: the mode of :func:`decide_mode`."""
-    return decide_mode(
-        nq, nk, d, dv, causal=causal, order=order, mask_varies=mask_varies, device=device,
-        dtype=dtype, backward=backward, batch_heads=batch_heads, memory_budget=memory_budget,
-    ).mode  # fmt: skip
+def choose_mode(nq: int, nk: int, d: int, dv: int, **options: Any) -> str:
+    """'direct' or 'efficient' for ``mode="auto"``: the mode of
+    ``decide_mode(nq, nk, d, dv, **options)`` (its keyword-only options)."""
+    return decide_mode(nq, nk, d, dv, **options).mode
 
 
 def decide_mode(
