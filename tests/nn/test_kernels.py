@@ -445,6 +445,28 @@ def test_output_factor_off_decodes_like_the_parallel_form():
     assert_rel_close(got[1, :, :6], want[1, :, :6], 1e-12, "ragged row")
 
 
+def test_the_state_cache_steps_without_checks_after_the_first_call(monkeypatch):
+    from taylorshift.nn import kernels as kernels_module
+
+    steps = []
+    real = kernels_module.decode_token
+    monkeypatch.setattr(kernels_module, "decode_token", lambda *a: steps.append(1) or real(*a))
+    kernel = create_kernel("taylorshift", 2, 4).to(F64).eval()
+    q, k, v = (t[:, :2] for t in qkv(7, 7, requires_grad=False))
+    want = kernel(q, k, v, None, True)
+    cache = kernel.new_cache("state")
+    rows = [kernel.decode(q[..., :4, :], k[..., :4, :], v[..., :4, :], None, cache)]
+    for t in range(4, 7):
+        step = slice(t, t + 1)
+        rows.append(kernel.decode(q[..., step, :], k[..., step, :], v[..., step, :], None, cache))
+    assert len(steps) == 3  # the prompt went through the checked op, each token did not
+    assert_rel_close(torch.cat(rows, dim=-2), want, 1e-12, "decoded rows")
+    # a token with a padding mask goes through the checked op (it validates the mask)
+    padding = torch.ones(q.shape[0], 1, dtype=torch.bool)
+    kernel.decode(q[..., 6:, :], k[..., 6:, :], v[..., 6:, :], padding, cache)
+    assert len(steps) == 3
+
+
 @pytest.mark.parametrize(
     "kwargs, error, pattern",
     [

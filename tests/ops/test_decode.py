@@ -148,3 +148,28 @@ def test_decode_rejects_bad_input():
         taylor_shift_decode(q.float(), k.float(), v.float(), state)
     with pytest.raises(ValueError, match=r"state must be a LinearAttentionState"):
         linear_attention_decode(q, k, v, LinearAttentionState(torch.zeros(1)))
+
+
+@pytest.mark.parametrize(
+    "normalize, tensor_tau", [(True, True), (True, False), (False, False)],
+    ids=["tensor-tau", "float-tau", "plain"],
+)  # fmt: skip
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["fp64", "fp32"])
+def test_unchecked_token_step_equals_the_checked_one(normalize, tensor_tau, dtype):
+    from taylorshift.ops.taylor_shift.decode import decode_token
+
+    q, k, v = (x.to(dtype) for x in _qkv(6, seed=4))
+    tau = torch.linspace(0.5, 2.0, H, dtype=dtype).view(1, H, 1, 1) if tensor_tau else 1.7
+    if not normalize:  # plain scores take scale (its default here), not a temperature
+        tau = 1.0
+    kwargs = {"temperature": tau, "normalize": normalize}
+    _, checked = taylor_shift_decode(q[:, :, :5], k[:, :, :5], v[:, :, :5], **kwargs)
+    unchecked = TaylorShiftState(checked.sums.clone(), checked.count.clone())
+    want, _ = taylor_shift_decode(
+        q[:, :, 5:], k[:, :, 5:], v[:, :, 5:], checked, inplace=True, **kwargs
+    )
+    got = decode_token(q[:, :, 5:], k[:, :, 5:], v[:, :, 5:], unchecked, tau, normalize)
+    assert got.dtype == want.dtype == dtype
+    assert torch.equal(got, want)
+    assert torch.equal(unchecked.sums, checked.sums)
+    assert torch.equal(unchecked.count, checked.count)

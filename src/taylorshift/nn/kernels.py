@@ -30,6 +30,7 @@ from ..ops.holt import holt_attention
 from ..ops.linear_attention import linear_attention, linear_attention_decode
 from ..ops.taylor_shift import taylor_shift_attention, taylor_shift_decode
 from ..ops.taylor_shift.checks import check_options
+from ..ops.taylor_shift.decode import decode_token
 from ..ops.taylor_shift.features import attended_counts
 from ..ops.window import sliding_window_attention, window_attention_of_cache
 from .cache import CACHE_KINDS, KVCache, StateCache
@@ -314,6 +315,16 @@ class TaylorShiftKernel(AttentionKernel):
         return out
 
     def _taylor_decode_state(self, q, k, v, key_padding_mask, cache):
+        if (
+            self.output_factor
+            and cache.state is not None
+            and key_padding_mask is None
+            and q.shape[-2] == 1
+            and not torch.compiler.is_compiling()
+        ):
+            # The decoding loop's step: the cache's own state, this layer's q, k, v (checked
+            # by the first call, which made the state), no padding: no checks per token.
+            return decode_token(q, k, v, cache.state, self.tau, self.normalize)
         # (the state is updated in place: keep the count before the block for the factor)
         before = None if cache.state is None or self.output_factor else cache.state.count.clone()
         out, cache.state = taylor_shift_decode(

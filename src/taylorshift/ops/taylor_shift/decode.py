@@ -124,6 +124,32 @@ def taylor_shift_decode(
     return out, after
 
 
+@torch.no_grad()
+def decode_token(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    state: TaylorShiftState,
+    temperature: Tensor | float = 1.0,
+    normalize: bool = True,
+) -> Tensor:
+    """One new token, no padding, ``state`` updated in place: the step of a decoding loop
+    on inputs the caller vouches for, without the checks of ``taylor_shift_decode``.
+
+    query, key (B, H, 1, d), value (B, H, 1, dv) and ``state`` (its sums in the compute
+    dtype, (B, H, D, dv + 1)) must be what ``taylor_shift_decode`` would accept; τ a float or
+    a (1 or B, H, 1, 1) tensor. The layer caches of ``taylorshift.nn`` call it from the
+    second token on (their own projections and state: the checks would only cost time,
+    about a third of the op's step). Returns out (B, H, 1, dv) in the dtype of ``query``,
+    as ``taylor_shift_decode(..., inplace=True)[0]``.
+    """
+    b, h, _, d = query.shape
+    cd = state.sums.dtype
+    factor = score_factor(temperature, None, normalize, d)
+    tau = query_factor(factor, 0.0, cd, b, h) if isinstance(factor, Tensor) else float(factor)
+    return _decode_one(query, key, value, state, None, tau, normalize, True)[0]
+
+
 def _decode_one(query, key, value, state, key_mask, tau, normalize, inplace):
     """One token per row: rank-1 state update, then the readout (see ``taylor_shift_decode``).
 
