@@ -6,7 +6,8 @@ One autograd function does the attention itself (scores -> weights -> normalised
 on the scaled query and key; the normalisation of q and k and the temperature stay in
 autograd around it (O(N d)). The forward walks blocks of (batches, query rows) small enough
 to stay in cache and keeps only the output and its row sums; the backward recomputes each
-block's weights instead of storing the (B, H, Nq, Nk) matrix, as flash attention does
+block's weights instead of storing the (B, H, Nq, Nk) matrix, as flash attention does,
+except for small calls (``KEEP_ENTRIES``), whose blocks the forward keeps
 (docs/direct-form.md has the algebra). Causal blocks stop at their last attended key.
 """
 
