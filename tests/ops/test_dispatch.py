@@ -371,3 +371,52 @@ def test_a_calibration_entry_with_an_unknown_pass_is_refused():
     }  # fmt: skip
     with pytest.raises(dispatch.CalibrationError, match="pass 'backward'"):
         dispatch.parse_calibration(data)
+
+
+@pytest.fixture
+def decisions_made(monkeypatch) -> list[tuple]:
+    """The calls that decide_mode actually worked out (not answered from its kept ones)."""
+    made = []
+    real = dispatch._decide
+    monkeypatch.setattr(dispatch, "_decide", lambda *a: made.append(a) or real(*a))
+    monkeypatch.setattr(dispatch, "_decisions", {})
+    return made
+
+
+def test_decisions_are_kept_per_call(decisions_made):
+    for _ in range(3):
+        assert decide_mode(600, 600, 4, 4, **FULL, **CPU64) == Decision("efficient", "theory")
+    assert len(decisions_made) == 1
+    decide_mode(600, 600, 4, 4, **FULL, **CPU64, backward=True)  # another call: decided
+    decide_mode(601, 600, 4, 4, **FULL, **CPU64)
+    assert len(decisions_made) == 3
+
+
+def test_kept_decisions_follow_a_new_calibration_and_the_switch(
+    isolated_cache_dir, monkeypatch, decisions_made
+):
+    assert decide_mode(600, 600, 4, 4, **FULL, **CPU64) == Decision("efficient", "theory")
+    write_calibration(isolated_cache_dir, {4: 1e6})
+    dispatch.reload_calibration()
+    assert decide_mode(600, 600, 4, 4, **FULL, **CPU64) == Decision("direct", "calibration")
+    monkeypatch.setenv(dispatch.CALIBRATION_ENV, "off")
+    assert decide_mode(600, 600, 4, 4, **FULL, **CPU64) == Decision("efficient", "theory")
+    monkeypatch.delenv(dispatch.CALIBRATION_ENV)
+    assert decide_mode(600, 600, 4, 4, **FULL, **CPU64) == Decision("direct", "calibration")
+    assert len(decisions_made) == 4
+
+
+def test_decisions_that_read_the_free_memory_are_not_kept(monkeypatch, decisions_made):
+    kw = dict(FULL, device="cpu", dtype=torch.float32, batch_heads=32)
+    monkeypatch.setenv(dispatch.MEMORY_BUDGET_ENV, str(4 * 2**30))
+    assert decide_mode(200_000, 200_000, 512, 512, **kw) == Decision("direct", "memory")
+    monkeypatch.setenv(dispatch.MEMORY_BUDGET_ENV, str(2**62))
+    assert decide_mode(200_000, 200_000, 512, 512, **kw).mode == "efficient"
+    assert len(decisions_made) == 2
+
+
+def test_kept_decisions_stay_bounded(monkeypatch, decisions_made):
+    monkeypatch.setattr(dispatch, "MAX_KEPT_DECISIONS", 3)
+    for n in range(600, 610):
+        decide_mode(n, n, 4, 4, **FULL)
+    assert 1 <= len(dispatch._decisions) <= 3

@@ -383,37 +383,84 @@ def decide_mode(
     budget: :func:`default_memory_budget` of ``device``). Time decides among the forms that
     fit, or when neither does: a calibration of this device, else the CPU prior, else the
     operation counts.
+
+    Decisions are kept per call shape (the arguments, the calibration read and whether it
+    is switched on): a model's layers ask the same question at every step, and answering it
+    again made ``auto`` up to 1.1x the direct form it ran at N = 256; kept, it is level
+    within the noise (benchmarks/op_cpu/auto-cache). Not kept: decisions that looked up the
+    free memory (working sets over 256 MiB and no ``memory_budget``).
     """
+    use_calibration = device is not None and dtype is not None and _calibration_enabled()
+    key = (
+        nq, nk, d, dv, causal, order, mask_varies, device, dtype, backward, batch_heads,
+        memory_budget, use_calibration,
+    )  # fmt: skip
+    _forget_decisions_unless_made_with(load_calibration() if use_calibration else None)
+    decision = _decisions.get(key)
+    if decision is not None:
+        logger.debug("auto -> %s (%s, as decided before for this call)", *decision)
+        return decision
+    decision, keep = _decide(
+        nq, nk, d, dv, causal, order, mask_varies, device, dtype, backward, batch_heads,
+        memory_budget, use_calibration,
+    )  # fmt: skip
+    if keep:
+        if len(_decisions) >= MAX_KEPT_DECISIONS:  # many shapes (a server): start over
+            _decisions.clear()
+        _decisions[key] = decision
+    return decision
+
+
+# Decisions of decide_mode by call, valid for the calibration they were made with.
+MAX_KEPT_DECISIONS = 4096
+_decisions: dict[tuple, Decision] = {}
+_decisions_made_with: object = _UNSET
+
+
+def _forget_decisions_unless_made_with(calibration: object) -> None:
+    global _decisions_made_with
+    if calibration is not _decisions_made_with:
+        _decisions.clear()
+        _decisions_made_with = calibration
+
+
+def _decide(
+    nq, nk, d, dv, causal, order, mask_varies, device, dtype, backward, batch_heads,
+    memory_budget, use_calibration,
+) -> tuple[Decision, bool]:  # fmt: skip
+    """decide_mode's decision, and whether it may be kept (no free-memory look-up)."""
     if order != 2 or mask_varies:
         reason = "order != 2" if order != 2 else "the mask varies over queries"
         logger.debug("auto -> direct (%s)", reason)
-        return Decision("direct", "order" if order != 2 else "mask")
+        return Decision("direct", "order" if order != 2 else "mask"), True
     itemsize = 8 if dtype == torch.float64 else 4
     sizes = {
         m: working_set_bytes(m, nq, nk, d, dv, causal, batch_heads, itemsize)
         for m in ("direct", "efficient")
     }
     # (below 256 MiB memory never decides: no look-up of the free memory per call)
+    keep = True
     if memory_budget is None and max(sizes.values()) > 1 << 28:
         memory_budget = default_memory_budget(device)
+        keep = False
     fits = [m for m, b in sizes.items() if memory_budget is None or b <= memory_budget]
     if len(fits) == 1:
         logger.debug(
             "auto -> %s (memory: working sets direct %d B, efficient %d B, budget %d B)",
             fits[0], sizes["direct"], sizes["efficient"], memory_budget,
         )  # fmt: skip
-        return Decision(fits[0], "memory")
-    if device is not None and dtype is not None and _calibration_enabled():
+        return Decision(fits[0], "memory"), keep
+    if use_calibration:
         try:
             mode = _calibrated_mode(nq, nk, d, dv, causal, torch.device(device), dtype, backward)
         except Exception as err:  # the choice of form must never break the op
             _warn_once(f"the calibration lookup failed ({type(err).__name__}: {err})")
             mode = None
         if mode is not None:
-            return Decision(mode, "calibration")
+            return Decision(mode, "calibration"), keep
         mode = _cpu_prior_mode(nq, nk, d, dv, causal, torch.device(device), dtype)
         if mode is not None:
-            return Decision(mode, "cpu prior")
+            return Decision(mode, "cpu prior"), keep
     direct = impl_ops_direct(nq, nk, d, dv, order)
     efficient = impl_ops_efficient(nq, nk, d, dv, causal, DEFAULT_CAUSAL_CHUNK)
     mode = "efficient" if efficient < direct else "direct"
@@ -427,7 +474,7 @@ def decide_mode(
         d,
         dv,
     )
-    return Decision(mode, "theory")
+    return Decision(mode, "theory"), keep
 
 
 # Without a calibration of this CPU, the correction ρ(d) = N̂_measured / N̂_theory, non-causal
