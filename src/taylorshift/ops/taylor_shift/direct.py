@@ -19,6 +19,7 @@ from torch import Tensor
 from .efficient import finish_outputs, grad_outputs
 from .features import (
     attended_counts,
+    backward_follows,
     compute_dtype,
     scaled_input_grad,
     scaled_key,
@@ -274,11 +275,7 @@ def direct_taylor_shift(
     count = attended_counts(mask, is_causal, b, h, nq, nk, query.device).to(cd)[..., 0]
     t, f = split_factor(temperature, scale, normalize, d)
     # keep the blocks' weights for the backward when one follows and they are small
-    keep = b * h * nq * nk <= KEEP_ENTRIES and _backward_follows(query, key, value, t)
+    keep = b * h * nq * nk <= KEEP_ENTRIES and backward_follows(query, key, value, t)
     return _DirectAttention.apply(
         query, key, value, t, f, normalize, mask, is_causal, order, count, keep
     )
-
-
-def _backward_follows(*inputs: Tensor | None) -> bool:
-    return torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in inputs)

@@ -28,6 +28,14 @@ GATHER_MAX_ELEMENTS = 8192
 GATHER_MAX_OUTER = 1 << 18
 
 
+def backward_follows(*inputs: object) -> bool:
+    """Whether autograd records a call on these inputs (a backward may follow): grad mode
+    is on and one of the tensors among them requires grad."""
+    return torch.is_grad_enabled() and any(
+        isinstance(t, Tensor) and t.requires_grad for t in inputs
+    )
+
+
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
     """The dtype sums are accumulated in: float64 for float64 input, else float32."""
     return torch.float64 if dtype == torch.float64 else torch.float32

@@ -13,7 +13,7 @@ from .direct import direct_taylor_shift
 from .dispatch import choose_mode
 from .efficient import efficient_taylor_shift
 from .efficient_causal import causal_efficient_taylor_shift
-from .features import compute_dtype, drop_masked_content
+from .features import backward_follows, compute_dtype, drop_masked_content
 from .fused import fused_form, kernel_name, probe_backward, run_guarded, shape_class
 from .state import TaylorShiftState, check_state
 
@@ -101,7 +101,7 @@ def taylor_shift_attention(
             mask_varies=problem.mask_varies_over_queries,
             device=query.device,
             dtype=query.dtype,
-            backward=_backward_follows(query, key, value, temperature),
+            backward=backward_follows(query, key, value, temperature),
             batch_heads=problem.batch * problem.heads,
         )
     # A masked key's content must not matter (a NaN in padding would poison the sums):
@@ -139,7 +139,7 @@ def taylor_shift_attention(
         # A kernel that cannot compile or launch here falls back to the PyTorch form below
         # (warned once, remembered per shape class; ops/taylor_shift/fused.py).
         kernel = shape_class(kernel_name(mode, is_causal), query, problem, is_causal)
-        backward = _backward_follows(query, key, value, temperature)
+        backward = backward_follows(query, key, value, temperature)
         if not backward or probe_backward(kernel, fused, mode, query):
             out = run_guarded(kernel, lambda: fused(*args))
             if out is not None:
@@ -151,13 +151,6 @@ def taylor_shift_attention(
 # depends on shapes, dtype and device only, which the graph is specialised on anyway), so
 # the calibration file is read outside the traced code.
 _choose_mode = torch.compiler.assume_constant_result(choose_mode)
-
-
-def _backward_follows(*inputs: object) -> bool:
-    """Whether autograd records this call (then auto uses the forward + backward calibration)."""
-    return torch.is_grad_enabled() and any(
-        isinstance(t, Tensor) and t.requires_grad for t in inputs
-    )
 
 
 def check_plain_score_range(
