@@ -43,6 +43,8 @@ import torch
 
 from ...theory import impl_crossover, impl_ops_direct, impl_ops_efficient
 from ...vocab import FORWARD, FORWARD_BACKWARD, PASSES, dtype_name, pass_name
+from .direct import KEEP_ENTRIES
+from .efficient import default_chunk_size
 from .efficient_causal import DEFAULT_CAUSAL_CHUNK
 from .features import feature_dim
 
@@ -528,13 +530,9 @@ def working_set_bytes(
     weighted copy, its gradient) and one chunk of features.
     """
     if mode == "direct":
-        from .direct import KEEP_ENTRIES
-
         entries = batch_heads * nq * nk
         kept = 2 * entries if entries <= KEEP_ENTRIES else 0
         return itemsize * (3 * (1 << 18) + batch_heads * nq + kept)
-    from .efficient import default_chunk_size
-
     chunk = DEFAULT_CAUSAL_CHUNK if causal else default_chunk_size(batch_heads, d, dv)
     chunk = min(max(nq, nk, 1), chunk)
     state = batch_heads * feature_dim(d) * (dv + 1)
