@@ -100,6 +100,58 @@ def test_float16_error_within_reference_error(case):
         assert err_fast < RMS_BOUND, (name, err_fast)
 
 
+def test_sixteen_bit_inputs_multiply_in_their_own_dtype(monkeypatch):
+    # The DOT kind follows the inputs: 16-bit operands (tensor cores) for float16 and
+    # bfloat16, exact float32 for float32; every kernel of both passes gets it.
+    assert triton_efficient.dot_kind(torch.float16) == triton_efficient.DOT_FP16
+    assert triton_efficient.dot_kind(torch.bfloat16) == triton_efficient.DOT_BF16
+    assert triton_efficient.dot_kind(torch.float32) == triton_efficient.DOT_FP32
+    seen = []
+    for name in ("_state", "_apply", "_grad"):
+        real = getattr(triton_efficient, name)
+
+        def spy(*args, _real=real, _name=name, **kwargs):
+            seen.append((_name, kwargs.get("dot", args[-1] if _name != "_apply" else None)))
+            return _real(*args, **kwargs)
+
+        monkeypatch.setattr(triton_efficient, name, spy)
+    for dtype, kind in ((torch.float16, 1), (torch.float32, 0)):
+        seen.clear()
+        low, _, mask, opts = make_problem(Case(1, 1, 5, 9, 16, 16), dtype)
+        y = call_form(triton_efficient_taylor_shift, low, mask, opts, Case(1, 1, 5, 9, 16, 16))
+        torch.autograd.grad(y.float().sum(), low[:3])
+        assert {n for n, _ in seen} == {"_state", "_apply", "_grad"}
+        assert all(k == kind for _, k in seen), (dtype, seen)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
+def test_token_splits_and_launch_settings_keep_the_result(monkeypatch, dtype):
+    # The state kernel's token splits (partial states summed in torch) and other block
+    # sizes and warps change only the order of float32 sums.
+    case = Case(2, 2, 70, 300, 16, 16, mask="padding", temperature="float")
+    low, _, mask, opts = make_problem(case, dtype, seed=4)
+    g = torch.randn(2, 2, 70, 16, generator=torch.Generator().manual_seed(8), dtype=dtype)
+
+    def run():
+        y = call_form(triton_efficient_taylor_shift, low, mask, opts, case)
+        return [y, *torch.autograd.grad(y, low[:3], g)]
+
+    default = run()
+    lay = triton_efficient.layout(16, 16)
+    assert triton_efficient.state_splits(4, 300, lay, 64)[0] == 1  # the default: one split
+    monkeypatch.setattr(triton_efficient, "SPLIT_MIN_TOKENS", 64)
+    splits, span = triton_efficient.state_splits(4, 300, lay, 32)
+    assert splits > 1 and span % 32 == 0 and (splits - 1) * span < 300 <= splits * span
+    kind = triton_efficient.dot_kind(dtype)
+    monkeypatch.setitem(
+        triton_efficient.LAUNCH, kind, dict(block_n=32, block_m=16, state_warps=2,
+                                            token_warps=2, state_stages=1, token_stages=1)
+    )  # fmt: skip
+    tol = 1e-5 if dtype == torch.float32 else 2e-3
+    for name, a, e in zip(["output", "q", "k", "v"], run(), default, strict=True):
+        assert_rel_close(a, e, tol, name, atol=tol / 10)
+
+
 def test_fully_masked_rows_give_zeros_and_finitegrads():
     case = Case(2, 2, 5, 9, 16, 16)
     low, _, _, _ = make_problem(case, torch.float32)

@@ -32,18 +32,36 @@ from ..taylor_shift.features import scaled_key, scaled_query, score_factor
 # Width of a feature tile: tile pairs give T² = 256 quadratic features per token, and every
 # tl.dot has all sides >= 16.
 TILE = 16
-# Tokens per step of the state kernel and per program of the apply and grad kernels.
-BLOCK_N = 64
-BLOCK_M = 32
+# How the kernels multiply (the DOT constexpr): float32 inputs keep exact float32 products
+# ("ieee": "tf32" would round features to 10 mantissa bits, FMA units); float16 and
+# bfloat16 inputs give the dots operands of their own dtype, with float32 accumulation
+# (tensor cores). Sums that are not dots (the denominator rows) stay float32 in every case.
+# docs/triton-efficient.md §6 has the error and speed of each.
+DOT_FP32, DOT_FP16, DOT_BF16 = 0, 1, 2
+# Launch settings per DOT kind: tokens per step of the state kernel (block_n) and per
+# program of the apply and grad kernels (block_m), warps and software-pipelining stages.
+# The apply and grad kernels hold a (T², DVP) state block and a (BLOCK_M, T²) feature block
+# as dot operands in shared memory: float32 at dv = 128 with BLOCK_M = 32 and one stage that
+# is 166 KB (sm_80 allows 163 KiB per block, sm_90 227 KiB); half as much in 16 bits.
+# Plain dicts so that a tuning run (benchmarks/gpu/tune_efficient.py) can set them. The
+# 16-bit settings are the fastest of those timed on an H200 at d = 64, N = 16,384, bf16
+# (benchmarks/gpu_h200/tune: block_m 32 was 1.4-1.6x slower, 8 state warps 1.3x slower
+# forward, block_m 128 and block_n 128 within 5 %); float32 keeps the first settings.
+LAUNCH = {
+    DOT_FP32: dict(block_n=64, block_m=32, state_warps=4, token_warps=4, state_stages=2,
+                   token_stages=1),
+    DOT_FP16: dict(block_n=64, block_m=64, state_warps=4, token_warps=4, state_stages=2,
+                   token_stages=1),
+    DOT_BF16: dict(block_n=64, block_m=64, state_warps=4, token_warps=4, state_stages=2,
+                   token_stages=1),
+}  # fmt: skip
 # Columns of the state per program of the state kernel (dv padded to a power of two >= 16).
 MAX_BLOCK_DV = 64
-# fp32 dot products in full precision: "tf32" would round features to 10 mantissa bits.
-PRECISION = "ieee"
-# Software-pipelining stages. The apply and grad kernels hold a (T², DVP) state block and a
-# (BLOCK_M, T²) feature block as dot operands in shared memory: 166 KB at dv = 128 with one
-# stage (sm_80 allows 163 KiB per block, sm_90 227 KiB); more stages would not fit.
-STATE_STAGES = 2
-TOKEN_STAGES = 1
+# The state kernel splits the tokens among programs when B·H · pairs · column blocks alone
+# would leave the GPU idle: enough splits for about STATE_PROGRAMS programs, each at least
+# SPLIT_MIN_TOKENS tokens; the partial states are summed in torch (float32, fixed order).
+STATE_PROGRAMS = 1024
+SPLIT_MIN_TOKENS = 2048
 # triton.jit reads TRITON_INTERPRET when it wraps the kernels below, at import: CPU tensors
 # work only if it was "1" then.
 INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") == "1"
@@ -86,6 +104,23 @@ def layout(d: int, dv: int) -> Layout:
         d, dv, nt, nt_pad, dvp, pairs, off_quad_den, off_lin, off_lin_den, off_const,
         off_const_den, off_const_den + 1,
     )  # fmt: skip
+
+
+def dot_kind(dtype: torch.dtype) -> int:
+    """The DOT constexpr for inputs of ``dtype``: 16-bit operands for 16-bit inputs."""
+    return {torch.float16: DOT_FP16, torch.bfloat16: DOT_BF16}.get(dtype, DOT_FP32)
+
+
+@triton.jit
+def _mma(a, b, DOT: tl.constexpr):
+    # a @ b accumulated in float32; the operands rounded to 16 bits first unless DOT_FP32.
+    if DOT == 1:
+        c = tl.dot(a.to(tl.float16), b.to(tl.float16))
+    elif DOT == 2:
+        c = tl.dot(a.to(tl.bfloat16), b.to(tl.bfloat16))
+    else:
+        c = tl.dot(a, b, input_precision="ieee")
+    return c
 
 
 @triton.jit
@@ -151,23 +186,27 @@ def _linear_offsets(
 
 @triton.jit
 def _state_kernel(
-    x_ptr, u_ptr, r_ptr, pairs_ptr, s_ptr, N,
-    sx_b, sx_n, su_b, su_n, sr_b, sr_n, ss_b,
+    x_ptr, u_ptr, r_ptr, pairs_ptr, s_ptr, N, SPAN,
+    sx_b, sx_n, su_b, su_n, sr_b, sr_n, ss_b, ss_split,
     D: tl.constexpr, DV: tl.constexpr, DVP: tl.constexpr, T: tl.constexpr,
     OFF_QD: tl.constexpr, OFF_L: tl.constexpr, OFF_LD: tl.constexpr,
     OFF_C: tl.constexpr, OFF_CD: tl.constexpr,
     R_MODE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_DV: tl.constexpr,
-    PRECISION: tl.constexpr,
+    SPLITS: tl.constexpr, DOT: tl.constexpr,
 ):  # fmt: skip
-    """S = Σ_n φ(x_n)ᵀ [u_n, r_n] for one (b·h, tile pair, column block), over all tokens.
+    """S = Σ_n φ(x_n)ᵀ [u_n, r_n] for one (b·h, tile pair, column block, token split).
 
+    Split s sums the tokens s·SPAN .. (s + 1)·SPAN - 1 into partial state s (at s·ss_split).
     Every program also sums the linear rows of its first tile and the constant row; only
     the diagonal pairs (linear) and pair 0 (constant) store them: a 1/T overhead that
     keeps the loop free of branches.
     """
     bh = tl.program_id(0).to(tl.int64)
     p = tl.program_id(1)
-    dvb = tl.program_id(2)
+    dvb = tl.program_id(2) // SPLITS
+    split = tl.program_id(2) % SPLITS
+    n_lo = split * SPAN
+    n_hi = tl.minimum(N, n_lo + SPAN)
     ta = tl.load(pairs_ptr + 2 * p)
     tb = tl.load(pairs_ptr + 2 * p + 1)
     x_base = x_ptr + bh * sx_b
@@ -182,21 +221,21 @@ def _state_kernel(
     lin_den = tl.zeros((T,), tl.float32)
     const = tl.zeros((BLOCK_DV,), tl.float32)
     const_den = tl.zeros((BLOCK_N,), tl.float32)
-    for n0 in range(0, N, BLOCK_N):
+    for n0 in range(n_lo, n_hi, BLOCK_N):
         rows = n0 + offs
-        live = rows < N
+        live = rows < n_hi
         xa = _load_tile(x_base, rows, live, sx_n, ta, T, D)
         xb = _load_tile(x_base, rows, live, sx_n, tb, T, D)
         u, r = _load_rows(u_base, r_base, rows, live, su_n, sr_n, cols, DV, R_MODE)
         f = tl.reshape(xa[:, :, None] * xb[:, None, :], (BLOCK_N, T * T))
-        quad += tl.dot(tl.trans(f), u, input_precision=PRECISION)
+        quad += _mma(tl.trans(f), u, DOT)
         quad_den += tl.sum(f * r[:, None], axis=0)
-        lin += tl.dot(tl.trans(xa), u, input_precision=PRECISION)
+        lin += _mma(tl.trans(xa), u, DOT)
         lin_den += tl.sum(xa * r[:, None], axis=0)
         const += tl.sum(u, axis=0)
         const_den += r
 
-    s_base = s_ptr + bh * ss_b
+    s_base = s_ptr + split * ss_split + bh * ss_b
     tt = tl.arange(0, T * T)
     at_q, at_qd = _pair_offsets(p, tt, cols, T, DVP, OFF_QD)
     ca, at_l, at_ld = _linear_offsets(ta, cols, T, DVP, OFF_L, OFF_LD)
@@ -221,7 +260,7 @@ def _apply_kernel(
     OFF_QD: tl.constexpr, OFF_L: tl.constexpr, OFF_LD: tl.constexpr,
     OFF_C: tl.constexpr, OFF_CD: tl.constexpr,
     FINISH: tl.constexpr, NORMALIZE: tl.constexpr, HAS_R: tl.constexpr,
-    BLOCK_M: tl.constexpr, PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr, DOT: tl.constexpr,
 ):  # fmt: skip
     """Y' = φ(x) (c ⊙ S) for BLOCK_M tokens; FINISH: y = nom/den · sqrt(n/d), den stored.
 
@@ -244,11 +283,11 @@ def _apply_kernel(
             f = tl.reshape(xa[:, :, None] * xb[:, None, :], (BLOCK_M, T * T))
             at_q, at_qd = _pair_offsets(p, tt, cols, T, DVP, OFF_QD)
             sq, sqd = tl.load(s_base + at_q), tl.load(s_base + at_qd)
-            nom += w * tl.dot(f, sq, input_precision=PRECISION)
+            nom += w * _mma(f, sq, DOT)
             den += w * tl.sum(f * sqd[None, :], axis=1)
         _, at_l, at_ld = _linear_offsets(ta, cols, T, DVP, OFF_L, OFF_LD)
         sl, sld = tl.load(s_base + at_l), tl.load(s_base + at_ld)
-        nom += tl.dot(xa, sl, input_precision=PRECISION)
+        nom += _mma(xa, sl, DOT)
         den += tl.sum(xa * sld[None, :], axis=1)
     nom += tl.load(s_base + OFF_C + cols)[None, :]
     den += tl.load(s_base + OFF_CD)
@@ -278,7 +317,7 @@ def _grad_kernel(
     D: tl.constexpr, DV: tl.constexpr, DVP: tl.constexpr, T: tl.constexpr,
     NT: tl.constexpr, NT_PAD: tl.constexpr,
     OFF_QD: tl.constexpr, OFF_L: tl.constexpr, OFF_LD: tl.constexpr,
-    R_MODE: tl.constexpr, BLOCK_M: tl.constexpr, PRECISION: tl.constexpr,
+    R_MODE: tl.constexpr, BLOCK_M: tl.constexpr, DOT: tl.constexpr,
 ):  # fmt: skip
     """g_x = ∂/∂x Σ_c [u, r]_c (φ(x) (c ⊙ S))_c for BLOCK_M tokens.
 
@@ -306,14 +345,14 @@ def _grad_kernel(
             w = tl.where(ta == tb, 0.5, 1.0)
             at_q, at_qd = _pair_offsets(p, tt, cols, T, DVP, OFF_QD)
             sq, sqd = tl.load(s_base + at_q), tl.load(s_base + at_qd)
-            z = tl.dot(g, tl.trans(sq), input_precision=PRECISION) + r[:, None] * sqd[None, :]
+            z = _mma(g, tl.trans(sq), DOT) + r[:, None] * sqd[None, :]
             z = tl.reshape(w * z, (BLOCK_M, T, T))
             ga += tl.sum(z * xb[:, None, :], axis=2)
             gb = tl.sum(z * xa[:, :, None], axis=1)
             gx += tl.where(tile_of == tb, gb[:, None, :], 0.0)
         _, at_l, at_ld = _linear_offsets(ta, cols, T, DVP, OFF_L, OFF_LD)
         sl, sld = tl.load(s_base + at_l), tl.load(s_base + at_ld)
-        ga += tl.dot(g, tl.trans(sl), input_precision=PRECISION) + r[:, None] * sld[None, :]
+        ga += _mma(g, tl.trans(sl), DOT) + r[:, None] * sld[None, :]
         gx += tl.where(tile_of == ta, ga[:, None, :], 0.0)
 
     out = tl.reshape(gx, (BLOCK_M, NT_PAD * T))
@@ -349,21 +388,38 @@ def _offsets(lay: Layout) -> dict:
     )
 
 
-def _state(x: Tensor, u: Tensor, r: Tensor | None, r_mode: int, lay: Layout) -> Tensor:
+def state_splits(bh: int, n: int, lay: Layout, block_n: int) -> tuple[int, int]:
+    """(splits, tokens per split) of the state kernel: (1, n) unless B·H · pairs · column
+    blocks is under STATE_PROGRAMS and n has room for splits of SPLIT_MIN_TOKENS; a split
+    holds whole blocks of ``block_n`` tokens."""
+    programs = bh * lay.pairs * (lay.dvp // min(lay.dvp, MAX_BLOCK_DV))
+    splits = max(1, min(n // max(SPLIT_MIN_TOKENS, 1), triton.cdiv(STATE_PROGRAMS, programs)))
+    if splits == 1:
+        return 1, n
+    span = triton.cdiv(triton.cdiv(n, splits), block_n) * block_n
+    return triton.cdiv(n, span), span
+
+
+def _state(
+    x: Tensor, u: Tensor, r: Tensor | None, r_mode: int, lay: Layout, dot: int = DOT_FP32
+) -> Tensor:
     bh, n, _ = x.shape
-    state = torch.zeros((bh, lay.size), dtype=torch.float32, device=x.device)
+    launch = LAUNCH[dot]
+    splits, span = state_splits(bh, n, lay, launch["block_n"])
+    state = torch.zeros((splits, bh, lay.size), dtype=torch.float32, device=x.device)
     block_dv = min(lay.dvp, MAX_BLOCK_DV)
     r_t, sr_b, sr_n = _r_args(r, x)
-    grid = (bh, lay.pairs, lay.dvp // block_dv)
+    grid = (bh, lay.pairs, (lay.dvp // block_dv) * splits)
     _state_kernel[grid](
-        x, u, r_t, _pair_table(lay.nt, x.device), state, n,
-        x.stride(0), x.stride(1), u.stride(0), u.stride(1), sr_b, sr_n, state.stride(0),
+        x, u, r_t, _pair_table(lay.nt, x.device), state, n, span,
+        x.stride(0), x.stride(1), u.stride(0), u.stride(1), sr_b, sr_n, state.stride(1),
+        state.stride(0),
         D=lay.d, DV=lay.dv, DVP=lay.dvp, T=TILE, **_offsets(lay),
         OFF_C=lay.off_const, OFF_CD=lay.off_const_den,
-        R_MODE=r_mode, BLOCK_N=BLOCK_N, BLOCK_DV=block_dv, PRECISION=PRECISION,
-        num_stages=STATE_STAGES,
+        R_MODE=r_mode, BLOCK_N=launch["block_n"], BLOCK_DV=block_dv, SPLITS=splits,
+        DOT=dot, num_warps=launch["state_warps"], num_stages=launch["state_stages"],
     )  # fmt: skip
-    return state
+    return state[0] if splits == 1 else state.sum(0)
 
 
 def _apply(
@@ -376,12 +432,14 @@ def _apply(
     count: Tensor | None = None,
     normalize: bool = False,
     r: Tensor | None = None,
+    dot: int = DOT_FP32,
 ) -> None:
     """Writes φ(x)(c ⊙ S) into out (BH, N, dv); finished (and den written) when den is given."""
     bh, n, _ = x.shape
     finish = den is not None
     r_t, sr_b, sr_n = _r_args(r, x)
-    grid = (bh, triton.cdiv(n, BLOCK_M))
+    launch = LAUNCH[dot]
+    grid = (bh, triton.cdiv(n, launch["block_m"]))
     _apply_kernel[grid](
         x, state, r_t, count if finish else x, out, den if finish else x, n,
         x.stride(0), x.stride(1), state.stride(0), sr_b, sr_n, out.stride(0), out.stride(1),
@@ -389,21 +447,32 @@ def _apply(
         D=lay.d, DV=lay.dv, DVP=lay.dvp, T=TILE, NT=lay.nt, **_offsets(lay),
         OFF_C=lay.off_const, OFF_CD=lay.off_const_den,
         FINISH=finish, NORMALIZE=normalize, HAS_R=r is not None,
-        BLOCK_M=BLOCK_M, PRECISION=PRECISION, num_stages=TOKEN_STAGES,
+        BLOCK_M=launch["block_m"], DOT=dot, num_warps=launch["token_warps"],
+        num_stages=launch["token_stages"],
     )  # fmt: skip
 
 
-def _grad(x: Tensor, u: Tensor, r: Tensor | None, r_mode: int, state: Tensor, lay: Layout):
+def _grad(
+    x: Tensor,
+    u: Tensor,
+    r: Tensor | None,
+    r_mode: int,
+    state: Tensor,
+    lay: Layout,
+    dot: int = DOT_FP32,
+) -> Tensor:
     bh, n, _ = x.shape
     gx = torch.empty_like(x)
     r_t, sr_b, sr_n = _r_args(r, x)
-    grid = (bh, triton.cdiv(n, BLOCK_M))
+    launch = LAUNCH[dot]
+    grid = (bh, triton.cdiv(n, launch["block_m"]))
     _grad_kernel[grid](
         x, u, r_t, state, gx, n,
         x.stride(0), x.stride(1), u.stride(0), u.stride(1), sr_b, sr_n, state.stride(0),
         gx.stride(0), gx.stride(1),
         D=lay.d, DV=lay.dv, DVP=lay.dvp, T=TILE, NT=lay.nt, NT_PAD=lay.nt_pad, **_offsets(lay),
-        R_MODE=r_mode, BLOCK_M=BLOCK_M, PRECISION=PRECISION, num_stages=TOKEN_STAGES,
+        R_MODE=r_mode, BLOCK_M=launch["block_m"], DOT=dot, num_warps=launch["token_warps"],
+        num_stages=launch["token_stages"],
     )  # fmt: skip
     return gx
 
@@ -436,14 +505,15 @@ def triton_efficient_forward(
     lay = layout(d, dv)
     q, k, v = _flat(qp), _flat(kp), _flat(value)
     mask = None if key_mask is None else _flat(key_mask.expand(b, h, nk)).to(torch.float32)
-    state = _state(k, v, mask, 0 if mask is None else 1, lay)
+    dot = dot_kind(value.dtype)
+    state = _state(k, v, mask, 0 if mask is None else 1, lay, dot)
     if mask is None:
         count = torch.full((b * h,), float(nk), dtype=torch.float32, device=qp.device)
     else:
         count = mask.sum(-1)
     out = torch.empty((b * h, nq, dv), dtype=value.dtype, device=qp.device)
     den = torch.empty((b * h, nq), dtype=torch.float32, device=qp.device)
-    _apply(q, state, lay, out, den=den, count=count, normalize=normalize)
+    _apply(q, state, lay, out, den=den, count=count, normalize=normalize, dot=dot)
     return out.view(b, h, nq, dv), den.view(b, h, nq), state.view(b, h, lay.size)
 
 
@@ -482,11 +552,12 @@ def triton_efficient_backward(
     mask = None if key_mask is None else _flat(key_mask.expand(b, h, nk)).to(torch.float32)
     flat_state = state.view(b * h, lay.size)
 
-    grad_state = _state(q, g, g_den, 2, lay)  # R = Σ_i φ(q'_i)ᵀ gY'_i
-    gq = _grad(q, g, g_den, 2, flat_state, lay)
+    dot = dot_kind(value.dtype)
+    grad_state = _state(q, g, g_den, 2, lay, dot)  # R = Σ_i φ(q'_i)ᵀ gY'_i
+    gq = _grad(q, g, g_den, 2, flat_state, lay, dot)
     gv = torch.empty_like(v)
-    _apply(k, grad_state, lay, gv, r=mask)  # g_v = m · φ(k')(c ⊙ R)
-    gk = _grad(k, v, mask, 0 if mask is None else 1, grad_state, lay)
+    _apply(k, grad_state, lay, gv, r=mask, dot=dot)  # g_v = m · φ(k')(c ⊙ R)
+    gk = _grad(k, v, mask, 0 if mask is None else 1, grad_state, lay, dot)
     return gq.view(qp.shape), gk.view(kp.shape), gv.view(value.shape)
 
 
