@@ -16,6 +16,9 @@ import pytest
 import torch
 
 CUDA = torch.cuda.is_available()
+if CUDA and os.environ.get("PYTEST_XDIST_WORKER"):
+    # the float64 references run on the CPU: one share of the cores per worker
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // 8))
 DRY_RUN = not CUDA and os.environ.get("TAYLORSHIFT_GPU_DRY_RUN") == "1"
 DEVICE = "cuda" if CUDA else "cpu"
 LOW_DTYPES = [torch.float16, torch.bfloat16] if CUDA else [torch.float16]
@@ -31,7 +34,16 @@ def size(full: int, dry: int) -> int:
 
 
 def pytest_collection_modifyitems(config, items):
-    if CUDA or DRY_RUN:
+    if CUDA:
+        # With pytest-xdist (benchmarks/gpu/run: -n 8, --dist loadgroup), a shape's tests
+        # share one worker, so each worker compiles the kernels of its shapes once (float32
+        # kernels took 10-40 s each to compile on an H200).
+        for item in items:
+            shape = getattr(getattr(item, "callspec", None), "params", {}).get("shape")
+            if shape is not None:
+                item.add_marker(pytest.mark.xdist_group(f"shape-{shape}"))
+        return
+    if DRY_RUN:
         return
     here = os.path.dirname(__file__)
     skip = pytest.mark.skip(reason=SKIP_REASON)
