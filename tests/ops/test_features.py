@@ -112,3 +112,36 @@ def test_chunk_features_are_the_features_feature_major(shape):
     assert torch.equal(f, plain_features(x))
     if x.numel() > F_.GATHER_MAX_ELEMENTS:
         assert f.transpose(-2, -1).is_contiguous()
+
+
+def test_off_the_cpu_the_features_are_one_gather_whatever_the_length():
+    # On a GPU d row products are d launches per chunk (the first H200 run: 17K calls for
+    # one forward): off the CPU the features are one outer product and one index. The meta
+    # device stands in for a GPU; the multiplies are counted at the aten level.
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class CountMul(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.muls = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.muls += func.overloadpacket is torch.ops.aten.mul
+            return func(*args, **(kwargs or {}))
+
+    x = torch.randn(2, 3, 700, 16)  # above the gather size: the CPU takes 16 row products
+    for device, muls in (("cpu", 16), ("meta", 1)):
+        x_dev = x.to(device)
+        F_.chunk_features(x_dev)  # builds the cached index tables of this device
+        with CountMul() as counter:
+            f = F_.chunk_features(x_dev)
+        assert f.shape == (2, 3, 700, 16 * 17 // 2 + 17)
+        assert counter.muls == muls, device
+
+
+def test_chunks_are_larger_off_the_cpu():
+    from taylorshift.ops.taylor_shift.efficient import default_chunk_size
+
+    cpu = default_chunk_size(32, 64, 64)
+    assert cpu == default_chunk_size(32, 64, 64, "cpu") == 64  # the CPU's chunk at B·H = 32
+    assert default_chunk_size(32, 64, 64, torch.device("cuda")) >= 7 * cpu

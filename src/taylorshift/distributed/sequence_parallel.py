@@ -116,7 +116,9 @@ def sequence_parallel_taylor_shift(
     world, _ = group_place(group)
     b, h, d, dv = problem.batch, problem.heads, problem.head_dim, problem.value_dim
     if not chunk_size:
-        chunk_size = DEFAULT_CAUSAL_CHUNK if is_causal else default_chunk_size(b * h, d, dv)
+        chunk_size = (
+            DEFAULT_CAUSAL_CHUNK if is_causal else default_chunk_size(b * h, d, dv, query.device)
+        )
 
     if world == 1:
         form = causal_efficient_taylor_shift if is_causal else efficient_taylor_shift

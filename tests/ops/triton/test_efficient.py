@@ -128,9 +128,9 @@ def test_sixteen_bit_inputs_multiply_in_their_own_dtype(monkeypatch):
 def test_token_splits_and_launch_settings_keep_the_result(monkeypatch, dtype):
     # The state kernel's token splits (partial states summed in torch) and other block
     # sizes and warps change only the order of float32 sums.
-    case = Case(2, 2, 70, 300, 16, 16, mask="padding", temperature="float")
+    case = Case(1, 2, 20, 200, 16, 16, temperature="float")  # no mask: every split has keys
     low, _, mask, opts = make_problem(case, dtype, seed=4)
-    g = torch.randn(2, 2, 70, 16, generator=torch.Generator().manual_seed(8), dtype=dtype)
+    g = torch.randn(1, 2, 20, 16, generator=torch.Generator().manual_seed(8), dtype=dtype)
 
     def run():
         y = call_form(triton_efficient_taylor_shift, low, mask, opts, case)
@@ -138,10 +138,10 @@ def test_token_splits_and_launch_settings_keep_the_result(monkeypatch, dtype):
 
     default = run()
     lay = triton_efficient.layout(16, 16)
-    assert triton_efficient.state_splits(4, 300, lay, 64)[0] == 1  # the default: one split
+    assert triton_efficient.state_splits(2, 200, lay, 64)[0] == 1  # the default: one split
     monkeypatch.setattr(triton_efficient, "SPLIT_MIN_TOKENS", 64)
-    splits, span = triton_efficient.state_splits(4, 300, lay, 32)
-    assert splits > 1 and span % 32 == 0 and (splits - 1) * span < 300 <= splits * span
+    splits, span = triton_efficient.state_splits(2, 200, lay, 32)
+    assert splits > 1 and span % 32 == 0 and (splits - 1) * span < 200 <= splits * span
     kind = triton_efficient.dot_kind(dtype)
     monkeypatch.setitem(
         triton_efficient.LAUNCH, kind, dict(block_n=32, block_m=16, state_warps=2,

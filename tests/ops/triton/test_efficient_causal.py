@@ -151,4 +151,7 @@ def test_custom_op_registration_passes_opcheck():
     g = torch.Generator().manual_seed(3)
     q, k = (torch.randn(2, 11, 16, generator=g, requires_grad=True) for _ in range(2))
     u = torch.randn(2, 11, 9, generator=g, requires_grad=True)
-    torch.library.opcheck(torch.ops.taylorshift.triton_causal_forward.default, (q, k, u, CHUNK))
+    for dot in (0, 1):  # float32 dots, float16 operands
+        torch.library.opcheck(
+            torch.ops.taylorshift.triton_causal_forward.default, (q, k, u, CHUNK, dot)
+        )

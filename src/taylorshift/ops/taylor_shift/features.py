@@ -181,11 +181,14 @@ def features(x: Tensor) -> Tensor:
         a, b = pair_index(d, x.device)
         quad = x.index_select(-1, a) * x.index_select(-1, b)
         return torch.cat([quad, x, torch.ones_like(x[..., :1])], dim=-1)
-    if x.numel() <= GATHER_MAX_ELEMENTS and x.numel() * d <= GATHER_MAX_OUTER:
+    if x.device.type != "cpu" or (
+        x.numel() <= GATHER_MAX_ELEMENTS and x.numel() * d <= GATHER_MAX_OUTER
+    ):
         # Few tokens (a decoding step, a short chunk): the outer product, then its upper
         # triangle picked by one index, beats d small multiplies (and two gathers, 2x,
-        # benchmarks/decode_cpu);
-        # the products are the same, so every path agrees bitwise.
+        # benchmarks/decode_cpu). Off the CPU always: d multiplies are d launches (a GPU
+        # has the memory for the outer product, about twice the features).
+        # The products are the same, so every path agrees bitwise.
         # With x extended by a 1, the outer product holds x_a x_b, x_a and 1 alike, so one
         # index picks the whole of φ(x) (no concatenation after it: 2x on a decoding step).
         ext = torch.nn.functional.pad(x, (0, 1), value=1.0)
@@ -222,10 +225,12 @@ def chunk_features(x: Tensor) -> Tensor:
     """
     d = x.shape[-1]
     big_d = feature_dim(d)
-    if torch.compiler.is_compiling() or (
-        x.numel() <= GATHER_MAX_ELEMENTS and x.numel() * d <= GATHER_MAX_OUTER
+    if (
+        torch.compiler.is_compiling()
+        or x.device.type != "cpu"
+        or (x.numel() <= GATHER_MAX_ELEMENTS and x.numel() * d <= GATHER_MAX_OUTER)
     ):
-        return features(x)
+        return features(x)  # token-major; off the CPU by one gather
     shape = (*x.shape[:-2], big_d, x.shape[-2])
     out = scratch("features", shape, x.dtype, x.device)
     if out is None:

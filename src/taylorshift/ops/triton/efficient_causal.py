@@ -31,7 +31,15 @@ from ..taylor_shift.efficient_causal import causal_count
 from ..taylor_shift.features import taylor_weight
 from ..taylor_shift.fused import CAUSAL_CHUNK
 from ..taylor_shift.state import TaylorShiftState
-from .efficient import _apply, _grad, _state, check_kernel_inputs, layout, scaled_inputs
+from .efficient import (
+    _apply,
+    _grad,
+    _state,
+    check_kernel_inputs,
+    dot_kind,
+    layout,
+    scaled_inputs,
+)
 
 # Tokens per chunk (defined beside the router, which sizes the states without importing
 # Triton): the intra-chunk block costs O(N C d) and the per-chunk states
@@ -80,18 +88,19 @@ def _intra_grad(q: Tensor, k: Tensor, u: Tensor, g: Tensor) -> tuple[Tensor, Ten
 
 
 @torch.library.custom_op("taylorshift::triton_causal_forward", mutates_args=())
-def triton_causal_forward(q: Tensor, k: Tensor, u: Tensor, chunk: int) -> Tensor:
-    """Y' (BH, Nq, e) from q' (BH, Nq, d), k' (BH, Nk, d), u (BH, Nk, e), all float32."""
+def triton_causal_forward(q: Tensor, k: Tensor, u: Tensor, chunk: int, dot: int) -> Tensor:
+    """Y' (BH, Nq, e) from q' (BH, Nq, d), k' (BH, Nk, d), u (BH, Nk, e), all float32;
+    ``dot``: how the kernels multiply (``efficient.dot_kind`` of the inputs' dtype)."""
     bh, nq, d = q.shape
     nk, e = u.shape[1], u.shape[2]
     lay = layout(d, e)
     ncq, nck = triton.cdiv(nq, chunk), triton.cdiv(nk, chunk)
     qc, kc, uc = _chunks(q, ncq, chunk), _chunks(k, nck, chunk), _chunks(u, nck, chunk)
 
-    states = _state(kc, uc, _no_r(bh * nck, chunk, q), 2, lay).view(bh, nck, lay.size)
+    states = _state(kc, uc, _no_r(bh * nck, chunk, q), 2, lay, dot).view(bh, nck, lay.size)
     prefix = _prefix(states, ncq)  # (BH·ncq, size)
     y = torch.empty((bh * ncq, chunk, e), dtype=torch.float32, device=q.device)
-    _apply(qc, prefix, lay, y)
+    _apply(qc, prefix, lay, y, dot=dot)
     y = y.view(bh, ncq, chunk, e)
     m = min(ncq, nck)
     shape = (bh, -1, chunk)
@@ -102,13 +111,13 @@ def triton_causal_forward(q: Tensor, k: Tensor, u: Tensor, chunk: int) -> Tensor
 
 
 @triton_causal_forward.register_fake
-def _(q, k, u, chunk):
+def _(q, k, u, chunk, dot):
     return q.new_empty((q.shape[0], q.shape[1], u.shape[2]), dtype=torch.float32)
 
 
 @torch.library.custom_op("taylorshift::triton_causal_backward", mutates_args=())
 def triton_causal_backward(
-    grad: Tensor, q: Tensor, k: Tensor, u: Tensor, chunk: int
+    grad: Tensor, q: Tensor, k: Tensor, u: Tensor, chunk: int, dot: int
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Gradients of q', k' and u from the gradient of Y' (all float32)."""
     bh, nq, d = q.shape
@@ -119,18 +128,18 @@ def triton_causal_backward(
     gc = _chunks(grad.float(), ncq, chunk)
 
     # Inter-chunk part, query side: ∂/∂q' of gY'·φ(q')(c ⊙ P_c).
-    states = _state(kc, uc, _no_r(bh * nck, chunk, q), 2, lay).view(bh, nck, lay.size)
+    states = _state(kc, uc, _no_r(bh * nck, chunk, q), 2, lay, dot).view(bh, nck, lay.size)
     prefix = _prefix(states, ncq)
     del states
-    gq = _grad(qc, gc, _no_r(bh * ncq, chunk, q), 2, prefix, lay)
+    gq = _grad(qc, gc, _no_r(bh * ncq, chunk, q), 2, prefix, lay, dot)
     del prefix
     # Key side: R_c = Σ_{c' > c} φ(q'_c')ᵀ gY'_c'.
-    q_states = _state(qc, gc, _no_r(bh * ncq, chunk, q), 2, lay).view(bh, ncq, lay.size)
+    q_states = _state(qc, gc, _no_r(bh * ncq, chunk, q), 2, lay, dot).view(bh, ncq, lay.size)
     suffix = _suffix(q_states, nck)
     del q_states
     gu = torch.empty_like(uc)
-    _apply(kc, suffix, lay, gu)
-    gk = _grad(kc, uc, _no_r(bh * nck, chunk, q), 2, suffix, lay)
+    _apply(kc, suffix, lay, gu, dot=dot)
+    gk = _grad(kc, uc, _no_r(bh * nck, chunk, q), 2, suffix, lay, dot)
     del suffix
 
     # Intra-chunk part: the (C × C) blocks differentiated by hand (autograd does not record
@@ -151,20 +160,20 @@ def triton_causal_backward(
 
 
 @triton_causal_backward.register_fake
-def _(grad, q, k, u, chunk):
+def _(grad, q, k, u, chunk, dot):
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(u)
 
 
 def _setup_causal(ctx, inputs, output):
-    q, k, u, chunk = inputs
+    q, k, u, chunk, dot = inputs
     ctx.save_for_backward(q, k, u)
-    ctx.chunk = chunk
+    ctx.chunk, ctx.dot = chunk, dot
 
 
 def _backward_causal(ctx, grad):
     q, k, u = ctx.saved_tensors
-    gq, gk, gu = triton_causal_backward(grad.contiguous(), q, k, u, ctx.chunk)
-    return gq, gk, gu, None
+    gq, gk, gu = triton_causal_backward(grad.contiguous(), q, k, u, ctx.chunk, ctx.dot)
+    return gq, gk, gu, None, None
 
 
 triton_causal_forward.register_autograd(_backward_causal, setup_context=_setup_causal)
@@ -234,6 +243,7 @@ def triton_causal_efficient_taylor_shift(
         kp.reshape(b * h, nk, d).contiguous(),
         u.reshape(b * h, nk, -1).contiguous(),
         chunk,
+        dot_kind(query.dtype),
     ).reshape(b, h, nq, -1)
     count = causal_count(key_mask, nq, nk, torch.float32, query.device)
     y, _ = finish_outputs(y_prime, count, normalize, d)
