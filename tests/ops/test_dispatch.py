@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import logging
 import math
+import subprocess
+import sys
 import warnings
 
 import pytest
@@ -420,3 +422,23 @@ def test_kept_decisions_stay_bounded(monkeypatch, decisions_made):
     for n in range(600, 610):
         decide_mode(n, n, 4, 4, **FULL)
     assert 1 <= len(dispatch._decisions) <= 3
+
+
+def test_marking_the_choice_constant_matches_torch_without_importing_dynamo():
+    # interface.assume_constant_result sets the attribute torch's decorator sets, so that
+    # importing the package does not import torch._dynamo (2.4 s); if torch changes its
+    # mechanism, this fails.
+    def ours():
+        return 1
+
+    def theirs():
+        return 1
+
+    torch.compiler.assume_constant_result(theirs)
+    interface.mark_constant(ours)  # what the package does while torch._dynamo is not imported
+    marked = dict(vars(theirs))
+    assert marked == {"_dynamo_marked_constant": True}
+    assert vars(ours) == marked
+    code = "import sys, taylorshift, taylorshift.train.cli; print('torch._dynamo' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0 and done.stdout.strip() == "False", done.stderr[-2000:]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import sys
 
 import torch
 from torch import Tensor
@@ -147,10 +148,26 @@ def taylor_shift_attention(
     return form(*args)
 
 
+def assume_constant_result(fn):
+    """``torch.compiler.assume_constant_result`` without importing ``torch._dynamo`` when
+    nothing has yet: that import took 2.4 s of the package's 4.7 s (``python -X importtime``),
+    paid by every CLI call and process the tests start. torch's decorator only sets this
+    attribute on ``fn`` (tests/ops/test_dispatch.py checks that it still does)."""
+    if "torch._dynamo" in sys.modules:
+        return torch.compiler.assume_constant_result(fn)
+    return mark_constant(fn)
+
+
+def mark_constant(fn):
+    """What ``torch._dynamo.assume_constant_result`` does to ``fn``."""
+    fn._dynamo_marked_constant = True
+    return fn
+
+
 # torch.compile runs the choice once while tracing and keeps its answer in the graph (it
 # depends on shapes, dtype and device only, which the graph is specialised on anyway), so
 # the calibration file is read outside the traced code.
-_choose_mode = torch.compiler.assume_constant_result(choose_mode)
+_choose_mode = assume_constant_result(choose_mode)
 
 
 def check_plain_score_range(
