@@ -252,3 +252,19 @@ def test_torch_compile_traces_forward_and_backward():
         strict=True,
     ):
         assert_rel_close(a, e, 1e-6, f"compiled grad {name}", atol=1e-7)
+
+
+def test_float32_takes_tf32_dots_where_torch_allows_them(monkeypatch):
+    # The trade torch makes for its float32 matmuls (allow_tf32), as the direct kernels do;
+    # off by default, so float32 stays exact.
+    assert triton_efficient.dot_kind(torch.float32) == triton_efficient.DOT_FP32
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", True)
+    assert triton_efficient.dot_kind(torch.float32) == triton_efficient.DOT_TF32
+    assert triton_efficient.dot_kind(torch.bfloat16) == triton_efficient.DOT_BF16
+    case = Case(1, 2, 9, 17, 16, 16, mask="padding")
+    low, high, mask, opts = make_problem(case, torch.float32, seed=2)
+    fast = call_form(triton_efficient_taylor_shift, low, mask, opts, case)
+    # TF32 keeps 10 mantissa bits (the interpreter may compute in full float32)
+    assert_rel_close(fast, call_reference(high, mask, opts), 5e-3, "output", atol=1e-5)
+    grads = torch.autograd.grad(fast.sum(), low[:3])
+    assert all(torch.isfinite(g).all() for g in grads)

@@ -35,9 +35,11 @@ TILE = 16
 # How the kernels multiply (the DOT constexpr): float32 inputs keep exact float32 products
 # ("ieee": "tf32" would round features to 10 mantissa bits, FMA units); float16 and
 # bfloat16 inputs give the dots operands of their own dtype, with float32 accumulation
-# (tensor cores). Sums that are not dots (the denominator rows) stay float32 in every case.
+# (tensor cores). float32 inputs with torch.backends.cuda.matmul.allow_tf32 set take TF32
+# dots, the trade torch makes for its own float32 matmuls (and the direct kernels).
+# Sums that are not dots (the denominator rows) stay float32 in every case.
 # docs/triton-efficient.md §6 has the error and speed of each.
-DOT_FP32, DOT_FP16, DOT_BF16 = 0, 1, 2
+DOT_FP32, DOT_FP16, DOT_BF16, DOT_TF32 = 0, 1, 2, 3
 # Launch settings per DOT kind: tokens per step of the state kernel (block_n) and per
 # program of the apply and grad kernels (block_m), warps and software-pipelining stages.
 # The apply and grad kernels hold a (T², DVP) state block and a (BLOCK_M, T²) feature block
@@ -53,6 +55,9 @@ LAUNCH = {
     DOT_FP16: dict(block_n=64, block_m=64, state_warps=4, token_warps=4, state_stages=2,
                    token_stages=1),
     DOT_BF16: dict(block_n=64, block_m=64, state_warps=4, token_warps=4, state_stages=2,
+                   token_stages=1),
+    # float32 operands in shared memory, as DOT_FP32 (not timed on a GPU yet)
+    DOT_TF32: dict(block_n=64, block_m=32, state_warps=4, token_warps=4, state_stages=2,
                    token_stages=1),
 }  # fmt: skip
 # Columns of the state per program of the state kernel (dv padded to a power of two >= 16).
@@ -107,17 +112,23 @@ def layout(d: int, dv: int) -> Layout:
 
 
 def dot_kind(dtype: torch.dtype) -> int:
-    """The DOT constexpr for inputs of ``dtype``: 16-bit operands for 16-bit inputs."""
+    """The DOT constexpr for inputs of ``dtype``: 16-bit operands for 16-bit inputs, TF32
+    for float32 where torch allows it for its matmuls, else exact float32."""
+    if dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32:
+        return DOT_TF32
     return {torch.float16: DOT_FP16, torch.bfloat16: DOT_BF16}.get(dtype, DOT_FP32)
 
 
 @triton.jit
 def _mma(a, b, DOT: tl.constexpr):
-    # a @ b accumulated in float32; the operands rounded to 16 bits first unless DOT_FP32.
+    # a @ b accumulated in float32; the operands rounded to 16 bits first (DOT 1, 2) or to
+    # TF32 by the tensor cores (DOT 3); DOT 0 exact.
     if DOT == 1:
         c = tl.dot(a.to(tl.float16), b.to(tl.float16))
     elif DOT == 2:
         c = tl.dot(a.to(tl.bfloat16), b.to(tl.bfloat16))
+    elif DOT == 3:
+        c = tl.dot(a, b, input_precision="tf32")
     else:
         c = tl.dot(a, b, input_precision="ieee")
     return c
