@@ -322,6 +322,25 @@ def test_cpu_prior_only_for_what_was_measured(isolated_cache_dir, monkeypatch):
     assert choose_mode(n, n, 16, 16, **FULL, **cpu32) == "efficient"  # off: theory only
 
 
+def test_gpu_without_calibration_switches_past_the_h200_bounds():
+    # dispatch.GPU_PRIOR = 4 times the counted switch (2,144.5 at d = 64): 8,578 by hand; the
+    # H200 runs put the real switch above 8,192 (forward) and 4,096 (forward + backward).
+    gpu16 = dict(device="cuda", dtype=torch.bfloat16)
+    assert decide_mode(8577, 8577, 64, 64, **FULL, **gpu16) == Decision("direct", "gpu prior")
+    assert decide_mode(8579, 8579, 64, 64, **FULL, **gpu16) == Decision("efficient", "gpu prior")
+    assert decide_mode(4096, 4096, 64, 64, **FULL, device="cuda", dtype=torch.float16).mode == (
+        "direct"
+    )
+    # float32, causal or another device: not measured, the counts decide
+    for other in (
+        dict(device="cuda", dtype=torch.float32),
+        dict(device="meta", dtype=torch.bfloat16),
+    ):
+        assert decide_mode(4096, 4096, 64, 64, **FULL, **other) == Decision("efficient", "theory")
+    causal = dict(FULL, causal=True)
+    assert decide_mode(20000, 20000, 64, 64, **causal, **gpu16).basis == "theory"
+
+
 @pytest.mark.parametrize(
     ("old", "new"),
     [("direct_ops", "impl_ops_direct"), ("efficient_ops", "impl_ops_efficient")],

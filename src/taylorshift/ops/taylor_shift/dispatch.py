@@ -346,7 +346,8 @@ class Decision(NamedTuple):
     """The form ``mode="auto"`` runs and what decided it (``basis``): ``"order"`` (an order
     other than 2 has no efficient form), ``"mask"`` (a mask that varies over queries),
     ``"memory"`` (only one form's working set fits), ``"calibration"`` (a measured crossover
-    of this device), ``"cpu prior"`` (:data:`CPU_PRIOR`) or ``"theory"`` (operation counts)."""
+    of this device), ``"cpu prior"`` (:data:`CPU_PRIOR`), ``"gpu prior"`` (:data:`GPU_PRIOR`)
+    or ``"theory"`` (operation counts)."""
 
     mode: str
     basis: str
@@ -383,8 +384,8 @@ def decide_mode(
     Memory first: a form whose working set (:func:`working_set_bytes`, for ``batch_heads``
     = B·H) exceeds ``memory_budget`` bytes is not chosen when the other form's fits (default
     budget: :func:`default_memory_budget` of ``device``). Time decides among the forms that
-    fit, or when neither does: a calibration of this device, else the CPU prior, else the
-    operation counts.
+    fit, or when neither does: a calibration of this device, else the CPU or GPU prior, else
+    the operation counts.
 
     Decisions are kept per call shape (the arguments, the calibration read and whether it
     is switched on): a model's layers ask the same question at every step, and answering it
@@ -463,6 +464,9 @@ def _decide(
         mode = _cpu_prior_mode(nq, nk, d, dv, causal, torch.device(device), dtype)
         if mode is not None:
             return Decision(mode, "cpu prior"), keep
+        mode = _gpu_prior_mode(nq, nk, d, dv, causal, torch.device(device), dtype)
+        if mode is not None:
+            return Decision(mode, "gpu prior"), keep
     direct = impl_ops_direct(nq, nk, d, dv, order)
     efficient = impl_ops_efficient(nq, nk, d, dv, causal, DEFAULT_CAUSAL_CHUNK)
     mode = "efficient" if efficient < direct else "direct"
@@ -510,6 +514,34 @@ def _cpu_prior_mode(
         "auto -> %s (theory × CPU prior: N̂=%.0f at d=%d dv=%d (ρ=%.2f); "
         "2·Nq·Nk/(Nq+Nk)=%.0f; no calibration of this CPU: taylorshift bench calibrate)",
         mode, n_hat, d, dv, rho, length,
+    )  # fmt: skip
+    return mode
+
+
+# Without a calibration of this GPU, float16/bfloat16 non-causal calls on CUDA switch at
+# GPU_PRIOR times the counted crossover. From the H200 runs (benchmarks/gpu_h200, bf16,
+# d = 64, B·H = 32, the fused kernels; the counted switch is N ≈ 2,145): efficient is faster
+# at N = 16,384 in both passes; at 8,192 forward and 4,096 forward + backward it is slower
+# than direct even at its time at 16,384 scaled down linearly (its fixed costs only add).
+# So the real switch lies in (8,192, 16,384) forward and (4,096, 16,384) forward + backward,
+# ρ in (3.8, 7.6) and (1.9, 7.6): ρ = 4 lies in both. Measured at d = 64 only; the counts
+# carry the dependence on d. A calibration of the GPU (taylorshift bench calibrate) wins.
+GPU_PRIOR = 4.0
+
+
+def _gpu_prior_mode(
+    nq: int, nk: int, d: int, dv: int, causal: bool, device: torch.device, dtype: torch.dtype
+) -> str | None:
+    """The choice from :data:`GPU_PRIOR` for 16-bit non-causal calls on CUDA, else None."""
+    if device.type != "cuda" or dtype not in (torch.float16, torch.bfloat16) or causal:
+        return None
+    n_hat = GPU_PRIOR * _theory_n(d, dv, causal)
+    length = 2 * nq * nk / (nq + nk) if nq + nk else 0.0
+    mode = "efficient" if length >= n_hat else "direct"
+    logger.debug(
+        "auto -> %s (theory × GPU prior: N̂=%.0f at d=%d dv=%d (ρ=%.1f); 2·Nq·Nk/(Nq+Nk)=%.0f; "
+        "no calibration of this GPU: taylorshift bench calibrate)",
+        mode, n_hat, d, dv, GPU_PRIOR, length,
     )  # fmt: skip
     return mode
 
