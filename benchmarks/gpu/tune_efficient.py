@@ -4,15 +4,19 @@
     python benchmarks/gpu/tune_efficient.py OUT_DIR [--deadline-s 140]   # device tool
     python benchmarks/gpu/tune_efficient.py OUT_DIR --dry-run            # CPU, interpreted
 
-Configurations (``configs`` in main): ``fp32-dots`` is the kernels as they were before the
-16-bit path (every dot in float32 "ieee", 32 tokens per program, 4 warps, no token
-splits: the first GPU run's kernels); the others set the 16-bit path's ``LAUNCH`` entry
-and the state kernel's token splits. For each: the error at one N against the float64
-torch form (outputs) and against ``fp32-dots`` (outputs and gradients), beside the error
-of the plain reference run in the same dtype (SPEC §8); then the time per call, forward
-and forward + backward, with SDPA and the direct kernels on the same inputs. The steps run
-in order of value and stop at ``--deadline-s`` (a lent GPU gives minutes); every result
-is written to OUT_DIR/tune.json at once and OUT_DIR/tune.md at the end.
+Steps, in order of value, until ``--deadline-s`` (a lent GPU gives minutes; every result is
+written to OUT_DIR/tune.json at once, OUT_DIR/tune.md at the end):
+
+1. the error of the 16-bit kernels (non-causal and causal) and of the plain reference run
+   in the same dtype, outputs and gradients, against the float64 torch form (SPEC §8);
+2. times per call, forward and forward + backward, with SDPA and the direct kernels on the
+   same inputs: at N = 4,096 and 8,192 (where direct and efficient cross: auto's GPU
+   prior), causal at 16,384, d = 128 at 16,384, the launch settings (``configs`` in main:
+   the 16-bit path's ``LAUNCH`` entry and the state kernel's token splits), 65,536, and
+   last ``fp32-dots``, the kernels before the 16-bit path (every dot in float32 "ieee",
+   32 tokens per program, 4 warps, no splits: slow to compile).
+
+The first run (benchmarks/gpu_h200/tune) had an earlier plan: launch settings first.
 """
 
 from __future__ import annotations
@@ -88,18 +92,25 @@ def main() -> int:
     real_dot_kind, split0 = te.dot_kind, te.SPLIT_MIN_TOKENS
     gen = torch.Generator(device=device).manual_seed(0)
 
-    def inputs(n: int, grad: bool, heads: int = h):
-        xs = [torch.randn(b, heads, n, d, device=device, generator=gen).to(dtype)
+    def inputs(n: int, grad: bool, heads: int = h, dim: int = d):
+        xs = [torch.randn(b, heads, n, dim, device=device, generator=gen).to(dtype)
               for _ in range(3)]  # fmt: skip
         return [x.requires_grad_(grad) for x in xs]
 
-    def efficient(q, k, v):
-        return te.triton_efficient_taylor_shift(q, k, v, None, 1.0, None, True)
+    from taylorshift.ops.triton.efficient_causal import triton_causal_efficient_taylor_shift
+
+    def efficient(q, k, v, causal=False):
+        form = triton_causal_efficient_taylor_shift if causal else te.triton_efficient_taylor_shift
+        return form(q, k, v, None, 1.0, None, True)
 
     impls = {
         "efficient (Triton)": efficient,
-        "direct (Triton)": lambda q, k, v: taylor_shift_attention(q, k, v, mode="direct"),
-        "SDPA": torch.nn.functional.scaled_dot_product_attention,
+        "direct (Triton)": lambda q, k, v, causal=False: taylor_shift_attention(
+            q, k, v, is_causal=causal, mode="direct"
+        ),
+        "SDPA": lambda q, k, v, causal=False: torch.nn.functional.scaled_dot_product_attention(
+            q, k, v, is_causal=causal
+        ),
     }
 
     def record(**entry):
@@ -112,54 +123,49 @@ def main() -> int:
         a, e = a.detach().double(), e.detach().double()
         return float((a - e).norm() / e.norm().clamp_min(1e-300))
 
-    # 1. Errors at n_err: the fp32 dots as they were, the 16-bit path, the plain reference
-    # in the same dtype, each against the float64 torch form (outputs) and the 16-bit path
-    # against the fp32 dots (outputs and gradients).
+    # 1. Errors at n_err (SPEC §8): the 16-bit kernels and the plain reference run in the same
+    # dtype, outputs and gradients, each against the float64 torch form; non-causal and
+    # causal. (The float32-dot kernels compile slowly: they come last, step 3.)
     q, k, v = inputs(n_err, True, heads=2)  # B·H = 8 (4 on the dry run): the float64 form is slow
     g_out = torch.randn(q.shape, device=device, generator=gen).to(dtype)
-    exact = taylor_shift_attention(q.double(), k.double(), v.double(), mode="efficient")
-    outs = {}
-    for name in ("fp32-dots", "16-bit"):
-        use(name)
-        t0 = time.monotonic()
-        try:
-            y = efficient(q, k, v)
-            gs = torch.autograd.grad(y, (q, k, v), g_out)
-            if not dry:
-                torch.cuda.synchronize()
-        except Exception as err:  # a configuration that fails is a result
-            record(step="error", config=name, n=n_err, failed=f"{type(err).__name__}: {err}"[:500])
-            continue
-        outs[name] = (y, gs)
-        record(step="error", config=name, n=n_err, first_call_s=round(time.monotonic() - t0, 2),
-               out_vs_fp64=rel(y, exact))  # fmt: skip
-    ref_low = naive_taylor_shift_attention(q.detach(), k.detach(), v.detach())
-    record(step="error", config="plain reference in " + str(dtype), n=n_err,
-           out_vs_fp64=rel(ref_low, exact))  # fmt: skip
-    del ref_low
-    if len(outs) == 2:
-        (y0, g0), (y1, g1) = outs["fp32-dots"], outs["16-bit"]
-        record(
-            step="error",
-            config="16-bit vs fp32-dots",
-            n=n_err,
-            out=rel(y1, y0),
-            grad_q=rel(g1[0], g0[0]),
-            grad_k=rel(g1[1], g0[1]),
-            grad_v=rel(g1[2], g0[2]),
-        )
-    del outs, exact
+    use("16-bit")
+    for causal in (False, True):
+        if left() < 20:
+            break
+        leaves64 = [x.detach().double().requires_grad_() for x in (q, k, v)]
+        exact = taylor_shift_attention(*leaves64, is_causal=causal, mode="efficient")
+        g_exact = torch.autograd.grad(exact, leaves64, g_out.double())
+        entry: dict = {"step": "error", "config": "16-bit" + (", causal" if causal else ""),
+                       "n": n_err}  # fmt: skip
+        for who, fn in (("kernel", lambda *x, c=causal: efficient(*x, causal=c)),
+                        ("reference", lambda *x, c=causal: naive_taylor_shift_attention(
+                            *x, None, c))):  # fmt: skip
+            t0 = time.monotonic()
+            try:
+                y = fn(q, k, v)
+                gs = torch.autograd.grad(y, (q, k, v), g_out)
+            except Exception as err:  # a failure is a result
+                entry[f"{who}_failed"] = f"{type(err).__name__}: {err}"[:300]
+                continue
+            entry[f"{who}_out"] = rel(y, exact)
+            for name, a, e in zip("qkv", gs, g_exact, strict=True):
+                entry[f"{who}_grad_{name}"] = rel(a, e)
+            if who == "kernel":
+                entry["first_call_s"] = round(time.monotonic() - t0, 2)
+        record(**entry)
+        del exact, g_exact, leaves64
 
-    # 2. Times: (config or impl, n, pass) in order of value, until the deadline.
-    def timed(label: str, fn, n: int, backward: bool) -> None:
+    # 2. Times: (config or impl, n, pass, d, causal) in order of value, until the deadline.
+    def timed(label: str, fn, n: int, backward: bool, dim: int = d, causal: bool = False):
+        where = dict(impl=label, n=n, backward=backward, d=dim, causal=causal)
         if left() < 5:
-            record(step="time", impl=label, n=n, backward=backward, status="deadline")
+            record(step="time", **where, status="deadline")
             return
-        q, k, v = inputs(n, backward)
-        g = torch.randn(b, h, n, d, device=device, generator=gen).to(dtype)
+        q, k, v = inputs(n, backward, dim=dim)
+        g = torch.randn((*q.shape[:-1], dim), device=device, generator=gen).to(dtype)
 
         def call():
-            y = fn(q, k, v)
+            y = fn(q, k, v, causal=causal)
             if backward:
                 torch.autograd.grad(y, (q, k, v), g)
 
@@ -169,36 +175,39 @@ def main() -> int:
             if not dry:
                 torch.cuda.synchronize()
         except Exception as err:  # out of resources, a compile error: a result
-            record(step="time", impl=label, n=n, backward=backward,
-                   status=f"failed: {type(err).__name__}: {err}"[:500])  # fmt: skip
+            record(step="time", **where, status=f"failed: {type(err).__name__}: {err}"[:500])
             return
         first = time.monotonic() - t0
         res = time_call(call, device=device, target_s=0.05 if dry else 0.3, max_reps=10,
                         min_reps=2 if dry else 3)  # fmt: skip
-        record(step="time", impl=label, n=n, backward=backward, status=res.status,
+        record(step="time", **where, status=res.status,
                median_ms=None if res.median_s is None else res.median_s * 1e3,
                first_call_s=round(first, 2))  # fmt: skip
 
-    plan = []
-    for n in (n_mid, n_long):
-        for backward in (False, True):
-            plan.append(("16-bit", n, backward))
-            plan += [(impl, n, backward) for impl in ("SDPA", "direct (Triton)")]
-    plan += [(name, n_mid, bw) for name in list(configs)[2:] for bw in (False, True)]
-    plan += [("fp32-dots", n_err, False), ("fp32-dots", n_err, True)]
-    plan += [(x, n_err, bw) for x in ("16-bit", "SDPA", "direct (Triton)") for bw in (False, True)]
-    for label, n, backward in plan:
+    trio = ("16-bit", "SDPA", "direct (Triton)")
+    plan = []  # (label, n, backward, d, causal)
+    # where the direct and efficient forms cross (auto's GPU prior), d = 64
+    plan += [(x, n, bw, d, False) for n in (n_err, 2 * n_err) for bw in (False, True) for x in trio]
+    # the causal kernels' 16-bit path, and d = 2·64
+    plan += [(x, n_mid, bw, d, True) for bw in (False, True) for x in trio]
+    plan += [(x, n_mid, bw, 2 * d, False) for bw in (False, True) for x in trio]
+    # launch settings
+    plan += [(name, n_mid, bw, d, False) for name in list(configs)[2:] for bw in (False, True)]
+    plan += [(x, n_long, bw, d, False) for bw in (False, True) for x in trio]
+    plan += [("fp32-dots", n_err, bw, d, False) for bw in (False, True)]
+    for label, n, backward, dim, causal in plan:
         if label in configs:
             use(label)
-            timed(label, impls["efficient (Triton)"], n, backward)
+            timed(label, impls["efficient (Triton)"], n, backward, dim, causal)
         else:
             use("16-bit")
-            timed(label, impls[label], n, backward)
+            timed(label, impls[label], n, backward, dim, causal)
 
     machine = json.dumps(results.get("machine"))
     lines = ["# Fused efficient kernels: launch settings side by side", "",
              f"Shape (B, H, d = dv) = ({b}, {h}, {d}), {dtype}; {machine}", "",
-             "| step | config / impl | N | pass | result |", "|---|---|---:|---|---|"]  # fmt: skip
+             "| step | config / impl | N | d | causal | pass | result |",
+             "|---|---|---:|---:|---|---|---|"]  # fmt: skip
     for r in results["records"]:
         what = r.get("config") or r.get("impl")
         if r["step"] == "time":
@@ -209,8 +218,9 @@ def main() -> int:
             pas = "forward+backward"
             val = ", ".join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}"
                             for k, v in r.items()
-                            if k not in ("step", "config", "n", "t_s"))  # fmt: skip
-        lines.append(f"| {r['step']} | {what} | {r['n']} | {pas} | {val} |".replace("\n", " "))
+                            if k not in ("step", "config", "n", "t_s", "d", "causal"))  # fmt: skip
+        row = f"| {r['step']} | {what} | {r['n']} | {r.get('d', d)} | {r.get('causal', '')} "
+        lines.append(f"{row}| {pas} | {val} |".replace("\n", " "))
     tmp = args.out / "tune.md.tmp"
     tmp.write_text("\n".join(lines) + "\n")
     os.replace(tmp, args.out / "tune.md")
