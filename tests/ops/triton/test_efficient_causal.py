@@ -155,3 +155,27 @@ def test_custom_op_registration_passes_opcheck():
         torch.library.opcheck(
             torch.ops.taylorshift.triton_causal_forward.default, (q, k, u, CHUNK, dot)
         )
+
+
+def test_states_are_dv_wide_with_the_mask_as_their_row_column(monkeypatch):
+    # u = [v·m, m]: the mask goes in as the kernels' row column (denominator rows summed in
+    # float32), so the chunk states have dv value columns, not dv + 1 (which pads dv = 64
+    # to 128 columns and dv = 128 to 256, more shared memory than a GPU has).
+    from taylorshift.ops.triton import efficient_causal
+
+    widths = []
+    real = efficient_causal._state
+
+    def spy(x, u, r, r_mode, lay, dot=0):
+        widths.append((u.shape[-1], r is not None, r_mode, lay.dv))
+        return real(x, u, r, r_mode, lay, dot)
+
+    monkeypatch.setattr(efficient_causal, "_state", spy)
+    case = Case(1, 1, 20, 20, 16, 16, mask="padding")
+    low, high, mask, opts = make_problem(case, torch.float32)
+    fast = call_form(triton_causal_efficient_taylor_shift, low, mask, opts, case,
+                     chunk_size=CHUNK)  # fmt: skip
+    torch.autograd.grad(fast.sum(), low[:3])
+    assert widths and all(w == (16, True, 2, 16) for w in widths), widths
+    assert_rel_close(fast, call_reference(high, mask, opts, is_causal=True), 1e-5, "output",
+                     atol=1e-7)  # fmt: skip

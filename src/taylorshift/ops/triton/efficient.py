@@ -270,12 +270,13 @@ def _apply_kernel(
     D: tl.constexpr, DV: tl.constexpr, DVP: tl.constexpr, T: tl.constexpr, NT: tl.constexpr,
     OFF_QD: tl.constexpr, OFF_L: tl.constexpr, OFF_LD: tl.constexpr,
     OFF_C: tl.constexpr, OFF_CD: tl.constexpr,
-    FINISH: tl.constexpr, NORMALIZE: tl.constexpr, HAS_R: tl.constexpr,
-    BLOCK_M: tl.constexpr, DOT: tl.constexpr,
+    FINISH: tl.constexpr, STORE_DEN: tl.constexpr, NORMALIZE: tl.constexpr,
+    HAS_R: tl.constexpr, BLOCK_M: tl.constexpr, DOT: tl.constexpr,
 ):  # fmt: skip
-    """Y' = φ(x) (c ⊙ S) for BLOCK_M tokens; FINISH: y = nom/den · sqrt(n/d), den stored.
+    """Y' = φ(x) (c ⊙ S) for BLOCK_M tokens; FINISH: y = nom/den · sqrt(n/d).
 
-    Without FINISH the numerator is stored, times the row mask r when HAS_R (g_v).
+    Without FINISH the numerator is stored, times the row mask r when HAS_R (g_v). The
+    denominator (float32, summed beside the dots) is stored when STORE_DEN.
     """
     bh, rows, live = _token_block(N, BLOCK_M)
     x_base = x_ptr + bh * sx_b
@@ -311,12 +312,13 @@ def _apply_kernel(
         if NORMALIZE:
             scale = scale * tl.sqrt(count / D)
         y = nom * scale[:, None]
-        tl.store(den_ptr + bh * sd_b + rows, den, mask=live)
     else:
         y = nom
         if HAS_R:
             r = tl.load(r_ptr + bh * sr_b + rows * sr_n, mask=live, other=0.0).to(tl.float32)
             y = y * r[:, None]
+    if STORE_DEN:
+        tl.store(den_ptr + bh * sd_b + rows, den, mask=live)
     out_ptrs = out_ptr + bh * so_b + rows[:, None] * so_n + cols[None, :]
     tl.store(out_ptrs, y.to(out_ptr.dtype.element_ty), mask=live[:, None] & (cols[None, :] < DV))
 
@@ -444,20 +446,24 @@ def _apply(
     normalize: bool = False,
     r: Tensor | None = None,
     dot: int = DOT_FP32,
+    finish: bool = True,
 ) -> None:
-    """Writes φ(x)(c ⊙ S) into out (BH, N, dv); finished (and den written) when den is given."""
+    """Writes φ(x)(c ⊙ S) into out (BH, N, dv) (a view with unit column stride is fine) and,
+    when ``den`` (BH, N) is given, the denominators into it; the outputs are finished
+    (y = nom/den · …) when ``den`` is given and ``finish``."""
     bh, n, _ = x.shape
-    finish = den is not None
+    store_den = den is not None
+    finish = finish and store_den
     r_t, sr_b, sr_n = _r_args(r, x)
     launch = LAUNCH[dot]
     grid = (bh, triton.cdiv(n, launch["block_m"]))
     _apply_kernel[grid](
-        x, state, r_t, count if finish else x, out, den if finish else x, n,
+        x, state, r_t, count if finish else x, out, den if store_den else x, n,
         x.stride(0), x.stride(1), state.stride(0), sr_b, sr_n, out.stride(0), out.stride(1),
-        den.stride(0) if finish else 0,
+        den.stride(0) if store_den else 0,
         D=lay.d, DV=lay.dv, DVP=lay.dvp, T=TILE, NT=lay.nt, **_offsets(lay),
         OFF_C=lay.off_const, OFF_CD=lay.off_const_den,
-        FINISH=finish, NORMALIZE=normalize, HAS_R=r is not None,
+        FINISH=finish, STORE_DEN=store_den, NORMALIZE=normalize, HAS_R=r is not None,
         BLOCK_M=launch["block_m"], DOT=dot, num_warps=launch["token_warps"],
         num_stages=launch["token_stages"],
     )  # fmt: skip

@@ -43,7 +43,7 @@ from .efficient import (
 
 # Tokens per chunk (defined beside the router, which sizes the states without importing
 # Triton): the intra-chunk block costs O(N C d) and the per-chunk states
-# (N / C) · layout(d, dv + 1).size float32 per (batch, head): a larger C trades direct work
+# (N / C) · layout(d, dv).size float32 per (batch, head): a larger C trades direct work
 # for state memory (docs/triton-efficient.md, "Causal").
 DEFAULT_CHUNK = CAUSAL_CHUNK
 
@@ -57,10 +57,19 @@ def _chunks(x: Tensor, n_chunks: int, chunk: int) -> Tensor:
     return x.reshape(bh * n_chunks, chunk, e).contiguous()
 
 
-def _no_r(rows: int, chunk: int, like: Tensor) -> Tensor:
-    # R_MODE 2 with a zero row column: the denominator rows of a state stay zero (u carries
-    # its own denominator column).
-    return like.new_zeros((1, 1)).expand(rows, chunk)
+def _split(x: Tensor) -> tuple[Tensor, Tensor]:
+    """(BH', C, e) -> its first e - 1 columns and its last column, as views: the kernels'
+    u and r (R_MODE 2). The last column (the key mask, or the denominator's gradient) then
+    goes into the states' denominator rows, summed in float32 beside the dots, and the
+    state is e - 1 columns wide (dv = 64 pads to 64 columns, not 128)."""
+    return x[..., :-1], x[..., -1]
+
+
+def _apply_split(x: Tensor, state: Tensor, lay, out: Tensor, dot: int) -> None:
+    """out (BH', C, e) = [φ(x)(c ⊙ S) numerator, denominator], unfinished."""
+    den = torch.empty(out.shape[:-1], dtype=torch.float32, device=out.device)
+    _apply(x, state, lay, out[..., :-1], den=den, dot=dot, finish=False)
+    out[..., -1] = den
 
 
 def _intra(q: Tensor, k: Tensor, u: Tensor) -> Tensor:
@@ -93,14 +102,14 @@ def triton_causal_forward(q: Tensor, k: Tensor, u: Tensor, chunk: int, dot: int)
     ``dot``: how the kernels multiply (``efficient.dot_kind`` of the inputs' dtype)."""
     bh, nq, d = q.shape
     nk, e = u.shape[1], u.shape[2]
-    lay = layout(d, e)
+    lay = layout(d, e - 1)  # u = [v·m, m]: its last column is the kernels' own r column
     ncq, nck = triton.cdiv(nq, chunk), triton.cdiv(nk, chunk)
     qc, kc, uc = _chunks(q, ncq, chunk), _chunks(k, nck, chunk), _chunks(u, nck, chunk)
 
-    states = _state(kc, uc, _no_r(bh * nck, chunk, q), 2, lay, dot).view(bh, nck, lay.size)
+    states = _state(kc, *_split(uc), 2, lay, dot).view(bh, nck, lay.size)
     prefix = _prefix(states, ncq)  # (BH·ncq, size)
     y = torch.empty((bh * ncq, chunk, e), dtype=torch.float32, device=q.device)
-    _apply(qc, prefix, lay, y, dot=dot)
+    _apply_split(qc, prefix, lay, y, dot)
     y = y.view(bh, ncq, chunk, e)
     m = min(ncq, nck)
     shape = (bh, -1, chunk)
@@ -122,24 +131,24 @@ def triton_causal_backward(
     """Gradients of q', k' and u from the gradient of Y' (all float32)."""
     bh, nq, d = q.shape
     nk, e = u.shape[1], u.shape[2]
-    lay = layout(d, e)
+    lay = layout(d, e - 1)
     ncq, nck = triton.cdiv(nq, chunk), triton.cdiv(nk, chunk)
     qc, kc, uc = _chunks(q, ncq, chunk), _chunks(k, nck, chunk), _chunks(u, nck, chunk)
     gc = _chunks(grad.float(), ncq, chunk)
 
     # Inter-chunk part, query side: ∂/∂q' of gY'·φ(q')(c ⊙ P_c).
-    states = _state(kc, uc, _no_r(bh * nck, chunk, q), 2, lay, dot).view(bh, nck, lay.size)
+    states = _state(kc, *_split(uc), 2, lay, dot).view(bh, nck, lay.size)
     prefix = _prefix(states, ncq)
     del states
-    gq = _grad(qc, gc, _no_r(bh * ncq, chunk, q), 2, prefix, lay, dot)
+    gq = _grad(qc, *_split(gc), 2, prefix, lay, dot)
     del prefix
     # Key side: R_c = Σ_{c' > c} φ(q'_c')ᵀ gY'_c'.
-    q_states = _state(qc, gc, _no_r(bh * ncq, chunk, q), 2, lay, dot).view(bh, ncq, lay.size)
+    q_states = _state(qc, *_split(gc), 2, lay, dot).view(bh, ncq, lay.size)
     suffix = _suffix(q_states, nck)
     del q_states
     gu = torch.empty_like(uc)
-    _apply(kc, suffix, lay, gu, dot=dot)
-    gk = _grad(kc, uc, _no_r(bh * nck, chunk, q), 2, suffix, lay, dot)
+    _apply_split(kc, suffix, lay, gu, dot)
+    gk = _grad(kc, *_split(uc), 2, suffix, lay, dot)
     del suffix
 
     # Intra-chunk part: the (C × C) blocks differentiated by hand (autograd does not record
