@@ -507,13 +507,18 @@ def _cpu_prior_mode(
     i = max(1, bisect.bisect_left(log_ds, x))
     t = (x - log_ds[i - 1]) / (log_ds[i] - log_ds[i - 1])
     rho = math.exp(log_rhos[i - 1] + t * (log_rhos[i] - log_rhos[i - 1]))
+    return _prior_mode(nq, nk, d, dv, causal, rho, "CPU")
+
+
+def _prior_mode(nq: int, nk: int, d: int, dv: int, causal: bool, rho: float, what: str) -> str:
+    """Efficient iff 2·Nq·Nk/(Nq + Nk) reaches ρ times the counted switch (logged)."""
     n_hat = rho * _theory_n(d, dv, causal)
     length = 2 * nq * nk / (nq + nk) if nq + nk else 0.0
     mode = "efficient" if length >= n_hat else "direct"
     logger.debug(
-        "auto -> %s (theory × CPU prior: N̂=%.0f at d=%d dv=%d (ρ=%.2f); "
-        "2·Nq·Nk/(Nq+Nk)=%.0f; no calibration of this CPU: taylorshift bench calibrate)",
-        mode, n_hat, d, dv, rho, length,
+        "auto -> %s (theory × %s prior: N̂=%.0f at d=%d dv=%d (ρ=%.2f); "
+        "2·Nq·Nk/(Nq+Nk)=%.0f; no calibration of this %s: taylorshift bench calibrate)",
+        mode, what, n_hat, d, dv, rho, length, what,
     )  # fmt: skip
     return mode
 
@@ -535,15 +540,7 @@ def _gpu_prior_mode(
     """The choice from :data:`GPU_PRIOR` for 16-bit non-causal calls on CUDA, else None."""
     if device.type != "cuda" or dtype not in (torch.float16, torch.bfloat16) or causal:
         return None
-    n_hat = GPU_PRIOR * _theory_n(d, dv, causal)
-    length = 2 * nq * nk / (nq + nk) if nq + nk else 0.0
-    mode = "efficient" if length >= n_hat else "direct"
-    logger.debug(
-        "auto -> %s (theory × GPU prior: N̂=%.0f at d=%d dv=%d (ρ=%.1f); 2·Nq·Nk/(Nq+Nk)=%.0f; "
-        "no calibration of this GPU: taylorshift bench calibrate)",
-        mode, n_hat, d, dv, GPU_PRIOR, length,
-    )  # fmt: skip
-    return mode
+    return _prior_mode(nq, nk, d, dv, causal, GPU_PRIOR, "GPU")
 
 
 MEMORY_BUDGET_ENV = "TAYLORSHIFT_MEMORY_BUDGET"
