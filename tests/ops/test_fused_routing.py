@@ -68,3 +68,13 @@ def test_long_causal_efficient_calls_stay_on_the_lean_pytorch_form(triton_instal
     assert fused.causal_state_bytes(problem) <= fused.CAUSAL_STATE_BUDGET
     monkeypatch.setattr(fused, "CAUSAL_STATE_BUDGET", fused.causal_state_bytes(problem) - 1)
     assert fused.fused_form(q, problem, "efficient", True, 2) is None
+
+
+def test_causal_state_bytes_count_the_kernels_padding():
+    # the states are rows of the kernels' layout: dv = 65 pads to 128 value columns, so
+    # its states take about twice those of dv = 64 (a count of d(d+1)/2 · (dv + 2) said 1.02x)
+    def state_bytes(dv):
+        q, k = (torch.randn(1, 2, 512, 64) for _ in range(2))
+        return fused.causal_state_bytes(problem_for(q, k, torch.randn(1, 2, 512, dv), causal=True))
+
+    assert 1.9 < state_bytes(65) / state_bytes(64) < 2.1

@@ -215,9 +215,10 @@ def _batch_shape(a: torch.Size, b: torch.Size) -> torch.Size:
 
 def chunk_features(x: Tensor) -> Tensor:
     """``features(x)`` for the chunk loops of the efficient forms: the same values,
-    (…, C, D), but laid out feature-major (the transpose of a contiguous (…, D, C) tensor)
-    for chunks above the gather size, and written into this thread's scratch buffer from
-    2^20 elements (``workspace.scratch``: valid until the next call).
+    (…, C, D), but on the CPU laid out feature-major (the transpose of a contiguous
+    (…, D, C) tensor) for chunks above the gather size, and written into this thread's
+    scratch buffer from 2^20 elements (``workspace.scratch``: valid until the next call).
+    Off the CPU: ``features(x)`` itself, one gather, token-major.
 
     Feature-major, each row a of the upper triangle is d − a contiguous rows of C products,
     and φ(k)ᵀ V' is a plain product: the feature map was 1.7–3x and the chunk's two products

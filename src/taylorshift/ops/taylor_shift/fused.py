@@ -12,7 +12,8 @@ A call goes to a fused kernel when all of these hold, else it stays on the PyTor
 - the form has a kernel: efficient or direct (causal or not) with no mask or a key-padding
   mask. Masks that vary over queries stay on the PyTorch path;
 - causal efficient only: its first version keeps every chunk's prefix state at once (about
-  3 · B·H · Nk/C · D · (dv + 2) float32 at the peak), so calls whose states would exceed
+  3 · B·H · Nk/C states of the kernels' padded layout, float32, at the peak), so calls
+  whose states would exceed
   ``CAUSAL_STATE_BUDGET`` bytes stay on the memory-lean PyTorch form;
 - the kernel has not failed before in this process for the same shape class.
 
@@ -38,8 +39,8 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
+from ..triton.layout import layout
 from .checks import Problem
-from .features import feature_dim
 
 logger = logging.getLogger("taylorshift.dispatch")
 
@@ -57,9 +58,10 @@ CAUSAL_CHUNK = 256
 
 
 def causal_state_bytes(problem: Problem) -> int:
-    """Peak bytes of the causal kernel's chunk states (the states, their prefix, a copy)."""
+    """Peak bytes of the causal kernel's chunk states (the states, their prefix, a copy),
+    each a float32 row of the kernels' padded layout (``ops/triton/layout.py``)."""
     chunks = -(-problem.n_key // CAUSAL_CHUNK)
-    per_state = feature_dim(problem.head_dim) * (problem.value_dim + 2) * 4
+    per_state = layout(problem.head_dim, problem.value_dim).size * 4
     return 3 * problem.batch * problem.heads * chunks * per_state
 
 

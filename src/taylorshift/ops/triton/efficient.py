@@ -19,7 +19,7 @@ by autograd.
 
 import functools
 import os
-from typing import NamedTuple, Optional  # custom_op reads Optional[Tensor] from annotations
+from typing import Optional  # custom_op reads Optional[Tensor] from annotations
 
 import torch
 import triton
@@ -28,10 +28,8 @@ from torch import Tensor
 
 from ..taylor_shift.efficient import grad_outputs, key_count
 from ..taylor_shift.features import scaled_key, scaled_query, score_factor
+from .layout import TILE, Layout, layout
 
-# Width of a feature tile: tile pairs give T² = 256 quadratic features per token, and every
-# tl.dot has all sides >= 16.
-TILE = 16
 # How the kernels multiply (the DOT constexpr): float32 inputs keep exact float32 products
 # ("ieee": "tf32" would round features to 10 mantissa bits, FMA units); float16 and
 # bfloat16 inputs give the dots operands of their own dtype, with float32 accumulation
@@ -70,45 +68,6 @@ SPLIT_MIN_TOKENS = 2048
 # triton.jit reads TRITON_INTERPRET when it wraps the kernels below, at import: CPU tensors
 # work only if it was "1" then.
 INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") == "1"
-
-
-class Layout(NamedTuple):
-    """How one (b, h) state is laid out in a flat float32 row (offsets in elements).
-
-    [quad: P·T²·DVP][quad_den: P·T²][lin: D_PAD·DVP][lin_den: D_PAD][const: DVP][const_den: 1]
-    P = NT(NT+1)/2 tile pairs A <= B in row-major order; the feature (a, b) of pair (A, B)
-    sits at row (a - A·T)·T + (b - B·T) of the pair's T² rows.
-    """
-
-    d: int
-    dv: int
-    nt: int  # tiles covering d
-    nt_pad: int  # nt rounded up to a power of two (register shapes)
-    dvp: int  # dv rounded up to a power of two >= 16
-    pairs: int
-    off_quad_den: int
-    off_lin: int
-    off_lin_den: int
-    off_const: int
-    off_const_den: int
-    size: int
-
-
-def layout(d: int, dv: int) -> Layout:
-    t = TILE
-    nt = triton.cdiv(d, t)
-    nt_pad = triton.next_power_of_2(nt)
-    dvp = max(16, triton.next_power_of_2(dv))
-    pairs = nt * (nt + 1) // 2
-    off_quad_den = pairs * t * t * dvp
-    off_lin = off_quad_den + pairs * t * t
-    off_lin_den = off_lin + nt_pad * t * dvp
-    off_const = off_lin_den + nt_pad * t
-    off_const_den = off_const + dvp
-    return Layout(
-        d, dv, nt, nt_pad, dvp, pairs, off_quad_den, off_lin, off_lin_den, off_const,
-        off_const_den, off_const_den + 1,
-    )  # fmt: skip
 
 
 def dot_kind(dtype: torch.dtype) -> int:
