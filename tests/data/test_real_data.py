@@ -3,6 +3,7 @@ source as byte-level text, and the count baselines every LM result is read again
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import zlib
 
@@ -18,7 +19,12 @@ from taylorshift.data.text_bytes import (
     stdlib_folder,
 )
 
-pytest.importorskip("sklearn", reason="the digits task reads scikit-learn's bundled copy")
+# find_spec, not importorskip: scikit-learn takes seconds to import, and every test worker
+# collects this module; only the worker that runs the digits tests imports it.
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("sklearn") is None,
+    reason="the digits task reads scikit-learn's bundled copy",
+)
 
 
 # digits

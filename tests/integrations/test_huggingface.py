@@ -10,6 +10,7 @@ attention (the naive reference, masks built here, transformers' mask ignored).
 from __future__ import annotations
 
 import copy
+import importlib.util
 import subprocess
 import sys
 import types
@@ -19,23 +20,27 @@ import pytest
 import torch
 from torch import nn
 
-transformers = pytest.importorskip(
-    "transformers", reason='transformers is not installed: pip install "taylorshift[hf]"'
-)
+from taylorshift import naive_taylor_shift_attention, taylor_shift_attention
+from taylorshift.integrations import huggingface as hf
+from tests.helpers import assert_rel_close
 
-from transformers import (  # noqa: E402
-    AttentionInterface,
-    AutoModel,
-    AutoModelForCausalLM,
-    BertConfig,
-    GPT2Config,
-    LlamaConfig,
-    MistralConfig,
-)
+# transformers takes seconds to import and every test worker collects this module: it is
+# imported by the tests (``_tf()``), and they run on one worker.
+pytestmark = [
+    pytest.mark.skipif(
+        importlib.util.find_spec("transformers") is None,
+        reason='transformers is not installed: pip install "taylorshift[hf]"',
+    ),
+    pytest.mark.xdist_group("huggingface"),
+]
 
-from taylorshift import naive_taylor_shift_attention, taylor_shift_attention  # noqa: E402
-from taylorshift.integrations import huggingface as hf  # noqa: E402
-from tests.helpers import assert_rel_close  # noqa: E402
+
+def _tf():
+    """The transformers module, imported at first use."""
+    import transformers
+
+    return transformers
+
 
 NAME = "taylorshift"
 REFERENCE = "taylorshift-test-reference"
@@ -72,10 +77,10 @@ def _reference_forward(module, query, key, value, attention_mask, scaling=None, 
 @pytest.fixture(autouse=True, scope="module")
 def registered():
     hf.register(NAME)
-    AttentionInterface.register(REFERENCE, _reference_forward)
+    _tf().AttentionInterface.register(REFERENCE, _reference_forward)
     yield
     hf.unregister(NAME)
-    AttentionInterface._global_mapping.pop(REFERENCE, None)
+    _tf().AttentionInterface._global_mapping.pop(REFERENCE, None)
 
 
 @pytest.fixture(autouse=True)
@@ -96,11 +101,11 @@ TINY_DECODER = {
 
 
 def _llama_config(**kwargs):
-    return LlamaConfig(**TINY_DECODER, **kwargs)
+    return _tf().LlamaConfig(**TINY_DECODER, **kwargs)
 
 
 def _gpt2_config(**kwargs):
-    return GPT2Config(
+    return _tf().GPT2Config(
         vocab_size=40,
         n_embd=32,
         n_layer=2,
@@ -117,7 +122,7 @@ def _gpt2_config(**kwargs):
 
 def _bert_config(**kwargs):
     kwargs.setdefault("attention_probs_dropout_prob", 0.0)
-    return BertConfig(
+    return _tf().BertConfig(
         vocab_size=40,
         hidden_size=32,
         intermediate_size=48,
@@ -131,7 +136,7 @@ def _bert_config(**kwargs):
 
 def _model(config, attn=NAME, seed=0, causal_lm=True):
     torch.manual_seed(seed)
-    auto = AutoModelForCausalLM if causal_lm else AutoModel
+    auto = _tf().AutoModelForCausalLM if causal_lm else _tf().AutoModel
     return auto.from_config(config, attn_implementation=attn).double().eval()
 
 
@@ -226,16 +231,16 @@ def test_per_model_options_override_the_registered_ones():
 def recorder():
     """Wrap the registered attention; yield the list of (module, q, k, v, mask, output)."""
     calls = []
-    inner = AttentionInterface._global_mapping[NAME]
+    inner = _tf().AttentionInterface._global_mapping[NAME]
 
     def recording(module, query, key, value, attention_mask, **kwargs):
         out, weights = inner(module, query, key, value, attention_mask, **kwargs)
         calls.append((module, query, key, value, attention_mask, out))
         return out, weights
 
-    AttentionInterface.register(NAME, recording)
+    _tf().AttentionInterface.register(NAME, recording)
     yield calls
-    AttentionInterface.register(NAME, inner)
+    _tf().AttentionInterface.register(NAME, inner)
 
 
 def _op(query, key, value, padding, causal):
@@ -362,7 +367,7 @@ def test_general_4d_bool_mask_equals_the_reference_and_needs_direct():
 
 
 def test_sliding_window_decoder_takes_transformers_mask_and_the_direct_form(recorder):
-    config = MistralConfig(**TINY_DECODER, sliding_window=3)
+    config = _tf().MistralConfig(**TINY_DECODER, sliding_window=3)
     model = _model(config)
     ids, mask = _ids(), _padding(left=True)
     i = torch.arange(9)
@@ -468,7 +473,7 @@ BAD_OPTIONS = {
 def test_bad_register_options_raise(kwargs, error, match):
     with pytest.raises(error, match=match):
         hf.register("taylorshift-bad", **kwargs)
-    assert "taylorshift-bad" not in AttentionInterface._global_mapping
+    assert "taylorshift-bad" not in _tf().AttentionInterface._global_mapping
 
 
 def test_names_of_transformers_are_refused():
@@ -505,7 +510,7 @@ def test_a_second_name_holds_its_own_options():
         assert_rel_close(_decoder_out(model, ids, mask), expected, RTOL, name)
     finally:
         hf.unregister(name)
-    assert name not in AttentionInterface._global_mapping
+    assert name not in _tf().AttentionInterface._global_mapping
 
 
 class _Module(nn.Module):
