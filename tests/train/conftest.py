@@ -12,6 +12,8 @@ import torch
 
 from taylorshift.train import TrainConfig, resolve_config
 
+from .forked import fork_cli
+
 SRC = Path(__file__).resolve().parents[2] / "src"
 
 # A run of a few seconds: ListOps of 8-32 tokens, a 1-block width-32 model, one thread (so
@@ -53,8 +55,14 @@ def cli_env() -> dict[str, str]:
 
 
 def run_cli(argv: list[str], env: dict[str, str] | None = None, module: list[str] | None = None):
-    """Run ``python -m taylorshift ARGV`` (or ``python -m MODULE... -m taylorshift ARGV``)."""
+    """Run ``python -m taylorshift ARGV`` (or ``python -m MODULE... -m taylorshift ARGV``).
+
+    Without ``module``, in a process forked from a server with torch imported
+    (``tests/train/forked.py``: the same entry point, seconds sooner).
+    """
     environ = {**cli_env(), **(env or {})}
+    if not module:
+        return fork_cli(argv, environ)
     launcher = [sys.executable, "-m", *module] if module else [sys.executable]
     command = [*launcher, "-m", "taylorshift", *argv]
     return subprocess.run(
