@@ -85,3 +85,54 @@ def test_result_files_are_complete_and_nan_free(tmp_path):
     text = write_csv(tmp_path / "r.csv", rows).read_text().splitlines()
     assert text == ["n,t,extra", "64,0.5,", "128,,"]
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc (Linux only)")
+def test_a_worker_over_its_time_is_stopped_and_the_next_point_runs(importable_tests):
+    slow = measure_memory("tests.bench.recipes:sleep_on_second_call", {"seconds": 60},
+                          timeout_s=1.0)  # fmt: skip
+    assert slow.status == "over budget" and "timed out after 1 s" in slow.error
+    after = measure_memory("tests.bench.recipes:allocate", {"n_floats": 1 << 20})
+    assert after.status == "ok", after.error
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc (Linux only)")
+def test_a_worker_killed_by_sigkill_is_out_of_memory(importable_tests):
+    killed = measure_memory("tests.bench.recipes:die_on_second_call", {})
+    assert killed.status == "oom" and "exit code -9" in killed.error
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc (Linux only)")
+def test_workers_take_the_callers_path_folder_and_environment(
+    importable_tests, tmp_path, monkeypatch
+):
+    # this thread's server runs already: the module, the folder and the variable are new to it
+    assert measure_memory("tests.bench.recipes:allocate", {"n_floats": 1}).status == "ok"
+    (tmp_path / "late_recipes.py").write_text(
+        "import os, torch\n"
+        "def here(folder):\n"
+        "    assert os.getcwd() == folder, os.getcwd()\n"
+        "    assert os.environ['LATE_RECIPES'] == 'set', os.environ.get('LATE_RECIPES')\n"
+        "    return lambda: torch.ones(4)\n"
+    )
+    folder = tmp_path / "elsewhere"
+    folder.mkdir()
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.chdir(folder)
+    monkeypatch.setenv("LATE_RECIPES", "set")
+    result = measure_memory("late_recipes:here", {"folder": str(folder)})
+    assert result.status == "ok", result.error
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc (Linux only)")
+def test_threads_measure_at_the_same_time(importable_tests):
+    from concurrent.futures import ThreadPoolExecutor
+
+    sizes = [1 << 22, 1 << 23]  # 16 and 32 MiB
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        results = list(pool.map(
+            lambda n: measure_memory("tests.bench.recipes:allocate", {"n_floats": n}), sizes
+        ))  # fmt: skip
+    for n, r in zip(sizes, results, strict=True):
+        assert r.status == "ok", r.error
+        assert n * 4 - (1 << 20) <= r.peak_extra_bytes < n * 4 + (8 << 20)

@@ -7,11 +7,19 @@ point, bounded below and above.
 
 Peak memory: on CUDA, ``torch.cuda.max_memory_allocated`` around one call (the allocator's
 own high-water mark). On the CPU torch's allocations are plain ``malloc``/``mmap``, which
-``tracemalloc`` does not see; we run the call in a fresh Python process and read its
+``tracemalloc`` does not see; we run the call in a fresh process and read its
 resident-set high-water mark (``VmHWM``) before and after the call, the mark reset after the
 set-up (``/proc/self/clear_refs``), so the number is the extra memory of the call itself.
 The worker builds its callable from a *recipe*: ``"module:function"`` plus JSON keyword
 arguments; the function builds the inputs and returns a zero-argument callable.
+
+The workers are forked (``os.fork``) from a server process, one per calling thread, that
+has imported torch and this package and done nothing else (``python -m
+taylorshift.bench.measure``): a point costs its call and a few milliseconds, where a new
+interpreter spent about 3 s importing (most of ``taylorshift bench --quick``'s time went
+there). Nothing has run in the server, so a worker starts without tensors, thread pools or
+memory freed by earlier points; it takes the caller's ``sys.path``, working directory and
+environment variables (those read at start-up, such as the allocator's, are the server's).
 
 Out of memory is a result, never a crash: :func:`is_oom` recognises the exceptions, and a
 worker killed by the kernel's OOM killer is reported as ``"oom"``.
@@ -24,10 +32,15 @@ import importlib
 import json
 import math
 import os
+import select
+import signal
 import statistics
 import subprocess
 import sys
+import threading
 import time
+import traceback
+import weakref
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
@@ -274,46 +287,134 @@ def measure_memory(
     method = "fresh-process VmHWM"
     if not os.path.exists("/proc/self/status"):
         return MemoryResult(status="error: unsupported", method=method, error="needs Linux /proc")
-    spec = json.dumps({"recipe": recipe, "kwargs": kwargs, "threads": threads})
-    cmd = [sys.executable, "-m", "taylorshift.bench.measure", spec]
-    try:
-        proc = subprocess.run(
-            cmd, capture_output=True, text=True, timeout=timeout_s, env=_worker_env()
-        )
-    except subprocess.TimeoutExpired:
+    request = {
+        "recipe": recipe,
+        "kwargs": kwargs,
+        "threads": threads,
+        "timeout_s": timeout_s,
+        "sys_path": sys.path,
+        "cwd": os.getcwd(),
+        "environ": dict(os.environ),
+    }
+    reply = _fork_server().run(request)
+    if reply.get("timed_out"):
         return MemoryResult(
             status="over budget", method=method, error=f"worker timed out after {timeout_s:g} s"
         )
-    if proc.returncode != 0:
-        tail = proc.stderr.strip().splitlines()[-3:]
-        killed = proc.returncode in (-9, 137)  # the kernel's OOM killer sends SIGKILL
-        oom = killed or any(is_oom(RuntimeError(line)) for line in tail)
-        status = OOM if oom else f"error: rc={proc.returncode}"
-        return MemoryResult(status=status, method=method, error=" | ".join(tail)[:ERROR_CHARS])
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
-    return MemoryResult(status=OK, method=method, **result)
+    answer, code = reply.get("answer"), reply["exit_code"]
+    if answer is None or "error" in answer:
+        # no answer: the worker died before it sent one (the OOM killer sends SIGKILL)
+        oom = code in (-signal.SIGKILL, 137) or (answer is not None and answer["oom"])
+        status = OOM if oom else f"error: rc={code}"
+        error = answer["error"] if answer else f"the worker ended with exit code {code}"
+        return MemoryResult(status=status, method=method, error=error[:ERROR_CHARS])
+    return MemoryResult(status=OK, method=method, **answer)
 
 
 # glibc serves allocations below its mmap threshold (which grows up to 32 MiB as large blocks
 # are freed) from the heap and keeps freed blocks for reuse: the measured call would reuse
 # the warm-up call's memory and the high-water mark would not rise. A fixed threshold of
-# 128 KiB makes every large tensor its own mapping, returned to the system when freed.
+# 128 KiB makes every large tensor its own mapping, returned to the system when freed. Set
+# for the server, so for every worker it forks.
 def _worker_env() -> dict[str, str]:
     return {**os.environ, "MALLOC_MMAP_THRESHOLD_": str(128 << 10)}
 
 
-def _worker_main(argv: list[str]) -> int:
-    spec = json.loads(argv[0])
+class _ForkServer:
+    """``python -m taylorshift.bench.measure``: reads one JSON request per line, forks a
+    worker for it, answers one JSON line (see :func:`_serve`)."""
+
+    def __init__(self) -> None:
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "taylorshift.bench.measure"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env=_worker_env(),
+        )
+        # at garbage collection or exit: close its input, so that it ends, and reap it
+        weakref.finalize(self, _stop_server, self.process)
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def run(self, request: dict) -> dict:
+        self.process.stdin.write(json.dumps(request) + "\n")
+        self.process.stdin.flush()
+        line = self.process.stdout.readline()
+        if not line:
+            raise RuntimeError(f"the memory server ended (exit code {self.process.poll()})")
+        return json.loads(line)
+
+
+def _stop_server(process: subprocess.Popen) -> None:
+    for pipe in (process.stdin, process.stdout):
+        pipe.close()
     try:
-        result = memory_worker(spec["recipe"], spec["kwargs"], spec.get("threads"))
-    except (RuntimeError, MemoryError) as err:
-        if is_oom(err):
-            print(f"out of memory: {err}", file=sys.stderr)
-            return 3
-        raise
-    print(json.dumps(result))
-    return 0
+        process.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
+_servers = threading.local()
+
+
+def _fork_server() -> _ForkServer:
+    """This thread's server (started at its first point; it ends when its pipes close)."""
+    server = getattr(_servers, "server", None)
+    if server is None or not server.alive():
+        server = _servers.server = _ForkServer()
+    return server
+
+
+def _serve() -> None:
+    """The server loop: per request, fork a worker, wait for its answer at most
+    ``timeout_s`` (then SIGKILL it), reap it and reply with its answer and exit code."""
+    for line in sys.stdin:
+        request = json.loads(line)
+        readable, writable = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the worker
+            os.close(readable)
+            _worker(request, writable)
+        os.close(writable)
+        reply: dict = {"timed_out": False}
+        if select.select([readable], [], [], request["timeout_s"])[0]:
+            with os.fdopen(readable, "rb") as answer:
+                data = answer.read()  # to EOF: the worker has exited or is exiting
+            reply["answer"] = json.loads(data) if data else None
+        else:
+            os.close(readable)
+            os.kill(pid, signal.SIGKILL)
+            reply["timed_out"] = True
+        _, status = os.waitpid(pid, 0)
+        reply["exit_code"] = os.waitstatus_to_exitcode(status)
+        sys.stdout.write(json.dumps(reply) + "\n")
+        sys.stdout.flush()
+
+
+def _worker(request: dict, channel: int) -> None:
+    """The forked worker: one :func:`memory_worker` call; its result (or its error) goes to
+    ``channel``. Never returns."""
+    code = 0
+    try:
+        os.dup2(2, 1)  # the server's stdout is its reply channel, not the worker's
+        sys.path[:] = request["sys_path"]
+        os.chdir(request["cwd"])
+        os.environ.clear()
+        os.environ.update(request["environ"])
+        answer = memory_worker(request["recipe"], request["kwargs"], request["threads"])
+    except BaseException as err:  # every failure is the point's result
+        message = "".join(traceback.format_exception_only(type(err), err)).strip()
+        answer = {"error": message, "oom": is_oom(err)}
+        code = 1
+    try:
+        with os.fdopen(channel, "wb") as out:
+            out.write(json.dumps(answer).encode())
+    finally:
+        os._exit(code)
 
 
 if __name__ == "__main__":
-    sys.exit(_worker_main(sys.argv[1:]))
+    _serve()

@@ -184,7 +184,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add(
         "--no-memory",
         action="store_true",
-        help="skip the peak-memory points (on the CPU each takes a fresh process, ~3 s)",
+        help="skip the peak-memory points (on the CPU each runs in a process of its own)",
     )
     add(
         "--threads",
