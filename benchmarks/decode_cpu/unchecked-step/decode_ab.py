@@ -18,14 +18,13 @@ import copy
 import random
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "op_cpu" / "workspace"))
-from ab import export_before
+from ab import install_before
 
 
 def main() -> None:
@@ -35,9 +34,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--steps", type=int, default=40)
     args = parser.parse_args()
-    tmp = Path(tempfile.mkdtemp(prefix="ts-decode-ab-"))
-    export_before(args.before, tmp)
-    sys.path.insert(0, str(tmp))
+    install_before(args.before, "ts-decode-ab-")
     from taylorshift_before.models import CausalLM as CausalLMBefore
     from taylorshift_before.models import CausalLMConfig as ConfigBefore
 

@@ -16,13 +16,12 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import tempfile
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "op_cpu" / "workspace"))
-from ab import export_before, shuffled_rounds
+from ab import install_before, shuffled_rounds
 
 
 def batches(count: int, batch: int = 32, vocab: int = 20, seed: int = 0):
@@ -42,9 +41,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    tmp = Path(tempfile.mkdtemp(prefix="ts-listops-ab-"))
-    export_before(args.before, tmp)
-    sys.path.insert(0, str(tmp))
+    install_before(args.before, "ts-listops-ab-")
     from taylorshift_before.models import create_model as create_before
 
     from taylorshift.models import create_model

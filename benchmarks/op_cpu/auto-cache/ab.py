@@ -16,14 +16,13 @@ import argparse
 import random
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "workspace"))
-from ab import export_before
+from ab import install_before
 
 
 def main() -> None:
@@ -33,9 +32,7 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=20)
     args = parser.parse_args()
     torch.set_num_threads(2)
-    tmp = Path(tempfile.mkdtemp(prefix="ts-auto-ab-"))
-    export_before(args.before, tmp)
-    sys.path.insert(0, str(tmp))
+    install_before(args.before, "ts-auto-ab-")
     from taylorshift_before import taylor_shift_attention as before
 
     from taylorshift import taylor_shift_attention as after

@@ -50,6 +50,15 @@ def export_before(rev: str, into: Path) -> None:
         path.write_text(re.sub(r"\b(from|import) taylorshift\b", r"\1 taylorshift_before", text))
 
 
+def install_before(rev: str, prefix: str = "ts-ab-") -> Path:
+    """``export_before(rev, …)`` into a new temporary folder put first on ``sys.path``, so
+    that ``import taylorshift_before`` finds it; returns the folder."""
+    tmp = Path(tempfile.mkdtemp(prefix=prefix))
+    export_before(rev, tmp)
+    sys.path.insert(0, str(tmp))
+    return tmp
+
+
 def shuffled_rounds(fns: dict, rounds: int) -> dict:
     """Seconds per call of each function, one call of each per round in a shuffled order."""
     times = {key: [] for key in fns}
@@ -85,9 +94,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    tmp = Path(tempfile.mkdtemp(prefix="ts-ab-"))
-    export_before(args.before, tmp)
-    sys.path.insert(0, str(tmp))
+    install_before(args.before)
     from taylorshift_before.ops.taylor_shift.efficient import efficient_taylor_shift as before
 
     from taylorshift.ops.taylor_shift.efficient import efficient_taylor_shift as after

@@ -16,14 +16,13 @@ from __future__ import annotations
 
 import argparse
 import sys
-import tempfile
 from pathlib import Path
 
 import torch
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from ab import export_before, medians_ms, shuffled_rounds
+from ab import install_before, medians_ms, shuffled_rounds
 
 
 def model(attention_cls, dim=128, heads=4, depth=4, causal=False):
@@ -50,9 +49,7 @@ def main() -> None:
     parser.add_argument("--causal", action="store_true", help="causal attention (an LM's)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    tmp = Path(tempfile.mkdtemp(prefix="ts-model-ab-"))
-    export_before(args.before, tmp)
-    sys.path.insert(0, str(tmp))
+    install_before(args.before, "ts-model-ab-")
     from taylorshift_before.nn import TaylorShiftAttention as Before
 
     from taylorshift.nn import TaylorShiftAttention as After
