@@ -1,0 +1,168 @@
+"""Forward and backward of the efficient form with the prototype's kernels for all four
+feature products, against the PyTorch form, in one process.
+
+    python benchmarks/op_cpu/cpu-kernel-prototype/backward.py 16x256 16x1024 32x1024 \\
+        64x1024 64x4096
+
+The backward's two feature products are the forward's two kernels on other operands
+(∂S = Σ_t φ(q_t) ∂Y_t is a state update, ∂[v, 1] = φ(k) ∂S a readout); the gradients of q
+and k from the packed states (x ⊗ g times the unpacked state, one matmul each, as
+``features.quadratic_grad``) and the normalisation's backward stay in torch, as in the
+PyTorch form. Checks q, k, v gradients against the float64 form's autograd, then times
+forward + backward (B 1, H 4, dv = d, float32, non-causal, no mask, τ = 1, 2 threads) in
+shuffled rounds: medians and the PyTorch / prototype ratio paired by round.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import statistics
+import sys
+
+import torch
+from forward import LIB, seconds, unpacking
+
+from taylorshift.ops.taylor_shift.efficient import efficient_taylor_shift
+from taylorshift.ops.taylor_shift.features import scaled_input_grad
+
+EPS = 1e-12
+
+
+def token_major(x: torch.Tensor, stride: int) -> torch.Tensor:
+    """(BH, N, d) -> (BH, N, stride) rows [x, 1, 0, ...] for the state update."""
+    bh, n, d = x.shape
+    out = torch.zeros(bh, n, stride)
+    out[..., :d], out[..., d] = x, 1.0
+    return out
+
+
+def feature_major(x: torch.Tensor, n16: int) -> torch.Tensor:
+    """(BH, N, d) -> (BH, d + 1, N16) rows of [x, 1] (tokens past N are zero) for the readout."""
+    bh, n, d = x.shape
+    out = torch.zeros(bh, d + 1, n16)
+    out[:, :d, :n], out[:, d, :] = x.transpose(1, 2), 1.0
+    return out
+
+
+def update(x_rows: torch.Tensor, e: int, values: torch.Tensor) -> torch.Tensor:
+    """Σ_t φ(x~_t) values_tᵀ, unpacked to (BH, E(E+1)/2, cols)."""
+    bh, n, stride = x_rows.shape
+    cols, padded = values.shape[-1], LIB.padded_pairs(e)
+    state_t = torch.zeros(bh, cols, padded)
+    LIB.state_update_b(bh, x_rows.data_ptr(), n, e, stride, values.contiguous().data_ptr(),
+                       cols, state_t.data_ptr(), padded)  # fmt: skip
+    index, _ = unpacking(e)
+    return state_t.transpose(1, 2)[:, index, :]
+
+
+def readout(x_cols: torch.Tensor, state: torch.Tensor, n: int) -> torch.Tensor:
+    """φ(x~_t) state for every token: (BH, N, cols)."""
+    bh, e, n16 = x_cols.shape
+    cols = state.shape[-1]
+    y_t = torch.empty(bh, cols, n16)
+    state = state.contiguous()
+    LIB.readout_b(bh, x_cols.data_ptr(), n16, e, state.data_ptr(), state.shape[1], cols,
+                  y_t.data_ptr())  # fmt: skip
+    return y_t[:, :, :n].transpose(1, 2)
+
+
+def pair_grad(x: torch.Tensor, g: torch.Tensor, packed: torch.Tensor, e: int) -> torch.Tensor:
+    """∂/∂x~ of Σ_c g_c Σ_p packed[p, c] f_p(x~): T x~ g with T the symmetric unpacking
+    (T[a, b] = T[b, a] = packed[(a, b)], T[a, a] = 2 packed[(a, a)]). x (BH, N, E)."""
+    a, b = torch.triu_indices(e, e)
+    t = packed.new_zeros(packed.shape[0], e, e, packed.shape[-1])
+    t[:, a, b] = packed
+    t = (t + t.transpose(1, 2)).flatten(-2).transpose(-2, -1)  # (BH, E·cols, E)
+    out = torch.empty(x.shape)
+    for i in range(0, x.shape[1], 256):  # (BH, 256, E·cols) products at a time, as the
+        z = (x[:, i : i + 256].unsqueeze(-1) * g[:, i : i + 256].unsqueeze(-2)).flatten(-2)
+        out[:, i : i + 256] = z @ t  # PyTorch form's chunks bound them
+    return out
+
+
+class Prototype(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v):
+        b, h, n, d = q.shape
+        dv, bh, e = v.shape[-1], b * h, d + 1
+        stride, cols, n16 = e + 16, (dv + 1 + 5) // 6 * 6, (n + 15) // 16 * 16
+        qn = q.reshape(bh, n, d) / q.reshape(bh, n, d).norm(dim=-1, keepdim=True).clamp_min(EPS)
+        kn = k.reshape(bh, n, d) / k.reshape(bh, n, d).norm(dim=-1, keepdim=True).clamp_min(EPS)
+        values = torch.zeros(bh, n, cols)
+        values[..., :dv], values[..., dv] = v.reshape(bh, n, dv), 1.0
+        _, weight = unpacking(e)
+        state = update(token_major(kn, stride), e, values) * weight
+        q_cols = feature_major(qn, n16)
+        y = readout(q_cols, state, n) + 0.5 * values.sum(1, keepdim=True)
+        den = y[..., dv]
+        scale = math.sqrt(n / d) / den
+        out = y[..., :dv] * scale.unsqueeze(-1)
+        ctx.save_for_backward(q, k, qn, kn, values, state, out, den, scale)
+        return out.reshape(b, h, n, dv)
+
+    @staticmethod
+    def backward(ctx, grad):
+        q, k, qn, kn, values, state, out, den, scale = ctx.saved_tensors
+        b, h, n, d = q.shape
+        bh, e, dv, cols = b * h, d + 1, out.shape[-1], values.shape[-1]
+        g = grad.reshape(bh, n, dv)
+        g_y = torch.zeros(bh, n, cols)
+        g_y[..., :dv] = g * scale.unsqueeze(-1)
+        g_y[..., dv] = -(g * out).sum(-1) / den
+        _, weight = unpacking(e)
+        q_ext = torch.cat([qn, torch.ones(bh, n, 1)], -1)
+        k_ext = torch.cat([kn, torch.ones(bh, n, 1)], -1)
+        g_q = pair_grad(q_ext, g_y, state, e)[..., :d]
+        g_state = update(token_major(qn, e + 16), e, g_y) * weight  # ∂ of the unweighted S
+        g_values = readout(feature_major(kn, (n + 15) // 16 * 16), g_state, n)
+        g_values = g_values + 0.5 * g_y.sum(1, keepdim=True)
+        g_k = pair_grad(k_ext, values, g_state, e)[..., :d]
+        gq, _ = scaled_input_grad(q.reshape(bh, n, d), g_q, 1.0, True)
+        gk, _ = scaled_input_grad(k.reshape(bh, n, d), g_k, 1.0, True)
+        return gq.reshape(q.shape), gk.reshape(k.shape), g_values[..., :dv].reshape(b, h, n, dv)
+
+
+def main() -> None:
+    torch.set_num_threads(2)
+    gen = torch.Generator().manual_seed(0)
+    q, k, v, g = (torch.randn(1, 4, 300, 32, generator=gen, dtype=torch.float64)
+                  for _ in range(4))  # fmt: skip
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    exact = torch.autograd.grad(efficient_taylor_shift(*leaves, None, 1.0, None, True), leaves, g)
+    leaves = [t.float().requires_grad_() for t in (q, k, v)]
+    mine = torch.autograd.grad(Prototype.apply(*leaves), leaves, g.float())
+    errors = ", ".join(
+        f"{name} {(m.double() - x).abs().max().item():.1e}"
+        for name, m, x in zip("qkv", mine, exact, strict=True)
+    )
+    print(f"torch {torch.__version__}, 2 threads; gradients' max error against float64 at "
+          f"(1, 4, 300, 32): {errors}")  # fmt: skip
+    print("| d | N | PyTorch form fwd+bwd ms | prototype ms | PyTorch / prototype (paired) |")
+    print("|---:|---:|---:|---:|---:|")
+    for d, n in (tuple(map(int, point.split("x"))) for point in sys.argv[1:]):
+        q, k, v, g = (torch.randn(1, 4, n, d, generator=gen) for _ in range(4))
+        leaves = [t.requires_grad_() for t in (q, k, v)]
+
+        def theirs(leaves=leaves, g=g):
+            torch.autograd.grad(efficient_taylor_shift(*leaves, None, 1.0, None, True), leaves, g)
+
+        def prototype(leaves=leaves, g=g):
+            torch.autograd.grad(Prototype.apply(*leaves), leaves, g)
+
+        fns = {"torch": theirs, "prototype": prototype}
+        times = {key: [] for key in fns}
+        for fn in fns.values():
+            fn()
+        for _ in range(5 if n >= 4096 else 15):
+            for key in random.sample(list(fns), len(fns)):
+                times[key].append(seconds(fns[key]))
+        med = {key: statistics.median(ts) for key, ts in times.items()}
+        pairs = zip(times["torch"], times["prototype"], strict=True)
+        ratio = statistics.median(x / y for x, y in pairs)
+        print(f"| {d} | {n} | {med['torch'] * 1e3:.1f} | {med['prototype'] * 1e3:.1f} "
+              f"| {ratio:.2f} |", flush=True)  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
