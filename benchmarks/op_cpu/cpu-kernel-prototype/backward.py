@@ -5,12 +5,12 @@ feature products, against the PyTorch form, in one process.
         64x1024 64x4096
 
 The backward's two feature products are the forward's two kernels on other operands
-(∂S = Σ_t φ(q_t) ∂Y_t is a state update, ∂[v, 1] = φ(k) ∂S a readout); the gradients of q
-and k from the packed states (x ⊗ g times the unpacked state, one matmul each, as
-``features.quadratic_grad``) and the normalisation's backward stay in torch, as in the
-PyTorch form. Checks q, k, v gradients against the float64 form's autograd, then times
-forward + backward (B 1, H 4, dv = d, float32, non-causal, no mask, τ = 1, 2 threads) in
-shuffled rounds: medians and the PyTorch / prototype ratio paired by round.
+(∂S = Σ_t φ(q_t) ∂Y_t is a state update, ∂[v, 1] = φ(k) ∂S a readout), and the gradients
+of q and k from the packed states run in a third kernel (``pair_grad``); the
+normalisation's backward and the set-up stay in torch. Checks q, k, v gradients against
+the float64 form's autograd, then times forward + backward (B 1, H 4, dv = d, float32,
+non-causal, no mask, τ = 1, 2 threads) in shuffled rounds: medians and the PyTorch /
+prototype ratio paired by round, with SDPA's forward + backward on the same inputs.
 """
 
 from __future__ import annotations
@@ -67,18 +67,38 @@ def readout(x_cols: torch.Tensor, state: torch.Tensor, n: int) -> torch.Tensor:
     return y_t[:, :, :n].transpose(1, 2)
 
 
+_SIXES: dict[int, torch.Tensor] = {}
+
+
+def six_padding(e: int) -> torch.Tensor:
+    """Rows of the packed state, each row a of the triangle padded to a multiple of 6 pairs
+    with the zero row appended at index E(E+1)/2 (the layout ``pair_grad`` reads)."""
+    if e not in _SIXES:
+        index, start, zero = [], 0, e * (e + 1) // 2
+        for a in range(e):
+            length = e - a
+            index += [start + j if j < length else zero for j in range((length + 5) // 6 * 6)]
+            start += length
+        _SIXES[e] = torch.tensor(index)
+    return _SIXES[e]
+
+
 def pair_grad(x: torch.Tensor, g: torch.Tensor, packed: torch.Tensor, e: int) -> torch.Tensor:
-    """∂/∂x~ of Σ_c g_c Σ_p packed[p, c] f_p(x~): T x~ g with T the symmetric unpacking
-    (T[a, b] = T[b, a] = packed[(a, b)], T[a, a] = 2 packed[(a, a)]). x (BH, N, E)."""
-    a, b = torch.triu_indices(e, e)
-    t = packed.new_zeros(packed.shape[0], e, e, packed.shape[-1])
-    t[:, a, b] = packed
-    t = (t + t.transpose(1, 2)).flatten(-2).transpose(-2, -1)  # (BH, E·cols, E)
-    out = torch.empty(x.shape)
-    for i in range(0, x.shape[1], 256):  # (BH, 256, E·cols) products at a time, as the
-        z = (x[:, i : i + 256].unsqueeze(-1) * g[:, i : i + 256].unsqueeze(-2)).flatten(-2)
-        out[:, i : i + 256] = z @ t  # PyTorch form's chunks bound them
-    return out
+    """∂/∂x~ of Σ_c g_c Σ_p packed[p, c] f_p(x~) for every token, in the C kernel
+    (``pair_grad`` of kernels.c: ∂x_a = Σ_b (Σ_c packed[(a, b), c] g_c) x_b over both orders
+    of each pair). x (BH, N, E), g (BH, N, cols), packed (BH, E(E+1)/2, cols)."""
+    bh, n, _ = x.shape
+    cols, n16 = g.shape[-1], (n + 15) // 16 * 16
+    x_cols = torch.zeros(bh, e + 8, n16)
+    x_cols[:, :e, :n] = x.transpose(1, 2)
+    g_cols = torch.zeros(bh, cols, n16)
+    g_cols[:, :, :n] = g.transpose(1, 2)
+    padded = torch.cat([packed, packed.new_zeros(bh, 1, cols)], 1)[:, six_padding(e)]
+    padded = padded.contiguous()
+    gx = torch.zeros(bh, e + 8, n16)
+    LIB.pair_grad_b(bh, x_cols.data_ptr(), n16, e, g_cols.data_ptr(), cols, padded.data_ptr(),
+                    padded.shape[1], gx.data_ptr())  # fmt: skip
+    return gx[:, :e, :n].transpose(1, 2)
 
 
 class Prototype(torch.autograd.Function):
@@ -138,8 +158,9 @@ def main() -> None:
     )
     print(f"torch {torch.__version__}, 2 threads; gradients' max error against float64 at "
           f"(1, 4, 300, 32): {errors}")  # fmt: skip
-    print("| d | N | PyTorch form fwd+bwd ms | prototype ms | PyTorch / prototype (paired) |")
-    print("|---:|---:|---:|---:|---:|")
+    print("| d | N | PyTorch form fwd+bwd ms | prototype ms | PyTorch / prototype (paired) "
+          "| SDPA ms |")  # fmt: skip
+    print("|---:|---:|---:|---:|---:|---:|")
     for d, n in (tuple(map(int, point.split("x"))) for point in sys.argv[1:]):
         q, k, v, g = (torch.randn(1, 4, n, d, generator=gen) for _ in range(4))
         leaves = [t.requires_grad_() for t in (q, k, v)]
@@ -150,7 +171,11 @@ def main() -> None:
         def prototype(leaves=leaves, g=g):
             torch.autograd.grad(Prototype.apply(*leaves), leaves, g)
 
-        fns = {"torch": theirs, "prototype": prototype}
+        def sdpa(leaves=leaves, g=g):
+            out = torch.nn.functional.scaled_dot_product_attention(*leaves)
+            torch.autograd.grad(out, leaves, g)
+
+        fns = {"torch": theirs, "prototype": prototype, "sdpa": sdpa}
         times = {key: [] for key in fns}
         for fn in fns.values():
             fn()
@@ -161,7 +186,7 @@ def main() -> None:
         pairs = zip(times["torch"], times["prototype"], strict=True)
         ratio = statistics.median(x / y for x, y in pairs)
         print(f"| {d} | {n} | {med['torch'] * 1e3:.1f} | {med['prototype'] * 1e3:.1f} "
-              f"| {ratio:.2f} |", flush=True)  # fmt: skip
+              f"| {ratio:.2f} | {med['sdpa'] * 1e3:.1f} |", flush=True)  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -47,6 +47,7 @@ def build() -> ctypes.CDLL:
     lib.padded_pairs.argtypes, lib.padded_pairs.restype = [i], i
     lib.state_update_b.argtypes = [i, p, i, i, i, p, i, p, i]
     lib.readout_b.argtypes = [i, p, i, i, p, i, i, p]
+    lib.pair_grad_b.argtypes = [i, p, i, i, p, i, p, i, p]
     return lib
 
 

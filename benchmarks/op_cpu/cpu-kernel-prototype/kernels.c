@@ -95,3 +95,61 @@ void readout_b(int H, const float *xT, int N, int E, const float *SW, int Pu, in
     for (int h = 0; h < H; h++)
         readout(xT + (size_t)h * E * N, N, E, SW + (size_t)h * Pu * cols, cols, YT + (size_t)h * cols * N);
 }
+
+/* GX (E + 8, N) += d/dx~ of sum_c g[c] sum_p P[p, c] f_p(x~) for one head, i.e.
+   gx_a = sum_b (sum_c P[(a, b), c] g_c) x_b, both orders of each pair (the diagonal pair
+   thus counts twice, as d(x_a^2)/dx_a = 2 x_a). XC: (E + 8, N) feature-major x~ with zero
+   rows past E; GC: (cols, N) feature-major gradient; P6: the packed state with each row a
+   of the triangle padded with zero pairs to a multiple of 6, (sum_a ceil6(E - a), cols).
+   N a multiple of 16. Register tile: 6 pairs x 16 tokens (12 ymm). */
+void pair_grad(const float *XC, int N, int E, const float *GC, int cols, const float *P6,
+               float *GX) {
+    float buf[(E + 8) * 16];
+    for (int t0 = 0; t0 < N; t0 += 16) {
+        for (int i = 0; i < (E + 8) * 16; i++) buf[i] = 0.0f;
+        const float *pp = P6;
+        for (int a = 0; a < E; a++) {
+            __m256 xa0 = _mm256_loadu_ps(XC + (size_t)a * N + t0);
+            __m256 xa1 = _mm256_loadu_ps(XC + (size_t)a * N + t0 + 8);
+            __m256 ga0 = _mm256_setzero_ps(), ga1 = _mm256_setzero_ps();
+            int L = (E - a + 5) / 6 * 6;
+            for (int b0 = a; b0 < a + L; b0 += 6) {
+                __m256 u0[6], u1[6];
+                for (int i = 0; i < 6; i++) { u0[i] = _mm256_setzero_ps(); u1[i] = _mm256_setzero_ps(); }
+                for (int c = 0; c < cols; c++) {
+                    __m256 g0 = _mm256_loadu_ps(GC + (size_t)c * N + t0);
+                    __m256 g1 = _mm256_loadu_ps(GC + (size_t)c * N + t0 + 8);
+                    #pragma GCC unroll 6
+                    for (int i = 0; i < 6; i++) {
+                        __m256 s = _mm256_broadcast_ss(pp + (size_t)i * cols + c);
+                        u0[i] = _mm256_fmadd_ps(s, g0, u0[i]);
+                        u1[i] = _mm256_fmadd_ps(s, g1, u1[i]);
+                    }
+                }
+                #pragma GCC unroll 6
+                for (int i = 0; i < 6; i++) {
+                    int b = b0 + i;
+                    ga0 = _mm256_fmadd_ps(u0[i], _mm256_loadu_ps(XC + (size_t)b * N + t0), ga0);
+                    ga1 = _mm256_fmadd_ps(u1[i], _mm256_loadu_ps(XC + (size_t)b * N + t0 + 8), ga1);
+                    float *row = buf + b * 16;
+                    _mm256_storeu_ps(row, _mm256_fmadd_ps(u0[i], xa0, _mm256_loadu_ps(row)));
+                    _mm256_storeu_ps(row + 8, _mm256_fmadd_ps(u1[i], xa1, _mm256_loadu_ps(row + 8)));
+                }
+                pp += 6 * cols;
+            }
+            float *row = buf + a * 16;
+            _mm256_storeu_ps(row, _mm256_add_ps(ga0, _mm256_loadu_ps(row)));
+            _mm256_storeu_ps(row + 8, _mm256_add_ps(ga1, _mm256_loadu_ps(row + 8)));
+        }
+        for (int a = 0; a < E; a++)
+            for (int i = 0; i < 16; i++) GX[(size_t)a * N + t0 + i] += buf[a * 16 + i];
+    }
+}
+
+void pair_grad_b(int H, const float *XC, int N, int E, const float *GC, int cols,
+                 const float *P6, int P6rows, float *GX) {
+    #pragma omp parallel for schedule(static)
+    for (int h = 0; h < H; h++)
+        pair_grad(XC + (size_t)h * (E + 8) * N, N, E, GC + (size_t)h * cols * N, cols,
+                  P6 + (size_t)h * P6rows * cols, GX + (size_t)h * (E + 8) * N);
+}
