@@ -63,8 +63,7 @@ def run_cli(argv: list[str], env: dict[str, str] | None = None, module: list[str
     environ = {**cli_env(), **(env or {})}
     if not module:
         return fork_cli(argv, environ)
-    launcher = [sys.executable, "-m", *module] if module else [sys.executable]
-    command = [*launcher, "-m", "taylorshift", *argv]
+    command = [sys.executable, "-m", *module, "-m", "taylorshift", *argv]
     return subprocess.run(
         command, capture_output=True, text=True, env=environ, timeout=300, check=False
     )
