@@ -16,12 +16,11 @@ prototype ratio paired by round, with SDPA's forward + backward on the same inpu
 from __future__ import annotations
 
 import math
-import random
 import statistics
 import sys
 
 import torch
-from forward import LIB, seconds, unpacking
+from forward import LIB, shuffled_rounds, unpacking
 
 from taylorshift.ops.taylor_shift.efficient import efficient_taylor_shift
 from taylorshift.ops.taylor_shift.features import scaled_input_grad
@@ -176,12 +175,9 @@ def main() -> None:
             torch.autograd.grad(out, leaves, g)
 
         fns = {"torch": theirs, "prototype": prototype, "sdpa": sdpa}
-        times = {key: [] for key in fns}
         for fn in fns.values():
             fn()
-        for _ in range(5 if n >= 4096 else 15):
-            for key in random.sample(list(fns), len(fns)):
-                times[key].append(seconds(fns[key]))
+        times = shuffled_rounds(fns, 5 if n >= 4096 else 15)
         med = {key: statistics.median(ts) for key, ts in times.items()}
         pairs = zip(times["torch"], times["prototype"], strict=True)
         ratio = statistics.median(x / y for x, y in pairs)

@@ -20,12 +20,10 @@ from __future__ import annotations
 import ctypes
 import math
 import os
-import random
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import torch
@@ -33,6 +31,8 @@ import torch
 from taylorshift.ops.taylor_shift.efficient import efficient_taylor_shift
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent / "workspace"))
+from ab import shuffled_rounds  # noqa: E402  (benchmarks/op_cpu/workspace/ab.py)
 
 
 def build() -> ctypes.CDLL:
@@ -95,12 +95,6 @@ def prototype(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor
     return (y[..., :dv] / y[..., dv : dv + 1] * math.sqrt(n / d)).reshape(b, h, n, dv)
 
 
-def seconds(fn) -> float:
-    start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
-
-
 def main() -> None:
     torch.set_num_threads(2)
     os.environ.setdefault("OMP_NUM_THREADS", "2")
@@ -125,13 +119,10 @@ def main() -> None:
             "prototype": lambda q=q, k=k, v=v: prototype(q, k, v),
             "matmul": lambda: a @ b,
         }
-        times = {key: [] for key in fns}
         with torch.no_grad():
             for fn in fns.values():
                 fn()
-            for _ in range(5 if n >= 8192 else 15):
-                for key in random.sample(list(fns), len(fns)):
-                    times[key].append(seconds(fns[key]))
+            times = shuffled_rounds(fns, 5 if n >= 8192 else 15)
         med = {key: statistics.median(ts) for key, ts in times.items()}
         rate = 2 * 4096**3 / med["matmul"]
         pairs = zip(times["torch"], times["prototype"], strict=True)

@@ -4,32 +4,26 @@
 
 B·H = 4, N = 4,096, dv = d, 2 threads: GFLOP/s of the state update and of the readout
 (2·N·E(E+1)/2·cols flops each, E = d + 1, cols = dv + 1 padded to a multiple of 6), median
-of 7 calls, beside a 4096² float32 matmul.
+(taylorshift.bench.measure.time_call), beside a 4096² float32 matmul.
 """
 
 from __future__ import annotations
 
-import statistics
-import time
-
 import torch
 from forward import LIB
 
+from taylorshift.bench.measure import time_call
 
-def seconds(fn, reps: int = 7) -> float:
-    fn()
-    times = []
-    for _ in range(reps):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+
+def seconds(fn) -> float:
+    """Median seconds of ``fn`` (the project's ``time_call``: warm-up, then about 0.5 s)."""
+    return time_call(fn).median_s
 
 
 def main() -> None:
     torch.set_num_threads(2)
     a, b = torch.randn(4096, 4096), torch.randn(4096, 4096)
-    print(f"4096² matmul: {2 * 4096**3 / seconds(lambda: a @ b, 5) / 1e9:.0f} GFLOP/s")
+    print(f"4096² matmul: {2 * 4096**3 / seconds(lambda: a @ b) / 1e9:.0f} GFLOP/s")
     for d in (16, 32, 64):
         update, readout = rates(d)
         print(f"d = {d}: update {update:.0f} GFLOP/s, readout {readout:.0f} GFLOP/s")

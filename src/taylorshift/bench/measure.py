@@ -15,11 +15,12 @@ arguments; the function builds the inputs and returns a zero-argument callable.
 
 The workers are forked (``os.fork``) from a server process, one per calling thread, that
 has imported torch and this package and done nothing else (``python -m
-taylorshift.bench.measure``): a point costs its call and a few milliseconds, where a new
-interpreter spent about 3 s importing (most of ``taylorshift bench --quick``'s time went
-there). Nothing has run in the server, so a worker starts without tensors, thread pools or
-memory freed by earlier points; it takes the caller's ``sys.path``, working directory and
-environment variables (those read at start-up, such as the allocator's, are the server's).
+taylorshift.bench.measure``): a point at N = 2,048 took 0.78 s with its inputs and call,
+where a new interpreter took 3.51 s, most of it importing (benchmarks/bench_cpu/
+forked-memory; most of ``taylorshift bench --quick``'s time went there). Nothing has run
+in the server, so a worker starts without tensors, thread pools or memory freed by earlier
+points; it takes the caller's ``sys.path``, working directory and environment variables
+(those read at start-up, such as the allocator's, are the server's).
 
 Out of memory is a result, never a crash: :func:`is_oom` recognises the exceptions, and a
 worker killed by the kernel's OOM killer is reported as ``"oom"``.
