@@ -13,8 +13,8 @@ A call goes to a fused kernel when all of these hold, else it stays on the PyTor
   mask. Masks that vary over queries stay on the PyTorch path;
 - causal efficient only: its first version keeps every chunk's prefix state at once (about
   3 · B·H · Nk/C states of the kernels' padded layout, float32, at the peak), so calls
-  whose states would exceed
-  ``CAUSAL_STATE_BUDGET`` bytes stay on the memory-lean PyTorch form;
+  whose states would exceed ``CAUSAL_STATE_BUDGET`` bytes stay on the memory-lean PyTorch
+  form;
 - the kernel has not failed before in this process for the same shape class.
 
 A kernel that fails to compile or launch (out of shared memory, an architecture or a Triton
