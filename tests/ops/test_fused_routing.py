@@ -24,9 +24,16 @@ def triton_installed(monkeypatch):
     monkeypatch.setattr(fused, "triton_importable", lambda: True)
 
 
-def test_cpu_tensors_stay_on_pytorch_by_default(triton_installed, monkeypatch):
+def test_cpu_tensors_go_to_the_cpu_kernels_not_triton_by_default(triton_installed, monkeypatch):
+    from taylorshift.ops.cpu import build
+    from taylorshift.ops.cpu.efficient import cpu_efficient_taylor_shift
+
     monkeypatch.delenv(fused.TRITON_ENV, raising=False)
+    monkeypatch.delenv(build.ENV, raising=False)
     q, k, v = qkv()
+    form = fused.fused_form(q, problem_for(q, k, v), "efficient", False, 2)
+    assert form is (cpu_efficient_taylor_shift if build.is_available() else None)
+    monkeypatch.setenv(build.ENV, "off")
     assert fused.fused_form(q, problem_for(q, k, v), "efficient", False, 2) is None
 
 
@@ -35,6 +42,7 @@ def test_cpu_tensors_stay_on_pytorch_by_default(triton_installed, monkeypatch):
     ["off", "float64", "order4", "varying-mask", "wide-head", "empty"],
 )
 def test_calls_without_a_kernel_stay_on_pytorch(case, triton_installed, monkeypatch):
+    monkeypatch.setenv("TAYLORSHIFT_CPU_KERNELS", "off")  # the Triton kernels' conditions
     monkeypatch.setenv(fused.TRITON_ENV, "off" if case == "off" else "interpret")
     dtype = torch.float64 if case == "float64" else torch.float32
     d = fused.MAX_HEAD_DIM + 1 if case == "wide-head" else 4

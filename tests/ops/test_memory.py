@@ -7,12 +7,15 @@ saved-tensor hooks. Measured peak memory lives in benchmarks/op_cpu/.
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from taylorshift import taylor_shift_attention
+from taylorshift.ops.cpu.efficient import state_shape
 from taylorshift.ops.taylor_shift.efficient import CHUNK_ELEMENTS
 from taylorshift.ops.taylor_shift.features import feature_dim
 
@@ -64,5 +67,9 @@ def test_saved_for_backward_is_inputs_output_and_small_state(causal):
     stored = {x.data_ptr(): x.numel() * x.element_size() for x in saved}
     inputs_and_output = 4 * b * h * n * d * 4 + t.numel() * 4
     denominators = b * h * n * 4
-    state = b * h * (feature_dim(d) * (d + 1) + d + d * d) * 4  # the state and key moments
+    # the state and key moments (PyTorch form) or the state in the CPU kernels' layout (its
+    # pair rows and columns padded to multiples of 6) and the attended-key counts
+    torch_state = feature_dim(d) * (d + 1) + d + d * d
+    kernel_state = math.prod(state_shape(d, d + 1)) + 1
+    state = b * h * max(torch_state, kernel_state) * 4
     assert sum(stored.values()) <= inputs_and_output + denominators + state

@@ -14,7 +14,7 @@ import torch
 
 from taylorshift.ops.taylor_shift.efficient import efficient_taylor_shift
 from tests.helpers import assert_rel_close, rel_error
-from tests.ops.triton.cases import (
+from tests.ops.kernel_cases import (
     Case,
     call_form,
     call_reference,

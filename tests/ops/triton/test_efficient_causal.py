@@ -13,7 +13,7 @@ import torch
 
 from taylorshift.ops.taylor_shift.efficient_causal import causal_efficient_taylor_shift
 from tests.helpers import assert_rel_close, rel_error
-from tests.ops.triton.cases import Case, call_form, call_reference, grads, make_problem
+from tests.ops.kernel_cases import Case, call_form, call_reference, grads, make_problem
 from tests.ops.triton.conftest import TRITON_MISSING
 
 pytest.importorskip("triton", reason=TRITON_MISSING)

@@ -18,6 +18,7 @@ from taylorshift.ops.taylor_shift import fused
 def routed(monkeypatch, caplog):
     caplog.set_level(logging.DEBUG, logger="taylorshift.dispatch")
     monkeypatch.setenv(fused.TRITON_ENV, "interpret")
+    monkeypatch.setenv("TAYLORSHIFT_CPU_KERNELS", "off")  # references: the PyTorch forms
     return caplog
 
 

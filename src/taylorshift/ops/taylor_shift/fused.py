@@ -1,7 +1,13 @@
-"""Routing to the fused Triton kernels (``taylorshift.ops.triton``) when they apply.
+"""Routing to the fused kernels (Triton: ``taylorshift.ops.triton``; CPU:
+``taylorshift.ops.cpu``) when they apply.
 
 The public op computes the same function either way; this only picks who computes it.
-A call goes to a fused kernel when all of these hold, else it stays on the PyTorch forms:
+A CPU call goes to the CPU kernels when it is the non-causal efficient form, order 2, of
+float32, float16 or bfloat16 tensors with no mask or a key-padding mask, 1 <= d, dv <=
+``MAX_HEAD_DIM``, and the kernels are available (``TAYLORSHIFT_CPU_KERNELS`` not ``off``,
+a C compiler that built them: ``taylorshift.ops.cpu.unavailable_reason()``; warned once
+when they cannot build). A call goes to a Triton kernel when all of these hold, else it
+stays on the PyTorch forms:
 
 - the tensors are on a CUDA device (or ``TAYLORSHIFT_TRITON=interpret``, which also routes
   CPU tensors, for Triton's interpreter in tests: ``TRITON_INTERPRET=1`` must then be set
@@ -116,8 +122,9 @@ def disable(key: tuple, err: BaseException) -> None:
     reason = f"{type(err).__name__}: {str(err).strip().splitlines()[0] if str(err).strip() else ''}"
     FAILED[key] = reason[:500]
     logger.warning(
-        "Triton kernel failed (%s): %s; this shape class uses the PyTorch form from now on "
+        "%s kernel failed (%s): %s; this shape class uses the PyTorch form from now on "
         "(same result)",
+        "CPU" if key[0] == CPU_EFFICIENT else "Triton",
         _describe(key),
         FAILED[key],
     )
@@ -162,14 +169,44 @@ def probe_backward(key: tuple, fused: Callable[..., Tensor], mode: str, query: T
         return run_guarded(key, call) is not None
 
 
+def cpu_kernels_ready() -> bool:
+    """Whether the CPU kernels can run in this process (built on the first call; warns once
+    with the reason when they cannot, unless turned off)."""
+    from ..cpu import build
+
+    if build.setting() == "off":
+        return False
+    reason = build.unavailable_reason()
+    if reason is not None:
+        _warn_cpu_once(reason)
+    return reason is None
+
+
+# What torch.compiler.assume_constant_result sets (interface.mark_constant): traced code
+# takes the answer as a constant instead of tracing a compiler run.
+cpu_kernels_ready._dynamo_marked_constant = True
+
+
+@functools.lru_cache(maxsize=1)
+def _warn_cpu_once(reason: str) -> None:
+    logger.warning(
+        "CPU kernels unavailable (%s); the PyTorch efficient form runs instead (same result, "
+        "slower). Set %s=off to silence this.",
+        reason,
+        "TAYLORSHIFT_CPU_KERNELS",
+    )
+
+
 def fused_form(
     query: Tensor, problem: Problem, mode: str, is_causal: bool, order: int
 ) -> Callable[..., Tensor] | None:
     """The fused kernel for this call (a function with the signature of the matching
     PyTorch form, so that ``interface`` calls either one way), or None to use the PyTorch
     form. Its name for the
-    failure bookkeeping is ``kernel_name(mode, is_causal)``."""
+    failure bookkeeping is ``kernel_name(mode, is_causal, query.device)``."""
     setting = _setting()
+    if query.device.type == "cpu" and setting != "interpret":
+        return _cpu_form(query, problem, mode, is_causal, order)
     if setting == "off" or not (query.is_cuda or setting == "interpret"):
         return None
     if not triton_importable() or order != 2 or query.dtype not in KERNEL_DTYPES:
@@ -191,8 +228,29 @@ def fused_form(
     return load_kernel(kernel)
 
 
-def kernel_name(mode: str, is_causal: bool) -> str | None:
+def _cpu_form(
+    query: Tensor, problem: Problem, mode: str, is_causal: bool, order: int
+) -> Callable[..., Tensor] | None:
+    if mode != "efficient" or is_causal or order != 2 or query.dtype not in KERNEL_DTYPES:
+        return None
+    if not (1 <= problem.head_dim <= MAX_HEAD_DIM and 1 <= problem.value_dim <= MAX_HEAD_DIM):
+        return None
+    if problem.n_query == 0 or problem.n_key == 0 or problem.mask_varies_over_queries:
+        return None
+    kernel = CPU_EFFICIENT
+    if shape_class(kernel, query, problem, is_causal) in FAILED or not cpu_kernels_ready():
+        return None
+    _debug("fused: %s", kernel)
+    return load_kernel(kernel)
+
+
+CPU_EFFICIENT = "cpu efficient (non-causal)"
+
+
+def kernel_name(mode: str, is_causal: bool, device: torch.device | None = None) -> str | None:
     """The name of the fused kernel of a form (the key of ``load_kernel``), or None."""
+    if device is not None and device.type == "cpu" and _setting() != "interpret":
+        return CPU_EFFICIENT if mode == "efficient" and not is_causal else None
     if mode == "efficient":
         return "triton efficient (causal)" if is_causal else "triton efficient (non-causal)"
     if mode == "direct":
@@ -201,7 +259,11 @@ def kernel_name(mode: str, is_causal: bool) -> str | None:
 
 
 def load_kernel(kernel: str) -> Callable[..., Tensor]:
-    """The function of the fused kernel ``kernel`` (imports Triton)."""
+    """The function of the fused kernel ``kernel`` (imports Triton for a Triton kernel)."""
+    if kernel == CPU_EFFICIENT:
+        from ..cpu.efficient import cpu_efficient_taylor_shift
+
+        return cpu_efficient_taylor_shift
     if kernel == "triton efficient (non-causal)":
         from ..triton.efficient import triton_efficient_taylor_shift
 

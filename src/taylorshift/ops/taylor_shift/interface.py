@@ -139,7 +139,7 @@ def taylor_shift_attention(
             return fused(*args)
         # A kernel that cannot compile or launch here falls back to the PyTorch form below
         # (warned once, remembered per shape class; ops/taylor_shift/fused.py).
-        kernel = shape_class(kernel_name(mode, is_causal), query, problem, is_causal)
+        kernel = shape_class(kernel_name(mode, is_causal, query.device), query, problem, is_causal)
         backward = backward_follows(query, key, value, temperature)
         if not backward or probe_backward(kernel, fused, mode, query):
             out = run_guarded(kernel, lambda: fused(*args))

@@ -1,0 +1,16 @@
+"""Fused CPU kernels for TaylorShift (C, built on first use) and their autograd wrappers;
+layout (B, H, N, d).
+
+``taylorshift.taylor_shift_attention`` routes CPU calls of the non-causal efficient form
+to them (float32, float16, bfloat16; no mask or key padding) and uses the PyTorch form
+wherever they do not apply or cannot build; ``unavailable_reason()`` says why they cannot
+run here (``TAYLORSHIFT_CPU_KERNELS=off``, no C compiler, a failed build). The unchecked
+form itself is ``taylorshift.ops.cpu.efficient.cpu_efficient_taylor_shift``. Design and
+measurements: docs/cpu-kernel.md.
+"""
+
+from __future__ import annotations
+
+from .build import is_available, unavailable_reason
+
+__all__ = ["is_available", "unavailable_reason"]

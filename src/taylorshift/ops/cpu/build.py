@@ -1,0 +1,174 @@
+"""Building and loading the CPU kernels (``efficient.c``) on first use.
+
+The C source is compiled by the machine's C compiler (``$CC``, else ``cc``, ``gcc`` or
+``clang`` on the PATH) into a shared library in the cache folder
+(``$TAYLORSHIFT_CACHE_DIR``, else ``$XDG_CACHE_HOME/taylorshift``, else
+``~/.cache/taylorshift``), named by a hash of the source, the compiler, its flags and the
+CPU, so that a changed source, compiler or machine builds anew and a shared home folder
+never hands one CPU's build to another. The build writes to a temporary file and renames
+it into place: a process killed mid-build, or two processes building at once, never leave
+a broken library behind.
+
+Flags: ``-O3 -march=native -fopenmp`` first; a compiler that refuses one of them gets the
+next, plainer set (without ``-march=native``, then without OpenMP: one thread). Loading
+happens once per process; ``unavailable_reason()`` says why the kernels cannot run here
+(``TAYLORSHIFT_CPU_KERNELS=off``, no compiler, a failed build), and the callers then use
+the PyTorch forms, which compute the same function.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+SOURCE = Path(__file__).with_name("efficient.c")
+ENV = "TAYLORSHIFT_CPU_KERNELS"
+FLAG_SETS = (
+    ("-O3", "-march=native", "-fopenmp"),
+    ("-O3", "-fopenmp"),
+    ("-O3",),
+)
+COMMON_FLAGS = ("-std=gnu11", "-shared", "-fPIC", "-ffp-contract=fast")
+BUILD_TIMEOUT_S = 120
+
+
+class BuildError(RuntimeError):
+    """The kernels could not be built or loaded here; the message says why."""
+
+
+def setting() -> str:
+    """``$TAYLORSHIFT_CPU_KERNELS``: ``auto`` (the default: use them when they build) or
+    ``off``."""
+    value = os.environ.get(ENV, "auto").strip().lower()
+    return "off" if value in ("off", "0", "false", "no") else "auto"
+
+
+def compiler() -> str | None:
+    """The C compiler: ``$CC`` if set, else the first of cc, gcc, clang on the PATH."""
+    own = os.environ.get("CC", "").strip()
+    if own:
+        return own
+    for name in ("cc", "gcc", "clang"):
+        found = shutil.which(name)
+        if found:
+            return found
+    return None
+
+
+def unavailable_reason() -> str | None:
+    """Why the CPU kernels cannot run in this process, or None when they can (builds them
+    on the first call)."""
+    if setting() == "off":
+        return f"turned off by {ENV}=off"
+    try:
+        library()
+    except BuildError as err:
+        return str(err)
+    return None
+
+
+def is_available() -> bool:
+    return unavailable_reason() is None
+
+
+@functools.lru_cache(maxsize=1)
+def library() -> ctypes.CDLL:
+    """The loaded kernels (built on the first call of the process); raises BuildError."""
+    cc = compiler()
+    if cc is None:
+        raise BuildError("no C compiler found (set CC, or install gcc or clang)")
+    version = _compiler_version(cc)
+    errors = []
+    for flags in FLAG_SETS:
+        path = _library_path(cc, version, flags)
+        if not path.exists():
+            try:
+                _build(cc, flags, path)
+            except BuildError as err:
+                errors.append(f"{' '.join(flags)}: {err}")
+                continue
+        try:
+            return _declare(ctypes.CDLL(str(path)))
+        except OSError as err:
+            errors.append(f"{' '.join(flags)}: loading {path} failed: {err}")
+    raise BuildError(f"building {SOURCE.name} with {cc} failed: " + " | ".join(errors))
+
+
+def _compiler_version(cc: str) -> str:
+    try:
+        done = subprocess.run(
+            [cc, "--version"], capture_output=True, text=True, timeout=30, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired) as err:
+        raise BuildError(f"the C compiler {cc!r} does not run: {err}") from err
+    return done.stdout.splitlines()[0] if done.stdout else ""
+
+
+def _cpu_flags() -> str:
+    """What -march=native depends on: the CPU's model and feature flags, where readable."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            lines = [line for line in f if line.startswith(("model name", "flags", "Features"))]
+        return "".join(sorted(set(lines)))
+    except OSError:
+        return platform.processor()
+
+
+def _library_path(cc: str, version: str, flags: tuple[str, ...]) -> Path:
+    from ..taylor_shift.dispatch import cache_dir
+
+    digest = hashlib.sha256()
+    for part in (SOURCE.read_bytes().decode(), cc, version, *flags, *COMMON_FLAGS,
+                 platform.machine(), _cpu_flags()):  # fmt: skip
+        digest.update(part.encode() + b"\0")
+    return cache_dir() / "cpu-kernels" / f"efficient-{digest.hexdigest()[:16]}.so"
+
+
+def _build(cc: str, flags: tuple[str, ...], path: Path) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".build-", suffix=".so")
+        os.close(fd)
+    except OSError as err:
+        raise BuildError(f"cannot write to {path.parent}: {err}") from err
+    try:
+        command = [cc, *flags, *COMMON_FLAGS, "-o", tmp, str(SOURCE), "-lm"]
+        try:
+            done = subprocess.run(
+                command, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S, check=False
+            )
+        except (OSError, subprocess.TimeoutExpired) as err:
+            raise BuildError(str(err)) from err
+        if done.returncode != 0:
+            tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
+            raise BuildError(f"exit {done.returncode}: {' / '.join(tail)}")
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
+    i, p, f = ctypes.c_int, ctypes.c_void_p, ctypes.c_float
+    lib.ts_state_rows.argtypes, lib.ts_state_rows.restype = [i], i
+    lib.ts_state_cols.argtypes, lib.ts_state_cols.restype = [i], i
+    lib.ts_state.argtypes = [i, i, i, p, p, i, i, p, p, i]
+    lib.ts_state.restype = None
+    lib.ts_readout.argtypes = [i, i, i, p, p, i, p, i, p, p, i, p, i]
+    lib.ts_readout.restype = None
+    lib.ts_pair_grad.argtypes = [i, i, i, p, p, i, i, p, p, i, p, i]
+    lib.ts_pair_grad.restype = None
+    lib.ts_scale_rows.argtypes = [i, i, i, p, p, i, f, p, i]
+    lib.ts_scale_rows.restype = None
+    lib.ts_scale_rows_grad.argtypes = [i, i, i, p, p, p, i, f, p, p, i]
+    lib.ts_scale_rows_grad.restype = None
+    lib.ts_output_grad.argtypes = [i, i, i, i, p, p, p, p, i, p, i]
+    lib.ts_output_grad.restype = None
+    return lib

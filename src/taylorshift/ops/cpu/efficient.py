@@ -1,0 +1,308 @@
+"""Efficient TaylorShift, non-causal, in fused CPU kernels (``efficient.c``): forward and
+backward.
+
+Layout (B, H, N, d). Three C kernels serve both passes (docs/cpu-kernel.md), each forming
+the features φ(x) = [x_a x_b (a <= b), x, 1] inside its products, so that no (N, D) feature
+block exists:
+
+    ts_state      S = c ⊙ Σ_t φ(x_t)ᵀ u_t                a sum over tokens, (D, dv + 1)
+    ts_readout    Y = φ(x_t) S                           per token, optionally finished
+    ts_pair_grad  g_x = ∂/∂x_t (u_t · φ(x_t) S)          per token
+
+with c = ½ on the diagonal pairs, 1 elsewhere. Forward: S from (k', [v·m, m]), then
+y = Y[:dv] / Y[dv] · sqrt(n/d) from φ(q') S. Backward: R = c ⊙ Σ_i φ(q'_i)ᵀ gY'_i (the
+state kernel on the query side), g_q' from S, g_v = m · φ(k') R, g_k' from R. The maps
+q -> q' = τ q/‖q‖ and k -> k' (or the plain scale), their backward and the gradient
+w.r.t. Y' = [numerator, denominator] are small C loops too (``ts_scale_rows``,
+``ts_scale_rows_grad``, ``ts_output_grad``): at short N a dozen torch operations per pass
+cost more than the products. Sums in float32 (float16 and bfloat16 inputs are converted);
+float64 stays on the PyTorch form.
+
+Two wrappers share the passes: ``CpuEfficientFunction`` (an autograd.Function: the eager
+path, about 0.1 ms cheaper per call than a custom op's dispatch) and the ``torch.library``
+custom ops ``taylorshift::cpu_efficient_forward`` / ``_backward``, which ``torch.compile``
+keeps in its graph as opaque calls.
+"""
+
+from __future__ import annotations
+
+from typing import Optional  # custom_op reads Optional[Tensor] from annotations
+
+import torch
+from torch import Tensor
+
+from ..taylor_shift.features import NORM_EPS, split_factor
+from .build import library
+
+TILE = 6  # pairs and value columns per register tile of efficient.c (its COLS)
+
+
+def state_shape(d: int, width: int) -> tuple[int, int]:
+    """(rows, columns) of one head's state in the kernels' layout: the pairs (a, b >= a) of
+    [x, 1] row a by row a, each row padded to a multiple of 6 pairs, and ``width`` value
+    columns padded to a multiple of 6 (``ts_state_rows``, ``ts_state_cols`` of efficient.c)."""
+    rows = sum(-(-(d + 1 - a) // TILE) * TILE for a in range(d + 1))
+    return rows, -(-width // TILE) * TILE
+
+
+def _ptr(t: Tensor | None) -> int | None:
+    return None if t is None else t.data_ptr()
+
+
+def _flat(t: Tensor) -> Tensor:
+    """(B, H, N, k) -> contiguous float32 (B·H, N, k)."""
+    return t.reshape(-1, *t.shape[2:]).to(torch.float32).contiguous()
+
+
+def _flat_mask(key_mask: Tensor | None, b: int, h: int, n: int) -> Tensor | None:
+    if key_mask is None:
+        return None
+    return key_mask.expand(b, h, n).reshape(b * h, n).to(torch.uint8).contiguous()
+
+
+def _threads() -> int:
+    return max(1, torch.get_num_threads())
+
+
+def head_factors(temperature: Tensor | None, factor: float, b: int, h: int) -> Tensor:
+    """The query-side factor per head, float32 (B·H,): τ (a tensor broadcasting to
+    (B, H, 1, 1)) or the float ``factor``."""
+    if temperature is None:
+        return torch.full((b * h,), float(factor))
+    return temperature.detach().to(torch.float32).expand(b, h, 1, 1).reshape(b * h).contiguous()
+
+
+def forward_pass(
+    query: Tensor, key: Tensor, value: Tensor, key_mask: Tensor | None, factors: Tensor,
+    normalize: bool,
+) -> tuple[Tensor, ...]:  # fmt: skip
+    """y (B, H, Nq, dv) in value's dtype and what the backward needs besides the inputs:
+    (y, the key mask as uint8 (B·H, Nk) or None, the attended-key counts (B·H,), the
+    denominators (B·H, Nq), the weighted key state (B·H, rows, cols)), float32. q' and k'
+    are not kept: the backward recomputes them (O(N d), saves 2·N·d floats per head)."""
+    lib, threads = library(), _threads()
+    b, h, nq, d = query.shape
+    nk, dv = key.shape[2], value.shape[3]
+    bh = b * h
+    rows, cols = state_shape(d, dv + 1)
+    v = _flat(value)
+    mask = _flat_mask(key_mask, b, h, nk)
+    qp, kp = scaled_rows(query, factors, normalize), scaled_rows(key, None, normalize)
+    state = torch.empty((bh, rows, cols))
+    lib.ts_state(bh, nk, d, _ptr(kp), _ptr(v), dv, 1, _ptr(mask), _ptr(state), threads)
+    count = torch.full((bh,), float(nk)) if mask is None else mask.sum(-1, dtype=torch.float32)
+    out = torch.empty((bh, nq, dv))
+    den = torch.empty((bh, nq))
+    lib.ts_readout(bh, nq, d, _ptr(qp), _ptr(state), cols, _ptr(out), dv, None, _ptr(count),
+                   int(normalize), _ptr(den), threads)  # fmt: skip
+    y = out.view(b, h, nq, dv).to(value.dtype)
+    return y, mask, count, den, state
+
+
+def scaled_rows(x: Tensor, factors: Tensor | None, normalize: bool) -> Tensor:
+    """x' = factor · x/max(‖x‖, eps) (normalize) or factor · x, float32 (B·H, N, d), from x
+    (B, H, N, d); ``factors`` (B·H,) or None for 1 (``ts_scale_rows``)."""
+    b, h, n, d = x.shape
+    x32 = _flat(x)
+    out = torch.empty_like(x32)
+    library().ts_scale_rows(b * h, n, d, _ptr(x32), _ptr(factors), int(normalize), NORM_EPS,
+                            _ptr(out), _threads())  # fmt: skip
+    return out
+
+
+def backward_pass(
+    grad_out: Tensor, query: Tensor, key: Tensor, value: Tensor, factors: Tensor,
+    normalize: bool, saved: tuple[Tensor, ...], need_factor: bool,
+) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:  # fmt: skip
+    """Gradients of query, key, value (each in its dtype) and, with ``need_factor``, of the
+    per-head factor (B·H,) float32, from the gradient of y; ``saved`` is ``forward_pass``'s
+    output."""
+    y, mask, count, den, state = saved
+    lib, threads = library(), _threads()
+    qp, kp = scaled_rows(query, factors, normalize), scaled_rows(key, None, normalize)
+    b, h, nq, d = query.shape
+    nk, dv = key.shape[2], value.shape[3]
+    bh, (rows, cols) = b * h, state.shape[1:]
+    # (every tensor whose address goes to C is held by a name until the call returns)
+    g_out, y32 = _flat(grad_out), _flat(y)
+    gy = torch.empty((bh, nq, dv + 1))  # gY' = [g_nom, g_den]
+    lib.ts_output_grad(bh, nq, dv, d, _ptr(g_out), _ptr(y32), _ptr(den), _ptr(count),
+                       int(normalize), _ptr(gy), threads)  # fmt: skip
+    grad_state = torch.empty((bh, rows, cols))  # R = c ⊙ Σ_i φ(q'_i)ᵀ gY'_i
+    lib.ts_state(bh, nq, d, _ptr(qp), _ptr(gy), dv + 1, 0, None, _ptr(grad_state), threads)
+    g_qp = torch.empty((bh, nq, d))
+    lib.ts_pair_grad(bh, nq, d, _ptr(qp), _ptr(gy), dv + 1, 0, None, _ptr(state), cols,
+                     _ptr(g_qp), threads)  # fmt: skip
+    gv = torch.empty((bh, nk, dv))
+    lib.ts_readout(bh, nk, d, _ptr(kp), _ptr(grad_state), cols, _ptr(gv), dv, _ptr(mask), None,
+                   0, None, threads)  # fmt: skip
+    v = _flat(value)
+    g_kp = torch.empty((bh, nk, d))
+    lib.ts_pair_grad(bh, nk, d, _ptr(kp), _ptr(v), dv, 1, _ptr(mask), _ptr(grad_state), cols,
+                     _ptr(g_kp), threads)  # fmt: skip
+    q, k = _flat(query), _flat(key)
+    gq, gk = torch.empty_like(q), torch.empty_like(k)
+    g_factor = torch.empty(bh) if need_factor else None
+    lib.ts_scale_rows_grad(bh, nq, d, _ptr(q), _ptr(g_qp), _ptr(factors), int(normalize),
+                           NORM_EPS, _ptr(gq), _ptr(g_factor), threads)  # fmt: skip
+    lib.ts_scale_rows_grad(bh, nk, d, _ptr(k), _ptr(g_kp), None, int(normalize), NORM_EPS,
+                           _ptr(gk), None, threads)  # fmt: skip
+    return (
+        gq.view(query.shape).to(query.dtype),
+        gk.view(key.shape).to(key.dtype),
+        gv.view(value.shape).to(value.dtype),
+        g_factor,
+    )
+
+
+def factor_grad(g_factor: Tensor, temperature: Tensor, b: int, h: int) -> Tensor:
+    """The per-head factor's gradient (B·H,) summed to the temperature's shape and dtype."""
+    return g_factor.view(b, h, 1, 1).sum_to_size(temperature.shape).to(temperature.dtype)
+
+
+class CpuEfficientFunction(torch.autograd.Function):
+    """The eager wrapper: forward and backward passes of the kernels, the temperature's
+    gradient included."""
+
+    @staticmethod
+    def forward(ctx, query, key, value, temperature, factor, normalize, key_mask):
+        b, h = query.shape[:2]
+        factors = head_factors(temperature, factor, b, h)
+        saved = forward_pass(query, key, value, key_mask, factors, normalize)
+        y, mask, count, den, state = saved
+        ctx.save_for_backward(query, key, value, temperature, factors, y, count, den, state)
+        ctx.mask, ctx.normalize = mask, normalize  # uint8, never differentiated
+        return y
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_out):
+        query, key, value, temperature, factors, y, count, den, state = ctx.saved_tensors
+        need_t = ctx.needs_input_grad[3]
+        saved = (y, ctx.mask, count, den, state)
+        gq, gk, gv, g_factor = backward_pass(
+            grad_out, query, key, value, factors, ctx.normalize, saved, need_t
+        )
+        b, h = query.shape[:2]
+        gt = factor_grad(g_factor, temperature, b, h) if need_t else None
+        return gq, gk, gv, gt, None, None, None
+
+
+# The same passes as torch.library custom ops, for torch.compile (one opaque call each way).
+
+
+@torch.library.custom_op("taylorshift::cpu_efficient_forward", mutates_args=())
+def cpu_efficient_forward(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    key_mask: Optional[Tensor],  # noqa: UP045
+    factors: Tensor,
+    normalize: bool,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """``forward_pass`` with the key mask (not returned) rebuilt by the backward:
+    (y, counts, denominators, state)."""
+    y, _, count, den, state = forward_pass(query, key, value, key_mask, factors, normalize)
+    return y, count, den, state
+
+
+@cpu_efficient_forward.register_fake
+def _(query, key, value, key_mask, factors, normalize):
+    b, h, nq, d = query.shape
+    dv = value.shape[3]
+    f32 = torch.float32
+    return (
+        query.new_empty((b, h, nq, dv), dtype=value.dtype),
+        query.new_empty((b * h,), dtype=f32),
+        query.new_empty((b * h, nq), dtype=f32),
+        query.new_empty((b * h, *state_shape(d, dv + 1)), dtype=f32),
+    )
+
+
+@torch.library.custom_op("taylorshift::cpu_efficient_backward", mutates_args=())
+def cpu_efficient_backward(
+    grad_out: Tensor,
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    key_mask: Optional[Tensor],  # noqa: UP045
+    factors: Tensor,
+    normalize: bool,
+    y: Tensor,
+    count: Tensor,
+    den: Tensor,
+    state: Tensor,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """``backward_pass``: gradients of query, key, value and the per-head factors."""
+    b, h = query.shape[:2]
+    mask = _flat_mask(key_mask, b, h, key.shape[2])
+    saved = (y, mask, count, den, state)
+    gq, gk, gv, g_factor = backward_pass(grad_out, query, key, value, factors, normalize, saved,
+                                         True)  # fmt: skip
+    return gq, gk, gv, g_factor
+
+
+@cpu_efficient_backward.register_fake
+def _(grad_out, query, key, value, key_mask, factors, normalize, y, count, den, state):
+    # contiguous, as the real op returns them (empty_like would keep a transposed layout)
+    return tuple(x.new_empty(x.shape) for x in (query, key, value, factors))
+
+
+def _setup_context(ctx, inputs, output):
+    query, key, value, key_mask, factors, normalize = inputs
+    y, count, den, state = output
+    ctx.save_for_backward(query, key, value, key_mask, factors, y, count, den, state)
+    ctx.normalize = normalize
+    ctx.mark_non_differentiable(count, den, state)
+
+
+def _backward(ctx, grad_out, *_unused):
+    query, key, value, key_mask, factors, y, count, den, state = ctx.saved_tensors
+    gq, gk, gv, g_factor = cpu_efficient_backward(
+        grad_out.contiguous(), query, key, value, key_mask, factors, ctx.normalize, y, count,
+        den, state,
+    )  # fmt: skip
+    return gq, gk, gv, None, g_factor, None
+
+
+cpu_efficient_forward.register_autograd(_backward, setup_context=_setup_context)
+
+
+def cpu_efficient_taylor_shift(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    key_mask: Tensor | None,
+    temperature: Tensor | float,
+    scale: float | None,
+    normalize: bool,
+    chunk_size: int | None = None,
+) -> Tensor:
+    """Non-causal efficient TaylorShift in fused CPU kernels, on validated inputs.
+
+    Same contract and signature as
+    ``taylorshift.ops.taylor_shift.efficient.efficient_taylor_shift``: query (B, H, Nq, d),
+    key (B, H, Nk, d), value (B, H, Nk, dv), key_mask (B, H, Nk) bool (broadcast views are
+    fine) or None; returns (B, H, Nq, dv) in value's dtype. CPU tensors of float32, float16
+    or bfloat16 (sums in float32); float64 is refused (use the torch form). Differentiable
+    in query, key, value and a tensor temperature. ``chunk_size`` is not read (the kernels
+    tile the tokens themselves). Builds the kernels on the first call (``build.library``).
+    Under ``torch.compile`` the custom ops run; eagerly, ``CpuEfficientFunction``.
+    """
+    if query.dtype == torch.float64:
+        raise TypeError(
+            "query must be float16, bfloat16 or float32 for the CPU kernels (they accumulate "
+            "in float32); got torch.float64 (use the torch efficient form)"
+        )
+    if query.device.type != "cpu":
+        raise ValueError(f"query must be on the CPU for the CPU kernels; got device {query.device}")
+    b, h, _, d = query.shape
+    temperature, factor = split_factor(temperature, scale, normalize, d)
+    if not torch.compiler.is_compiling():
+        return CpuEfficientFunction.apply(query, key, value, temperature, factor, normalize,
+                                          key_mask)  # fmt: skip
+    if temperature is None:
+        factors = query.new_full((b * h,), factor, dtype=torch.float32)
+    else:  # differentiable: the custom op returns the per-head factor's gradient
+        factors = temperature.to(torch.float32).expand(b, h, 1, 1).reshape(b * h)
+    return cpu_efficient_forward(query, key, value, key_mask, factors, normalize)[0]

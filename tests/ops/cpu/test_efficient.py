@@ -1,0 +1,326 @@
+"""The fused CPU kernels of the efficient form (non-causal) against the plain reference and
+the torch form.
+
+Outputs and gradients (query, key, value, tensor temperature) in float32 against float64
+(tight relative tolerance), float16 and bfloat16 (SPEC §8: within a small multiple of the
+reference's own error in that dtype), awkward shapes, key padding with fully masked rows,
+thread counts (the work splits change no sum), the build (cache, failures, the switch),
+the routing of ``taylor_shift_attention`` and the custom ops (opcheck, fake tensors,
+torch.compile). The uninitialised-memory poison of tests/ops/conftest.py applies: a kernel
+that leaves any output element unwritten fails.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import pytest
+import torch
+
+from taylorshift import taylor_shift_attention
+from taylorshift.ops import cpu as cpu_ops
+from taylorshift.ops.cpu import build
+from taylorshift.ops.cpu.efficient import cpu_efficient_taylor_shift, state_shape
+from taylorshift.ops.taylor_shift import fused
+from taylorshift.ops.taylor_shift.efficient import efficient_taylor_shift
+from tests.helpers import assert_rel_close, rel_error
+from tests.ops.kernel_cases import (
+    Case,
+    call_form,
+    call_reference,
+    grads,
+    key_mask_of,
+    make_problem,
+)
+
+CASES = [
+    Case(2, 2, 7, 65, 16, 16, mask="empty"),
+    Case(2, 2, 65, 7, 17, 20, normalize=False),
+    Case(2, 2, 1, 1, 16, 8, temperature="float"),
+    Case(2, 2, 33, 40, 17, 17, mask="padding"),
+    Case(1, 3, 50, 37, 1, 1),
+    Case(1, 2, 9, 17, 64, 16, mask="padding", temperature="float"),
+    Case(1, 1, 131, 300, 32, 70, mask="padding"),
+    Case(1, 1, 20, 45, 128, 128),
+]
+SIXTEEN_BIT_CASES = [
+    Case(2, 2, 40, 65, 16, 16, mask="padding", temperature="float"),
+    Case(2, 2, 33, 40, 17, 20, normalize=False),
+]
+# Below this the comparison is at the level of the float64 check itself.
+FLOOR = 1e-4
+RMS_BOUND = 1e-2
+
+
+@pytest.fixture(autouse=True)
+def kernels_on(monkeypatch):
+    """The kernels as a user gets them (the switch unset), whatever the caller's setting."""
+    monkeypatch.delenv(build.ENV, raising=False)
+
+
+def test_kernels_build_wherever_a_compiler_is_found():
+    # CI and the project's machines have gcc: there the kernels must be available, so the
+    # rest of this file runs them (a missing compiler is the one accepted reason).
+    if build.compiler() is None:
+        assert "no C compiler" in cpu_ops.unavailable_reason()
+    else:
+        assert cpu_ops.unavailable_reason() is None and cpu_ops.is_available()
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
+def test_float32_matches_reference_and_torch_form(case):
+    low, high, mask, opts = make_problem(case, torch.float32)
+    exact = call_reference(high, mask, opts)
+    fast = call_form(cpu_efficient_taylor_shift, low, mask, opts, case)
+    torch_form = call_form(efficient_taylor_shift, low, mask, opts, case)
+    assert fast.dtype == torch.float32 and fast.shape == exact.shape
+    assert_rel_close(fast, exact, 1e-5, "output vs reference", atol=1e-7)
+    assert_rel_close(fast, torch_form, 1e-5, "output vs torch form", atol=1e-7)
+    if case.mask == "empty":
+        assert (fast[0] == 0).all(), "a query with no attended key must return zeros"
+
+    g = torch.randn(exact.shape, generator=torch.Generator().manual_seed(7), dtype=torch.float64)
+    g_exact = grads(exact, high, g)
+    g_fast = grads(fast, low, g)
+    g_torch = grads(torch_form, low, g)
+    names = ["query", "key", "value", "temperature"]
+    for name, a, e, t in zip(names, g_fast, g_exact, g_torch, strict=False):
+        assert a.dtype == torch.float32, name
+        assert_rel_close(a, e, 2e-5, f"grad {name} vs reference", atol=1e-6)
+        assert_rel_close(a, t, 2e-5, f"grad {name} vs torch form", atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("case", SIXTEEN_BIT_CASES, ids=lambda c: c.id)
+def test_sixteen_bit_error_within_reference_error(case, dtype):
+    low, high, mask, opts = make_problem(case, dtype, seed=1)
+    exact = call_reference(high, mask, opts)
+    ref_low = call_reference(low, mask, opts)
+    fast = call_form(cpu_efficient_taylor_shift, low, mask, opts, case)
+    assert fast.dtype == dtype
+    err_fast, err_ref = rel_error(fast, exact), rel_error(ref_low, exact)
+    assert err_fast <= 2 * err_ref + FLOOR, (err_fast, err_ref)
+    assert err_fast < RMS_BOUND
+
+    g = torch.randn(exact.shape, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    g_exact = grads(exact, high, g)
+    g_ref = grads(ref_low, low, g)
+    g_fast = grads(fast, low, g)
+    for name, a, r, e in zip("qkv", g_fast, g_ref, g_exact, strict=True):
+        assert a.dtype == dtype and torch.isfinite(a).all()
+        err_fast, err_ref = rel_error(a, e), rel_error(r, e)
+        assert err_fast <= 3 * err_ref + FLOOR, (name, err_fast, err_ref)
+        assert err_fast < RMS_BOUND, (name, err_fast)
+
+
+@pytest.mark.parametrize("heads", [1, 3], ids=lambda h: f"BH{h}")
+def test_thread_counts_give_the_same_sums(heads):
+    # Threads split heads, then the rows of a head's state (fewer heads than threads) and
+    # the tokens of the readout and gradients: no sum changes order, so the output and the
+    # q, k, v gradients are bitwise the same; the temperature's gradient adds per-thread
+    # partial sums (float64) and agrees to rounding.
+    case = Case(1, heads, 70, 90, 24, 10, mask="padding")
+    low, _, mask, opts = make_problem(case, torch.float32, seed=2)
+    g = torch.randn(1, heads, 70, 10, generator=torch.Generator().manual_seed(4))
+    before = torch.get_num_threads()
+    results = []
+    try:
+        for threads in (1, 4):
+            torch.set_num_threads(threads)
+            y = call_form(cpu_efficient_taylor_shift, low, mask, opts, case)
+            results.append([y, *torch.autograd.grad(y, low, g)])
+    finally:
+        torch.set_num_threads(before)
+    one, four = results
+    for name, a, b in zip(["output", "query", "key", "value"], one, four, strict=False):
+        assert torch.equal(a, b), name
+    assert_rel_close(four[4], one[4], 1e-6, "temperature")
+
+
+def test_fully_masked_rows_give_zeros_and_finite_grads():
+    case = Case(2, 2, 5, 9, 16, 16)
+    low, _, _, _ = make_problem(case, torch.float32)
+    q, k, v, t = low
+    key_mask = torch.zeros(2, 2, 9, dtype=torch.bool)
+    key_mask[1, 0, :4] = True  # one head of one batch attends 4 keys, the rest none
+    y = cpu_efficient_taylor_shift(q, k, v, key_mask, t, None, True)
+    assert (y[0] == 0).all() and (y[1, 1] == 0).all()
+    grads_ = torch.autograd.grad(y.sum(), (q, k, v, t))
+    assert all(torch.isfinite(x).all() for x in grads_)
+    assert (grads_[0][0] == 0).all() and (grads_[2][1, 0, 4:] == 0).all()
+
+
+def test_non_contiguous_inputs_match_contiguous():
+    # (B, N, H, d) storage seen as (B, H, N, d), the layout of a fused projection.
+    g = torch.Generator().manual_seed(5)
+    leaves = [torch.randn(2, n, 2, d, generator=g).requires_grad_() for n, d in
+              ((6, 16), (11, 16), (11, 12))]  # fmt: skip
+    key_mask = torch.arange(11) < 8  # one shared padding, broadcast to (B, H, Nk)
+    views = [x.transpose(1, 2) for x in leaves]
+    copies = [x.detach().transpose(1, 2).contiguous().requires_grad_() for x in leaves]
+    y = cpu_efficient_taylor_shift(*views, key_mask.expand(2, 2, 11), 1.3, None, True)
+    y_ref = cpu_efficient_taylor_shift(*copies, key_mask.expand(2, 2, 11), 1.3, None, True)
+    assert torch.equal(y, y_ref)
+    g_out = torch.randn(y.shape, generator=g)
+    grads_ = torch.autograd.grad(y, leaves, g_out)
+    grads_ref = torch.autograd.grad(y_ref, copies, g_out)
+    for name, a, e in zip("qkv", grads_, grads_ref, strict=True):
+        assert torch.equal(a.transpose(1, 2), e), name
+
+
+def test_broadcast_output_gradient_matches_a_dense_one():
+    # y.sum() hands the backward an expanded (stride 0) gradient, which the op copies to a
+    # dense one before passing its address to C: the copy must outlive the call.
+    case = Case(1, 2, 40, 33, 16, 16, mask="padding")
+    low, _, mask, opts = make_problem(case, torch.float32, seed=6)
+    y = call_form(cpu_efficient_taylor_shift, low, mask, opts, case)
+    expanded = torch.autograd.grad(y.sum(), low, retain_graph=True)
+    dense = torch.autograd.grad(y, low, torch.ones(y.shape))
+    for name, a, b in zip(["query", "key", "value", "temperature"], expanded, dense, strict=True):
+        assert torch.equal(a, b), name
+
+
+def test_refuses_float64_and_other_devices_naming_them():
+    q = torch.randn(1, 1, 3, 16, dtype=torch.float64)
+    with pytest.raises(TypeError, match=r"query must be float16, bfloat16 or float32.*float64"):
+        cpu_efficient_taylor_shift(q, q, q, None, 1.0, None, True)
+    m = torch.empty(1, 1, 3, 16, device="meta")
+    with pytest.raises(ValueError, match=r"query must be on the CPU.*got device meta"):
+        cpu_efficient_taylor_shift(m, m, m, None, 1.0, None, True)
+
+
+def test_state_shape_matches_the_kernels():
+    lib = build.library()
+    for d, width in ((1, 2), (16, 17), (17, 21), (64, 65), (128, 129)):
+        assert state_shape(d, width) == (lib.ts_state_rows(d), lib.ts_state_cols(width))
+
+
+# The build: where it goes, what happens when it cannot.
+
+
+@pytest.fixture
+def fresh_build(monkeypatch, tmp_path):
+    """An empty cache and no loaded library for the test; the process's library after it."""
+    monkeypatch.setenv("TAYLORSHIFT_CACHE_DIR", str(tmp_path / "cache"))
+    build.library.cache_clear()
+    fused._warn_cpu_once.cache_clear()
+    yield tmp_path / "cache" / "cpu-kernels"
+    build.library.cache_clear()
+    fused._warn_cpu_once.cache_clear()
+
+
+def test_build_lands_in_the_cache_by_content_with_no_temporary_left(fresh_build):
+    if build.compiler() is None:
+        pytest.skip("no C compiler: test_kernels_build_wherever_a_compiler_is_found covers it")
+    assert cpu_ops.unavailable_reason() is None
+    built = sorted(p.name for p in fresh_build.iterdir())
+    assert len(built) == 1 and built[0].startswith("efficient-") and built[0].endswith(".so")
+    build.library.cache_clear()
+    mtime = (fresh_build / built[0]).stat().st_mtime_ns
+    build.library()  # a second process: loads the cached file, builds nothing
+    assert (fresh_build / built[0]).stat().st_mtime_ns == mtime
+    assert sorted(p.name for p in fresh_build.iterdir()) == built
+
+
+def test_a_failing_compiler_is_reported_and_the_call_falls_back(fresh_build, monkeypatch, caplog):
+    monkeypatch.setenv("CC", "false")  # runs, and fails every build
+    reason = cpu_ops.unavailable_reason()
+    assert reason is not None and "failed" in reason and "false" in reason
+    assert not any(p.name.startswith(".build-") for p in fresh_build.iterdir())
+    q, k, v = (torch.randn(1, 2, 9, 8) for _ in range(3))
+    with caplog.at_level(logging.WARNING, logger="taylorshift.dispatch"):
+        y = taylor_shift_attention(q, k, v, mode="efficient")
+        taylor_shift_attention(q, k, v, mode="efficient")
+    warned = [r.getMessage() for r in caplog.records if "CPU kernels unavailable" in r.getMessage()]
+    assert len(warned) == 1 and "false" in warned[0]
+    assert torch.equal(y, efficient_taylor_shift(q, k, v, None, 1.0, None, True))
+
+
+def test_a_missing_compiler_and_the_switch_are_named(fresh_build, monkeypatch):
+    monkeypatch.setenv("CC", os.path.join(str(fresh_build), "no-such-cc"))
+    assert "does not run" in cpu_ops.unavailable_reason()
+    monkeypatch.setenv(build.ENV, "off")
+    assert cpu_ops.unavailable_reason() == f"turned off by {build.ENV}=off"
+
+
+# Routing of the public op.
+
+
+def _routed(monkeypatch) -> list:
+    calls = []
+    real = fused.load_kernel
+
+    def spy(kernel):
+        calls.append(kernel)
+        return real(kernel)
+
+    monkeypatch.setattr(fused, "load_kernel", spy)
+    return calls
+
+
+def test_public_op_routes_the_cpu_efficient_form_to_the_kernels(monkeypatch):
+    calls = _routed(monkeypatch)
+    q, k, v = (torch.randn(1, 2, 9, 8) for _ in range(3))
+    mask = torch.ones(1, 1, 1, 9, dtype=torch.bool)
+    taylor_shift_attention(q, k, v, attn_mask=mask, mode="efficient")
+    assert calls == [fused.CPU_EFFICIENT]
+    calls.clear()
+    taylor_shift_attention(q.double(), k.double(), v.double(), mode="efficient")  # float64
+    taylor_shift_attention(q, k, v, mode="efficient", is_causal=True)  # no causal kernel yet
+    taylor_shift_attention(q, k, v, mode="direct")
+    rows = torch.rand(1, 1, 9, 9) > 0.5
+    rows[..., 0] = True
+    taylor_shift_attention(q, k, v, attn_mask=rows)  # varies over queries: auto -> direct
+    monkeypatch.setenv(build.ENV, "off")
+    taylor_shift_attention(q, k, v, mode="efficient")
+    assert calls == []
+
+
+# The custom ops (the path torch.compile takes).
+
+
+def _op_args(case: Case):
+    low, _, mask, _ = make_problem(case, torch.float32)
+    q, k, v = (x.detach().requires_grad_() for x in low[:3])
+    factors = torch.rand(case.b * case.h, requires_grad=True)
+    return q, k, v, key_mask_of(mask, case), factors
+
+
+def test_custom_op_registration_passes_opcheck():
+    q, k, v, key_mask, factors = _op_args(Case(1, 2, 5, 7, 16, 16, mask="padding"))
+    op = torch.ops.taylorshift.cpu_efficient_forward.default
+    torch.library.opcheck(op, (q, k, v, key_mask.contiguous(), factors, True))
+
+
+def test_fake_tensor_shapes():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        q, k = torch.empty(2, 3, 5, 33), torch.empty(2, 3, 7, 33)
+        v = torch.empty(2, 3, 7, 20, dtype=torch.bfloat16)
+        factors = torch.empty(6)
+        out, count, den, state = torch.ops.taylorshift.cpu_efficient_forward(
+            q, k, v, None, factors, True
+        )
+    assert out.shape == (2, 3, 5, 20) and out.dtype == torch.bfloat16 and count.shape == (6,)
+    assert den.shape == (6, 5) and state.shape == (6, *state_shape(33, 21))
+
+
+def test_torch_compile_traces_forward_and_backward():
+    case = Case(2, 2, 9, 11, 16, 8, mask="padding")
+    low, _, mask, _ = make_problem(case, torch.float32)
+    key_mask = key_mask_of(mask, case)
+
+    def f(q, k, v, t):
+        return cpu_efficient_taylor_shift(q, k, v, key_mask, t, None, True)
+
+    eager = f(*low)
+    compiled = torch.compile(f, backend="aot_eager", fullgraph=True)(*low)
+    assert_rel_close(compiled, eager, 1e-6, "compiled output", atol=1e-7)
+    g = torch.randn_like(eager)
+    for name, a, e in zip(
+        "qkvt", torch.autograd.grad(compiled, low, g), torch.autograd.grad(eager, low, g),
+        strict=True,
+    ):  # fmt: skip
+        assert_rel_close(a, e, 1e-6, f"compiled grad {name}", atol=1e-7)
