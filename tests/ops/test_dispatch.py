@@ -294,8 +294,14 @@ def test_the_memory_budget_comes_from_the_environment(monkeypatch):
 CPU_PRIOR_SWITCH = {16: 435, 32: 981, 64: 2252}
 
 
+@pytest.fixture
+def no_cpu_kernels(monkeypatch):
+    """The PyTorch forms only (no C compiler, or TAYLORSHIFT_CPU_KERNELS=off)."""
+    monkeypatch.setattr(dispatch, "_cpu_kernels_ready", lambda: False)
+
+
 @pytest.mark.parametrize(("d", "switch"), CPU_PRIOR_SWITCH.items(), ids=lambda x: str(x))
-def test_cpu_without_calibration_switches_where_cpus_measured(d, switch):
+def test_cpu_without_calibration_switches_where_cpus_measured(d, switch, no_cpu_kernels):
     cpu32 = dict(device="cpu", dtype=torch.float32)
     assert decide_mode(switch - 1, switch - 1, d, d, **FULL, **cpu32) == Decision(
         "direct", "cpu prior"
@@ -303,7 +309,28 @@ def test_cpu_without_calibration_switches_where_cpus_measured(d, switch):
     assert decide_mode(switch, switch, d, d, **FULL, **cpu32) == Decision("efficient", "cpu prior")
 
 
-def test_cpu_prior_only_for_what_was_measured(isolated_cache_dir, monkeypatch):
+# With the CPU kernels (dispatch.CPU_KERNEL_PRIOR): ρ = 0.0065 / 0.28 / 0.59 times the
+# theory's switch, by hand: 0.99 / 156.9 / 1265.3.
+CPU_KERNEL_PRIOR_SWITCH = {16: 1, 32: 157, 64: 1266}
+
+
+@pytest.mark.parametrize(("d", "switch"), CPU_KERNEL_PRIOR_SWITCH.items(), ids=lambda x: str(x))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_cpu_kernels_move_the_switch_down(d, switch, dtype, monkeypatch):
+    monkeypatch.setattr(dispatch, "_cpu_kernels_ready", lambda: True)
+    cpu = dict(device="cpu", dtype=dtype)
+    if switch > 1:
+        assert decide_mode(switch - 1, switch - 1, d, d, **FULL, **cpu) == Decision(
+            "direct", "cpu prior"
+        )
+    assert decide_mode(switch, switch, d, d, **FULL, **cpu) == Decision("efficient", "cpu prior")
+    # the same call decided again after the kernels went away: the PyTorch forms' prior
+    # (float32) or the theory (bfloat16), both of which switch later
+    monkeypatch.setattr(dispatch, "_cpu_kernels_ready", lambda: False)
+    assert choose_mode(switch, switch, d, d, **FULL, **cpu) == "direct"
+
+
+def test_cpu_prior_only_for_what_was_measured(isolated_cache_dir, monkeypatch, no_cpu_kernels):
     n = 300  # between the theory's switch at d = 16 (153) and the prior's (435)
     cpu32 = dict(device="cpu", dtype=torch.float32)
     assert choose_mode(n, n, 16, 16, **FULL, **cpu32) == "direct"

@@ -394,9 +394,11 @@ def decide_mode(
     free memory (working sets over 256 MiB and no ``memory_budget``).
     """
     use_calibration = device is not None and dtype is not None and _calibration_enabled()
+    # (the CPU prior depends on whether the CPU kernels run, which a process may switch)
+    kernels = use_calibration and torch.device(device).type == "cpu" and _cpu_kernels_ready()
     key = (
         nq, nk, d, dv, causal, order, mask_varies, device, dtype, backward, batch_heads,
-        memory_budget, use_calibration,
+        memory_budget, use_calibration, kernels,
     )  # fmt: skip
     _forget_decisions_unless_made_with(load_calibration() if use_calibration else None)
     decision = _decisions.get(key)
@@ -492,22 +494,44 @@ def _decide(
 # before those changes.) The efficient form's fixed costs (its feature map row by row,
 # narrow products) make the theory's switch, N ≈ 153 at d = 16, choose it ~3x too early.
 CPU_PRIOR = {16: 2.85, 32: 1.75, 64: 1.05}
+# With the CPU kernels (taylorshift/ops/cpu: the non-causal efficient form in C, float32 and
+# 16-bit inputs), from two runs of ``taylorshift bench calibrate --causal no --heads 4`` and
+# one at N = 1 ... 64 on the same machine (benchmarks/op_cpu/cpu-kernel, calibrate-*.txt):
+# at d <= 16 the kernels beat the direct form at every N, N = 1 included (ρ = 1/153, a
+# switch at N = 1); at d = 32 N̂ = 154-156 (ρ = 0.28); at d = 64 N̂ = 1,048-1,431, geometric
+# mean of the four ratios 0.59.
+CPU_KERNEL_PRIOR = {16: 0.0065, 32: 0.28, 64: 0.59}
+CPU_KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
 def _cpu_prior_mode(
     nq: int, nk: int, d: int, dv: int, causal: bool, device: torch.device, dtype: torch.dtype
 ) -> str | None:
-    """The choice from :data:`CPU_PRIOR` for float32 non-causal calls on a CPU, else None."""
-    if device.type != "cpu" or dtype != torch.float32 or causal:
+    """The choice from :data:`CPU_KERNEL_PRIOR` (the CPU kernels run the efficient form) or
+    :data:`CPU_PRIOR` (float32 on the PyTorch forms) for non-causal calls on a CPU, else
+    None."""
+    if device.type != "cpu" or causal:
         return None
-    ds = sorted(CPU_PRIOR)
+    if dtype in CPU_KERNEL_DTYPES and _cpu_kernels_ready():
+        prior, what = CPU_KERNEL_PRIOR, "CPU (kernels)"
+    elif dtype == torch.float32:
+        prior, what = CPU_PRIOR, "CPU"
+    else:
+        return None
+    ds = sorted(prior)
     log_ds = [math.log(x) for x in ds]
-    log_rhos = [math.log(CPU_PRIOR[x]) for x in ds]
+    log_rhos = [math.log(prior[x]) for x in ds]
     x = min(max(math.log(d), log_ds[0]), log_ds[-1])
     i = max(1, bisect.bisect_left(log_ds, x))
     t = (x - log_ds[i - 1]) / (log_ds[i] - log_ds[i - 1])
     rho = math.exp(log_rhos[i - 1] + t * (log_rhos[i] - log_rhos[i - 1]))
-    return _prior_mode(nq, nk, d, dv, causal, rho, "CPU")
+    return _prior_mode(nq, nk, d, dv, causal, rho, what)
+
+
+def _cpu_kernels_ready() -> bool:
+    from .fused import cpu_kernels_ready  # (fused's routing owns the kernels' availability)
+
+    return cpu_kernels_ready()
 
 
 def _prior_mode(nq: int, nk: int, d: int, dv: int, causal: bool, rho: float, what: str) -> str:
