@@ -1,17 +1,21 @@
 """The library's CPU kernels (taylorshift/ops/cpu) against the PyTorch efficient form, the
 prototype of benchmarks/op_cpu/cpu-kernel-prototype and SDPA, in one process.
 
-    python benchmarks/op_cpu/cpu-kernel/compare.py [--forward] 16x256 32x1024 64x4096 ...
+    python benchmarks/op_cpu/cpu-kernel/compare.py [--forward] [--causal] 16x256 32x1024 ...
 
 For each d x N (B 1, H 4, dv = d, float32, non-causal, no mask, normalised q and k, τ = 1,
 2 threads unless --threads): forward + backward (or forward only with --forward) of the
 PyTorch form (``efficient_taylor_shift``), the kernels (``cpu_efficient_taylor_shift``),
-the prototype (forward + backward only) and SDPA, in shuffled rounds
+the prototype (forward + backward, non-causal only) and SDPA, in shuffled rounds
 (benchmarks/op_cpu/workspace/ab.py). Prints medians (ms), the PyTorch / kernels ratio and
 the prototype / kernels ratio paired by round, and the kernels' share of a 4096² matmul's
 rate timed in the same rounds (counting 2·N·D·dv flops per feature product and head:
 2 products forward, 6 forward + backward (2 for the state gradient, 2 for g_v, 2 for the
-two pair gradients), D = d(d+1)/2 + d + 1).
+two pair gradients), D = d(d+1)/2 + d + 1). ``--causal``: the causal forms
+(``causal_efficient_taylor_shift``, ``cpu_causal_efficient_taylor_shift``, SDPA with
+``is_causal=True``), chunks of 256 tokens; the share then counts the same products (the
+state products see each token once, as non-causal; the chunks' direct blocks are not
+counted).
 """
 
 from __future__ import annotations
@@ -25,7 +29,9 @@ import torch
 import torch.nn.functional as F
 
 from taylorshift.ops.cpu.efficient import cpu_efficient_taylor_shift
+from taylorshift.ops.cpu.efficient_causal import cpu_causal_efficient_taylor_shift
 from taylorshift.ops.taylor_shift.efficient import efficient_taylor_shift
+from taylorshift.ops.taylor_shift.efficient_causal import causal_efficient_taylor_shift
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "workspace"))
@@ -39,16 +45,22 @@ def main() -> None:
     parser.add_argument("--forward", action="store_true", help="forward only")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--no-prototype", action="store_true")
+    parser.add_argument("--causal", action="store_true", help="the causal forms")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    torch_form, kernels = efficient_taylor_shift, cpu_efficient_taylor_shift
+    if args.causal:
+        torch_form, kernels = causal_efficient_taylor_shift, cpu_causal_efficient_taylor_shift
     prototype = None
-    if not (args.forward or args.no_prototype):
+    if not (args.forward or args.no_prototype or args.causal):
         from backward import Prototype  # builds the prototype's kernels.c
 
         prototype = Prototype.apply
     gen = torch.Generator().manual_seed(0)
     a, b = torch.randn(4096, 4096, generator=gen), torch.randn(4096, 4096, generator=gen)
-    what = "forward" if args.forward else "forward + backward"
+    what = ("forward" if args.forward else "forward + backward") + (
+        ", causal" if args.causal else ""
+    )
     print(f"torch {torch.__version__}, {args.threads} threads, {what}, B 1, H 4, dv = d, float32")
     print("| d | N | PyTorch form ms | kernels ms | PyTorch / kernels | prototype / kernels "
           "| SDPA ms | SDPA / kernels | kernels' share of matmul rate |")  # fmt: skip
@@ -63,11 +75,11 @@ def main() -> None:
                 torch.autograd.grad(out, leaves, g)
 
         fns = {
-            "torch": lambda: run(lambda *x: efficient_taylor_shift(*x, None, 1.0, None, True)),
-            "kernels": lambda: run(
-                lambda *x: cpu_efficient_taylor_shift(*x, None, 1.0, None, True)
+            "torch": lambda: run(lambda *x: torch_form(*x, None, 1.0, None, True)),
+            "kernels": lambda: run(lambda *x: kernels(*x, None, 1.0, None, True)),
+            "sdpa": lambda: run(
+                lambda *x: F.scaled_dot_product_attention(*x, is_causal=args.causal)
             ),
-            "sdpa": lambda: run(F.scaled_dot_product_attention),
             "matmul": lambda: a @ b,
         }
         if prototype is not None:

@@ -267,7 +267,6 @@ def test_public_op_routes_the_cpu_efficient_form_to_the_kernels(monkeypatch):
     assert calls == [fused.CPU_EFFICIENT]
     calls.clear()
     taylor_shift_attention(q.double(), k.double(), v.double(), mode="efficient")  # float64
-    taylor_shift_attention(q, k, v, mode="efficient", is_causal=True)  # no causal kernel yet
     taylor_shift_attention(q, k, v, mode="direct")
     rows = torch.rand(1, 1, 9, 9) > 0.5
     rows[..., 0] = True

@@ -159,7 +159,7 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     i, p, f = ctypes.c_int, ctypes.c_void_p, ctypes.c_float
     lib.ts_state_rows.argtypes, lib.ts_state_rows.restype = [i], i
     lib.ts_state_cols.argtypes, lib.ts_state_cols.restype = [i], i
-    lib.ts_state.argtypes = [i, i, i, p, p, i, i, p, p, i]
+    lib.ts_state.argtypes = [i, i, i, p, p, i, i, p, p, i, i]
     lib.ts_state.restype = None
     lib.ts_readout.argtypes = [i, i, i, p, p, i, p, i, p, p, i, p, i]
     lib.ts_readout.restype = None

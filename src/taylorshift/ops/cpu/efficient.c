@@ -75,11 +75,12 @@ static inline __attribute__((always_inline)) void update_tile(
 
 /* state (BH, ts_state_rows(d), ts_state_cols(V)) = w_p sum_t f_p(x~_t) u_t, the sum over the
    tokens t with mask[t] != 0 (all when mask is NULL), u_t = [values_t, 1] (ones != 0) or
-   values_t, V = nv (+ 1). Work items: (head, block of triangle rows), the rows of a head split
+   values_t, V = nv (+ 1); accumulate != 0 adds the sum to the state instead (the causal
+   form's prefix state grows chunk by chunk). Work items: (head, block of triangle rows), the rows of a head split
    into blocks of about equal pair counts when there are fewer heads than threads (no item
    shares a state row, so no reduction). Register tile: 16 pairs of one row x 6 columns. */
 void ts_state(int bh, int n, int d, const float *x, const float *values, int nv, int ones,
-              const uint8_t *mask, float *state, int threads) {
+              const uint8_t *mask, float *state, int accumulate, int threads) {
     const int e = d + 1, xs = e + 16, nu = nv + (ones != 0), cols = round_up(nu, COLS);
     long off6[e + 1], off8[e + 1];
     row_offsets(e, COLS, off6);
@@ -141,8 +142,10 @@ void ts_state(int bh, int n, int d, const float *x, const float *values, int nv,
             for (int j = 0; j < round_up(e - a, COLS); j++) {
                 float *out = sh + (size_t)(off6[a] + j) * cols;
                 const float w = (j == 0 && a < d) ? 0.5f : 1.0f;
-                for (int c = 0; c < cols; c++)
-                    out[c] = a + j < e ? w * row[(size_t)c * width + j] : 0.0f;
+                for (int c = 0; c < cols; c++) {
+                    const float sum = a + j < e ? w * row[(size_t)c * width + j] : 0.0f;
+                    out[c] = accumulate ? out[c] + sum : sum;
+                }
             }
         }
         free(acc);

@@ -89,7 +89,7 @@ def forward_pass(
     mask = _flat_mask(key_mask, b, h, nk)
     qp, kp = scaled_rows(query, factors, normalize), scaled_rows(key, None, normalize)
     state = torch.empty((bh, rows, cols))
-    lib.ts_state(bh, nk, d, _ptr(kp), _ptr(v), dv, 1, _ptr(mask), _ptr(state), threads)
+    lib.ts_state(bh, nk, d, _ptr(kp), _ptr(v), dv, 1, _ptr(mask), _ptr(state), 0, threads)
     count = torch.full((bh,), float(nk)) if mask is None else mask.sum(-1, dtype=torch.float32)
     out = torch.empty((bh, nq, dv))
     den = torch.empty((bh, nq))
@@ -129,7 +129,7 @@ def backward_pass(
     lib.ts_output_grad(bh, nq, dv, d, _ptr(g_out), _ptr(y32), _ptr(den), _ptr(count),
                        int(normalize), _ptr(gy), threads)  # fmt: skip
     grad_state = torch.empty((bh, rows, cols))  # R = c ⊙ Σ_i φ(q'_i)ᵀ gY'_i
-    lib.ts_state(bh, nq, d, _ptr(qp), _ptr(gy), dv + 1, 0, None, _ptr(grad_state), threads)
+    lib.ts_state(bh, nq, d, _ptr(qp), _ptr(gy), dv + 1, 0, None, _ptr(grad_state), 0, threads)
     g_qp = torch.empty((bh, nq, d))
     lib.ts_pair_grad(bh, nq, d, _ptr(qp), _ptr(gy), dv + 1, 0, None, _ptr(state), cols,
                      _ptr(g_qp), threads)  # fmt: skip

@@ -2,8 +2,9 @@
 ``taylorshift.ops.cpu``) when they apply.
 
 The public op computes the same function either way; this only picks who computes it.
-A CPU call goes to the CPU kernels when it is the non-causal efficient form, order 2, of
-float32, float16 or bfloat16 tensors with no mask or a key-padding mask, 1 <= d, dv <=
+A CPU call goes to the CPU kernels when it is the efficient form (non-causal, or causal
+outside ``torch.compile`` and without an initial or final state), order 2, of float32,
+float16 or bfloat16 tensors with no mask or a key-padding mask, 1 <= d, dv <=
 ``MAX_HEAD_DIM``, and the kernels are available (``TAYLORSHIFT_CPU_KERNELS`` not ``off``,
 a C compiler that built them: ``taylorshift.ops.cpu.unavailable_reason()``; warned once
 when they cannot build). A call goes to a Triton kernel when all of these hold, else it
@@ -124,7 +125,7 @@ def disable(key: tuple, err: BaseException) -> None:
     logger.warning(
         "%s kernel failed (%s): %s; this shape class uses the PyTorch form from now on "
         "(same result)",
-        "CPU" if key[0] == CPU_EFFICIENT else "Triton",
+        "CPU" if key[0].startswith("cpu") else "Triton",
         _describe(key),
         FAILED[key],
     )
@@ -231,13 +232,15 @@ def fused_form(
 def _cpu_form(
     query: Tensor, problem: Problem, mode: str, is_causal: bool, order: int
 ) -> Callable[..., Tensor] | None:
-    if mode != "efficient" or is_causal or order != 2 or query.dtype not in KERNEL_DTYPES:
+    if mode != "efficient" or order != 2 or query.dtype not in KERNEL_DTYPES:
         return None
+    if is_causal and torch.compiler.is_compiling():
+        return None  # the causal kernels are eager only: the PyTorch form compiles whole
     if not (1 <= problem.head_dim <= MAX_HEAD_DIM and 1 <= problem.value_dim <= MAX_HEAD_DIM):
         return None
     if problem.n_query == 0 or problem.n_key == 0 or problem.mask_varies_over_queries:
         return None
-    kernel = CPU_EFFICIENT
+    kernel = CPU_EFFICIENT_CAUSAL if is_causal else CPU_EFFICIENT
     if shape_class(kernel, query, problem, is_causal) in FAILED or not cpu_kernels_ready():
         return None
     _debug("fused: %s", kernel)
@@ -245,12 +248,15 @@ def _cpu_form(
 
 
 CPU_EFFICIENT = "cpu efficient (non-causal)"
+CPU_EFFICIENT_CAUSAL = "cpu efficient (causal)"
 
 
 def kernel_name(mode: str, is_causal: bool, device: torch.device | None = None) -> str | None:
     """The name of the fused kernel of a form (the key of ``load_kernel``), or None."""
     if device is not None and device.type == "cpu" and _setting() != "interpret":
-        return CPU_EFFICIENT if mode == "efficient" and not is_causal else None
+        if mode != "efficient":
+            return None
+        return CPU_EFFICIENT_CAUSAL if is_causal else CPU_EFFICIENT
     if mode == "efficient":
         return "triton efficient (causal)" if is_causal else "triton efficient (non-causal)"
     if mode == "direct":
@@ -264,6 +270,10 @@ def load_kernel(kernel: str) -> Callable[..., Tensor]:
         from ..cpu.efficient import cpu_efficient_taylor_shift
 
         return cpu_efficient_taylor_shift
+    if kernel == CPU_EFFICIENT_CAUSAL:
+        from ..cpu.efficient_causal import cpu_causal_efficient_taylor_shift
+
+        return cpu_causal_efficient_taylor_shift
     if kernel == "triton efficient (non-causal)":
         from ..triton.efficient import triton_efficient_taylor_shift
 

@@ -1,0 +1,240 @@
+"""Efficient TaylorShift, causal, with the CPU kernels (``efficient.c``) for its feature
+products: forward and backward.
+
+The algorithm of ``taylorshift.ops.taylor_shift.efficient_causal`` (SPEC §2.3), chunk by
+chunk of C tokens:
+
+    Y'  = φ(q') S_<i0                        keys before the chunk: ts_readout
+        + w(q' k'ᵀ ⊙ tril) [v, 1]             keys inside it: the direct form's block (torch)
+    S  += c ⊙ φ(k'_chunk)ᵀ [v, 1]_chunk       then the chunk joins the prefix: ts_state
+
+Backward, as the PyTorch form's: a forward sweep rebuilds S_<i0 and gives ∂q' from it
+(ts_pair_grad) and the intra-chunk gradients (``weighted_sums_grad``); a reverse sweep
+accumulates G_>c = c ⊙ Σ_{c' > c} φ(q'_c')ᵀ ∂Y'_c' (ts_state) and gives ∂v = φ(k') G
+(ts_readout) and ∂k' (ts_pair_grad). q -> q' and k -> k' and their backward are C loops
+(``ts_scale_rows``). No prefix state is stored. Eager only: under ``torch.compile`` the
+router keeps the PyTorch causal form (it compiles whole); no initial or final state (those
+calls run the PyTorch form too).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from ..taylor_shift.direct import weighted_sums, weighted_sums_grad
+from ..taylor_shift.efficient import finish_outputs, grad_outputs
+from ..taylor_shift.efficient_causal import DEFAULT_CAUSAL_CHUNK, causal_count
+from ..taylor_shift.features import NORM_EPS, split_factor
+from .build import library
+from .efficient import (
+    _flat,
+    _flat_mask,
+    _ptr,
+    _threads,
+    factor_grad,
+    head_factors,
+    scaled_rows,
+    state_shape,
+)
+
+
+def _values_with_ones(value: Tensor, mask: Tensor | None) -> Tensor:
+    """[v·m, m] float32 (B·H, Nk, dv + 1): the values and the ones column, masked keys zero."""
+    v = _flat(value)
+    ones = v.new_ones((*v.shape[:-1], 1))
+    out = torch.cat([v, ones], dim=-1)
+    return out if mask is None else out * mask.unsqueeze(-1)
+
+
+def _flat_count(count: Tensor, bh: int) -> Tensor:
+    """n_i as (B·H, Nq) or (Nq,) (no mask: the same for every head)."""
+    return count if count.dim() == 1 else count.reshape(bh, -1)
+
+
+def _rows(t: Tensor, i0: int, i1: int) -> Tensor:
+    """Tokens [i0, i1) of a (B·H, N, k) tensor, contiguous (the kernels' layout)."""
+    return t[:, i0:i1].contiguous()
+
+
+def _as_heads(t: Tensor) -> Tensor:
+    """(B·H, C, k) seen as (B·H, 1, C, k), the direct form's (B, H, N, k)."""
+    return t.unsqueeze(1)
+
+
+class CpuCausalEfficientFunction(torch.autograd.Function):
+    """Forward and backward sweeps of the causal form with the CPU kernels."""
+
+    @staticmethod
+    def forward(ctx, query, key, value, temperature, factor, normalize, key_mask, chunk):
+        lib, threads = library(), _threads()
+        b, h, nq, d = query.shape
+        nk, dv = key.shape[2], value.shape[3]
+        bh = b * h
+        rows, cols = state_shape(d, dv + 1)
+        factors = head_factors(temperature, factor, b, h)
+        qp, kp = scaled_rows(query, factors, normalize), scaled_rows(key, None, normalize)
+        v = _flat(value)
+        mask = _flat_mask(key_mask, b, h, nk)
+        vo = _values_with_ones(value, mask)
+        count = _flat_count(causal_count(key_mask, nq, nk, torch.float32, query.device), bh)
+        state = torch.empty((bh, rows, cols))
+        have_state = False
+        out = torch.empty((bh, nq, dv))
+        den = torch.empty((bh, nq))
+        for i0 in range(0, max(nq, nk), chunk):
+            i1 = min(i0 + chunk, max(nq, nk))
+            if i0 < nq:
+                q1 = min(i1, nq)
+                q = _rows(qp, i0, q1)
+                y_prime = torch.zeros((bh, q1 - i0, dv + 1))
+                if have_state:
+                    lib.ts_readout(bh, q1 - i0, d, _ptr(q), _ptr(state), cols, _ptr(y_prime),
+                                   dv + 1, None, None, 0, None, threads)  # fmt: skip
+                if i0 < nk:
+                    ck = min(q1, nk) - i0  # the chunk's keys its queries can attend
+                    intra = weighted_sums(_as_heads(q), _as_heads(kp[:, i0 : i0 + ck]),
+                                          _as_heads(vo[:, i0 : i0 + ck]), None, True)  # fmt: skip
+                    y_prime += intra.squeeze(1)
+                n_i = count[..., i0:q1]
+                y, den[:, i0:q1] = finish_outputs(y_prime, n_i, normalize, d)
+                out[:, i0:q1] = y
+            if i0 < nk and i1 < nq:  # later queries attend this chunk through the state
+                j1 = min(i1, nk)
+                k_c, v_c = _rows(kp, i0, j1), _rows(v, i0, j1)
+                m_c = None if mask is None else _rows(mask, i0, j1)
+                lib.ts_state(bh, j1 - i0, d, _ptr(k_c), _ptr(v_c), dv, 1, _ptr(m_c), _ptr(state),
+                             int(have_state), threads)  # fmt: skip
+                have_state = True
+        y = out.view(b, h, nq, dv).to(value.dtype)
+        ctx.save_for_backward(query, key, value, temperature, factors, y, den, count)
+        ctx.mask, ctx.normalize, ctx.chunk = mask, normalize, chunk
+        return y
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_out):
+        query, key, value, temperature, factors, y, den, count = ctx.saved_tensors
+        mask, normalize, chunk = ctx.mask, ctx.normalize, ctx.chunk
+        lib, threads = library(), _threads()
+        b, h, nq, d = query.shape
+        nk, dv = key.shape[2], value.shape[3]
+        bh = b * h
+        rows, cols = state_shape(d, dv + 1)
+        qp, kp = scaled_rows(query, factors, normalize), scaled_rows(key, None, normalize)
+        v = _flat(value)
+        vo = _values_with_ones(value, mask)
+        g_y = grad_outputs(_flat(grad_out), _flat(y), den, count, normalize, d).contiguous()
+        g_qp = torch.zeros((bh, nq, d))
+        g_kp = torch.zeros((bh, nk, d))
+        g_vo = torch.zeros((bh, nk, dv + 1))
+        span = max(nq, nk)
+
+        # Forward sweep: the prefix state again; ∂q' through it and the intra-chunk block.
+        state = torch.empty((bh, rows, cols))
+        have_state = False
+        for i0 in range(0, span, chunk):
+            i1 = min(i0 + chunk, span)
+            if i0 < nq:
+                q1 = min(i1, nq)
+                q, g = _rows(qp, i0, q1), _rows(g_y, i0, q1)
+                if have_state:
+                    part = torch.empty((bh, q1 - i0, d))
+                    lib.ts_pair_grad(bh, q1 - i0, d, _ptr(q), _ptr(g), dv + 1, 0, None,
+                                     _ptr(state), cols, _ptr(part), threads)  # fmt: skip
+                    g_qp[:, i0:q1] += part
+                if i0 < nk:
+                    ck = min(q1, nk) - i0
+                    iq, ik, iv = weighted_sums_grad(
+                        _as_heads(q), _as_heads(kp[:, i0 : i0 + ck]),
+                        _as_heads(vo[:, i0 : i0 + ck]), _as_heads(g), None, True,
+                    )  # fmt: skip
+                    g_qp[:, i0:q1] += iq.squeeze(1)
+                    g_kp[:, i0 : i0 + ck] += ik.squeeze(1)
+                    g_vo[:, i0 : i0 + ck] += iv.squeeze(1)
+            if i0 < nk and i1 < nq:
+                j1 = min(i1, nk)
+                k_c, v_c = _rows(kp, i0, j1), _rows(v, i0, j1)
+                m_c = None if mask is None else _rows(mask, i0, j1)
+                lib.ts_state(bh, j1 - i0, d, _ptr(k_c), _ptr(v_c), dv, 1, _ptr(m_c), _ptr(state),
+                             int(have_state), threads)  # fmt: skip
+                have_state = True
+
+        # Reverse sweep: G_>c, the gradient of the state chunk c feeds, gives the key side.
+        grad_state = torch.empty((bh, rows, cols))
+        have_grad = False
+        for i0 in reversed(range(0, span, chunk)):
+            i1 = min(i0 + chunk, span)
+            if i0 < nk and have_grad:
+                j1 = min(i1, nk)
+                k_c, v_c = _rows(kp, i0, j1), _rows(v, i0, j1)
+                m_c = None if mask is None else _rows(mask, i0, j1)
+                part_v = torch.empty((bh, j1 - i0, dv))
+                lib.ts_readout(bh, j1 - i0, d, _ptr(k_c), _ptr(grad_state), cols, _ptr(part_v),
+                               dv, _ptr(m_c), None, 0, None, threads)  # fmt: skip
+                g_vo[:, i0:j1, :dv] += part_v
+                part_k = torch.empty((bh, j1 - i0, d))
+                lib.ts_pair_grad(bh, j1 - i0, d, _ptr(k_c), _ptr(v_c), dv, 1, _ptr(m_c),
+                                 _ptr(grad_state), cols, _ptr(part_k), threads)  # fmt: skip
+                g_kp[:, i0:j1] += part_k
+            if i0 < nq and i0 > 0:  # (chunk 0's queries feed no earlier keys)
+                q1 = min(i1, nq)
+                q, g = _rows(qp, i0, q1), _rows(g_y, i0, q1)
+                lib.ts_state(bh, q1 - i0, d, _ptr(q), _ptr(g), dv + 1, 0, None,
+                             _ptr(grad_state), int(have_grad), threads)  # fmt: skip
+                have_grad = True
+
+        need_t = ctx.needs_input_grad[3]
+        q32, k32 = _flat(query), _flat(key)
+        gq, gk = torch.empty_like(q32), torch.empty_like(k32)
+        g_factor = torch.empty(bh) if need_t else None
+        lib.ts_scale_rows_grad(bh, nq, d, _ptr(q32), _ptr(g_qp), _ptr(factors), int(normalize),
+                               NORM_EPS, _ptr(gq), _ptr(g_factor), threads)  # fmt: skip
+        lib.ts_scale_rows_grad(bh, nk, d, _ptr(k32), _ptr(g_kp), None, int(normalize), NORM_EPS,
+                               _ptr(gk), None, threads)  # fmt: skip
+        gv = g_vo[..., :dv]
+        if mask is not None:
+            gv = gv * mask.unsqueeze(-1)
+        return (
+            gq.view(query.shape).to(query.dtype),
+            gk.view(key.shape).to(key.dtype),
+            gv.reshape(value.shape).to(value.dtype),
+            factor_grad(g_factor, temperature, b, h) if need_t else None,
+            None,
+            None,
+            None,
+            None,
+        )
+
+
+def cpu_causal_efficient_taylor_shift(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    key_mask: Tensor | None,
+    temperature: Tensor | float,
+    scale: float | None,
+    normalize: bool,
+    chunk_size: int | None = None,
+) -> Tensor:
+    """Causal efficient TaylorShift with the CPU kernels, on validated inputs.
+
+    Same contract and signature as
+    ``taylorshift.ops.taylor_shift.efficient_causal.causal_efficient_taylor_shift`` without
+    its initial and final states: query (B, H, Nq, d), key (B, H, Nk, d), value
+    (B, H, Nk, dv), key_mask (B, H, Nk) bool or None; query i attends key j iff j <= i.
+    Returns (B, H, Nq, dv) in value's dtype. CPU tensors of float32, float16 or bfloat16
+    (sums in float32). ``chunk_size``: tokens per chunk (default 256, as the PyTorch form).
+    """
+    if query.dtype == torch.float64:
+        raise TypeError(
+            "query must be float16, bfloat16 or float32 for the CPU kernels (they accumulate "
+            "in float32); got torch.float64 (use the torch causal efficient form)"
+        )
+    if query.device.type != "cpu":
+        raise ValueError(f"query must be on the CPU for the CPU kernels; got device {query.device}")
+    temperature, factor = split_factor(temperature, scale, normalize, query.shape[-1])
+    chunk = chunk_size or DEFAULT_CAUSAL_CHUNK
+    return CpuCausalEfficientFunction.apply(
+        query, key, value, temperature, factor, normalize, key_mask, chunk
+    )

@@ -1,0 +1,143 @@
+"""The causal efficient form with the CPU kernels against the plain reference and the torch
+causal form.
+
+Outputs and gradients (query, key, value, tensor temperature) in float32 and float16 /
+bfloat16 (SPEC §8 rule), chunks that cut the lengths unevenly (N = 1, 7, 70 with chunks of
+8 and the default 256), key padding with fully masked rows, Nq != Nk both ways, dv != d;
+and the routing of ``taylor_shift_attention`` (eager causal calls to the kernels; traced
+ones and stateful ones to the PyTorch form).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from taylorshift import taylor_shift_attention
+from taylorshift.ops.cpu import build
+from taylorshift.ops.cpu.efficient_causal import cpu_causal_efficient_taylor_shift
+from taylorshift.ops.taylor_shift import fused
+from taylorshift.ops.taylor_shift.efficient_causal import causal_efficient_taylor_shift
+from tests.helpers import assert_rel_close, rel_error
+from tests.ops.kernel_cases import Case, call_form, call_reference, grads, make_problem
+
+CASES = [
+    (Case(1, 1, 1, 1, 16, 16, temperature="float"), 8),
+    (Case(2, 2, 7, 7, 16, 8, mask="empty"), 8),
+    (Case(1, 2, 70, 70, 16, 20, mask="padding"), 8),
+    (Case(2, 1, 20, 11, 17, 16, normalize=False), 8),
+    (Case(1, 2, 11, 20, 16, 17, mask="padding", temperature="float"), 8),
+    (Case(1, 1, 19, 19, 17, 12, mask="padding"), 8),
+    (Case(1, 2, 300, 300, 32, 32, mask="padding"), None),
+    (Case(1, 1, 40, 40, 64, 3), 16),
+]
+SIXTEEN_BIT_CASES = [
+    Case(1, 2, 30, 30, 16, 16, mask="padding", temperature="float"),
+    Case(2, 1, 21, 13, 16, 20, normalize=False),
+]
+FLOOR = 1e-4
+RMS_BOUND = 1e-2
+
+
+@pytest.fixture(autouse=True)
+def kernels_on(monkeypatch):
+    monkeypatch.delenv(build.ENV, raising=False)
+
+
+@pytest.mark.parametrize(("case", "chunk"), CASES, ids=lambda x: getattr(x, "id", f"C{x}"))
+def test_float32_matches_reference_and_torch_form(case, chunk):
+    low, high, mask, opts = make_problem(case, torch.float32)
+    exact = call_reference(high, mask, opts, is_causal=True)
+    fast = call_form(cpu_causal_efficient_taylor_shift, low, mask, opts, case, chunk_size=chunk)
+    torch_form = call_form(causal_efficient_taylor_shift, low, mask, opts, case, chunk_size=chunk)
+    assert fast.dtype == torch.float32 and fast.shape == exact.shape
+    assert_rel_close(fast, exact, 1e-5, "output vs reference", atol=1e-7)
+    assert_rel_close(fast, torch_form, 1e-5, "output vs torch form", atol=1e-7)
+    if case.mask == "empty":
+        assert (fast[0] == 0).all(), "a query with no attended key must return zeros"
+
+    g = torch.randn(exact.shape, generator=torch.Generator().manual_seed(7), dtype=torch.float64)
+    g_exact = grads(exact, high, g)
+    g_fast = grads(fast, low, g)
+    g_torch = grads(torch_form, low, g)
+    names = ["query", "key", "value", "temperature"]
+    for name, a, e, t in zip(names, g_fast, g_exact, g_torch, strict=False):
+        assert a.dtype == torch.float32, name
+        assert_rel_close(a, e, 2e-5, f"grad {name} vs reference", atol=1e-6)
+        assert_rel_close(a, t, 2e-5, f"grad {name} vs torch form", atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("case", SIXTEEN_BIT_CASES, ids=lambda c: c.id)
+def test_sixteen_bit_error_within_reference_error(case, dtype):
+    low, high, mask, opts = make_problem(case, dtype, seed=1)
+    exact = call_reference(high, mask, opts, is_causal=True)
+    ref_low = call_reference(low, mask, opts, is_causal=True)
+    fast = call_form(cpu_causal_efficient_taylor_shift, low, mask, opts, case, chunk_size=8)
+    assert fast.dtype == dtype
+    err_fast, err_ref = rel_error(fast, exact), rel_error(ref_low, exact)
+    assert err_fast <= 2 * err_ref + FLOOR, (err_fast, err_ref)
+    assert err_fast < RMS_BOUND
+
+    g = torch.randn(exact.shape, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    g_exact = grads(exact, high, g)
+    g_ref = grads(ref_low, low, g)
+    g_fast = grads(fast, low, g)
+    for name, a, r, e in zip("qkv", g_fast, g_ref, g_exact, strict=True):
+        assert a.dtype == dtype and torch.isfinite(a).all()
+        err_fast, err_ref = rel_error(a, e), rel_error(r, e)
+        assert err_fast <= 3 * err_ref + FLOOR, (name, err_fast, err_ref)
+        assert err_fast < RMS_BOUND, (name, err_fast)
+
+
+def test_fully_masked_heads_give_zeros_and_finite_grads():
+    case = Case(2, 2, 9, 9, 16, 16)
+    low, _, _, _ = make_problem(case, torch.float32)
+    q, k, v, t = low
+    key_mask = torch.zeros(2, 2, 9, dtype=torch.bool)
+    key_mask[1, 0, :4] = True  # one head of one batch attends its first 4 keys, the rest none
+    y = cpu_causal_efficient_taylor_shift(q, k, v, key_mask, t, None, True, chunk_size=4)
+    assert (y[0] == 0).all() and (y[1, 1] == 0).all()
+    grads_ = torch.autograd.grad(y.sum(), (q, k, v, t))
+    assert all(torch.isfinite(x).all() for x in grads_)
+    assert (grads_[0][0] == 0).all() and (grads_[2][1, 0, 4:] == 0).all()
+
+
+def test_refuses_float64_naming_the_dtype():
+    q = torch.randn(1, 1, 3, 16, dtype=torch.float64)
+    with pytest.raises(TypeError, match=r"query must be float16, bfloat16 or float32.*float64"):
+        cpu_causal_efficient_taylor_shift(q, q, q, None, 1.0, None, True)
+
+
+def _routed(monkeypatch) -> list:
+    calls = []
+    real = fused.load_kernel
+
+    def spy(kernel):
+        calls.append(kernel)
+        return real(kernel)
+
+    monkeypatch.setattr(fused, "load_kernel", spy)
+    return calls
+
+
+def test_public_op_routes_eager_causal_calls_to_the_kernels(monkeypatch):
+    calls = _routed(monkeypatch)
+    q, k, v = (torch.randn(1, 2, 9, 8, requires_grad=True) for _ in range(3))
+    y = taylor_shift_attention(q, k, v, is_causal=True, mode="efficient")
+    assert calls == [fused.CPU_EFFICIENT_CAUSAL]
+    calls.clear()
+    ref = causal_efficient_taylor_shift(q, k, v, None, 1.0, None, True)
+    assert_rel_close(y, ref, 1e-5, "routed output", atol=1e-7)
+    # a state in or out: the PyTorch form (the kernels keep no state)
+    _, state = taylor_shift_attention(
+        q, k, v, is_causal=True, mode="efficient", output_final_state=True
+    )
+    taylor_shift_attention(q, k, v, is_causal=True, mode="efficient", initial_state=state)
+    # traced: the PyTorch causal form, which compiles whole
+    compiled = torch.compile(
+        lambda *x: taylor_shift_attention(*x, is_causal=True, mode="efficient"),
+        backend="aot_eager", fullgraph=True,
+    )  # fmt: skip
+    assert_rel_close(compiled(q, k, v), ref, 1e-5, "compiled output", atol=1e-7)
+    assert fused.CPU_EFFICIENT_CAUSAL not in calls
