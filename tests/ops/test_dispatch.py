@@ -330,6 +330,24 @@ def test_cpu_kernels_move_the_switch_down(d, switch, dtype, monkeypatch):
     assert choose_mode(switch, switch, d, d, **FULL, **cpu) == "direct"
 
 
+# ... and with 128 heads or more: ρ = 0.21 / 0.39 / 0.16, by hand 32.03 / 218.6 / 343.1.
+CPU_KERNEL_PRIOR_SWITCH_128 = {16: 33, 32: 219, 64: 344}
+
+
+@pytest.mark.parametrize(("d", "switch"), CPU_KERNEL_PRIOR_SWITCH_128.items(), ids=str)
+def test_cpu_kernel_prior_follows_the_head_count(d, switch, monkeypatch):
+    monkeypatch.setattr(dispatch, "_cpu_kernels_ready", lambda: True)
+    cpu = dict(device="cpu", dtype=torch.float32)
+    for bh in (128, 512):  # held beyond the largest measured count
+        below = decide_mode(switch - 1, switch - 1, d, d, **FULL, **cpu, batch_heads=bh)
+        at = decide_mode(switch, switch, d, d, **FULL, **cpu, batch_heads=bh)
+        assert (below.mode, at.mode) == ("direct", "efficient"), bh
+    # between 4 and 128 heads the switch lies between the two counts' switches
+    low, high = sorted((CPU_KERNEL_PRIOR_SWITCH[d], switch))
+    mid = [choose_mode(n, n, d, d, **FULL, **cpu, batch_heads=23) for n in (low - 1, high)]
+    assert mid == ["direct", "efficient"]
+
+
 def test_cpu_prior_only_for_what_was_measured(isolated_cache_dir, monkeypatch, no_cpu_kernels):
     n = 300  # between the theory's switch at d = 16 (153) and the prior's (435)
     cpu32 = dict(device="cpu", dtype=torch.float32)

@@ -463,7 +463,7 @@ def _decide(
             mode = None
         if mode is not None:
             return Decision(mode, "calibration"), keep
-        mode = _cpu_prior_mode(nq, nk, d, dv, causal, torch.device(device), dtype)
+        mode = _cpu_prior_mode(nq, nk, d, dv, causal, torch.device(device), dtype, batch_heads)
         if mode is not None:
             return Decision(mode, "cpu prior"), keep
         mode = _gpu_prior_mode(nq, nk, d, dv, causal, torch.device(device), dtype)
@@ -495,17 +495,33 @@ def _decide(
 # narrow products) make the theory's switch, N ≈ 153 at d = 16, choose it ~3x too early.
 CPU_PRIOR = {16: 2.85, 32: 1.75, 64: 1.05}
 # With the CPU kernels (taylorshift/ops/cpu: the non-causal efficient form in C, float32 and
-# 16-bit inputs), from two runs of ``taylorshift bench calibrate --causal no --heads 4`` and
-# one at N = 1 ... 64 on the same machine (benchmarks/op_cpu/cpu-kernel, calibrate-*.txt):
-# at d <= 16 the kernels beat the direct form at every N, N = 1 included (ρ = 1/153, a
-# switch at N = 1); at d = 32 N̂ = 154-156 (ρ = 0.28); at d = 64 N̂ = 1,048-1,431, geometric
-# mean of the four ratios 0.59.
-CPU_KERNEL_PRIOR = {16: 0.0065, 32: 0.28, 64: 0.59}
+# 16-bit inputs), measured with ``taylorshift bench calibrate --causal no`` on the same
+# machine at two head counts (benchmarks/op_cpu/cpu-kernel, calibrate-*.txt), because the
+# direct form's costs do not scale with B·H as the kernels' do: its fixed costs dominate a
+# call of few heads, its N × N blocks the memory traffic of many.
+# - B·H = 4 (two runs and one at N = 1 ... 64): at d <= 16 the kernels beat the direct form
+#   at every N, N = 1 included (ρ = 1/153); at d = 32 N̂ = 154-156 (ρ = 0.28); at d = 64
+#   N̂ = 1,048-1,431 (geometric mean of the four ratios 0.59).
+# - B·H = 128 (two runs each): N̂ = 19-40 at d = 16 (ρ = 0.21), 154-287 at d = 32 (0.39),
+#   315-434 at d = 64 (0.16), geometric means of the four ratios (forward and forward +
+#   backward, two runs).
+# ρ is interpolated in (log B·H, log ρ) between the two, and held outside them.
+CPU_KERNEL_PRIOR = {
+    4: {16: 0.0065, 32: 0.28, 64: 0.59},
+    128: {16: 0.21, 32: 0.39, 64: 0.16},
+}
 CPU_KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
 def _cpu_prior_mode(
-    nq: int, nk: int, d: int, dv: int, causal: bool, device: torch.device, dtype: torch.dtype
+    nq: int,
+    nk: int,
+    d: int,
+    dv: int,
+    causal: bool,
+    device: torch.device,
+    dtype: torch.dtype,
+    batch_heads: int = 1,
 ) -> str | None:
     """The choice from :data:`CPU_KERNEL_PRIOR` (the CPU kernels run the efficient form) or
     :data:`CPU_PRIOR` (float32 on the PyTorch forms) for non-causal calls on a CPU, else
@@ -513,19 +529,28 @@ def _cpu_prior_mode(
     if device.type != "cpu" or causal:
         return None
     if dtype in CPU_KERNEL_DTYPES and _cpu_kernels_ready():
-        prior, what = CPU_KERNEL_PRIOR, "CPU (kernels)"
-    elif dtype == torch.float32:
-        prior, what = CPU_PRIOR, "CPU"
-    else:
-        return None
+        counts = sorted(CPU_KERNEL_PRIOR)
+        lo, hi = counts[0], counts[-1]
+        t = (math.log(min(max(batch_heads, lo), hi)) - math.log(lo)) / (math.log(hi) - math.log(lo))
+        rho = math.exp(
+            (1 - t) * math.log(_interpolated(CPU_KERNEL_PRIOR[lo], d))
+            + t * math.log(_interpolated(CPU_KERNEL_PRIOR[hi], d))
+        )
+        return _prior_mode(nq, nk, d, dv, causal, rho, f"CPU (kernels, B·H={batch_heads})")
+    if dtype == torch.float32:
+        return _prior_mode(nq, nk, d, dv, causal, _interpolated(CPU_PRIOR, d), "CPU")
+    return None
+
+
+def _interpolated(prior: Mapping[int, float], d: int) -> float:
+    """ρ at head dim d: linear in (log d, log ρ) between the measured d, held outside."""
     ds = sorted(prior)
     log_ds = [math.log(x) for x in ds]
     log_rhos = [math.log(prior[x]) for x in ds]
     x = min(max(math.log(d), log_ds[0]), log_ds[-1])
     i = max(1, bisect.bisect_left(log_ds, x))
     t = (x - log_ds[i - 1]) / (log_ds[i] - log_ds[i - 1])
-    rho = math.exp(log_rhos[i - 1] + t * (log_rhos[i] - log_rhos[i - 1]))
-    return _prior_mode(nq, nk, d, dv, causal, rho, what)
+    return math.exp(log_rhos[i - 1] + t * (log_rhos[i] - log_rhos[i - 1]))
 
 
 def _cpu_kernels_ready() -> bool:
