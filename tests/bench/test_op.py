@@ -86,6 +86,12 @@ def test_results_structure(sweep_dir):
         assert key in data, key
     assert data["schema"] == op.SCHEMA and data["complete"] is True
     assert data["config"]["ns"] == [8, 16] and data["machine"]["device"] == "cpu"
+    # which efficient form ran: the CPU kernels ("on") or the PyTorch form ("off: why")
+    from taylorshift.ops import cpu
+
+    reason = cpu.unavailable_reason()
+    assert data["machine"]["cpu_kernels"] == ("on" if reason is None else f"off: {reason}")
+    assert f"CPU kernels {data['machine']['cpu_kernels']}" in (out / "report.md").read_text()
     assert len(data["points"]) == op.count_points(FAST) == 4 * 2 * 2
     for p in data["points"]:
         assert p["status"] == "ok", p
@@ -362,6 +368,20 @@ def test_cli_quick_settings():
     args = build_parser().parse_args(["bench", "--d", "8", "16", "--n", "32", "16", "16"])
     s = op.settings_from_args(args, args._bench_parser)
     assert s.ns == (16, 32) and s.memory_ds == (16,) and not s.quick and s.budget_s == 1200
+
+
+def test_the_pytorch_efficient_form_beside_the_cpu_kernels_on_request():
+    from taylorshift.cli import build_parser
+
+    # on the CPU the public op's efficient form is the CPU kernels; the PyTorch form is an
+    # extra implementation there (by name), a default one on CUDA (beside Triton's)
+    assert not op.IMPLEMENTATIONS["efficient-pytorch"].is_default_on("cpu")
+    assert op.IMPLEMENTATIONS["efficient-pytorch"].is_default_on("cuda")
+    assert not op.IMPLEMENTATIONS["efficient-triton"].is_default_on("cpu")
+    args = build_parser().parse_args(["bench", "--impl", "efficient", "efficient-pytorch"])
+    assert op.settings_from_args(args, args._bench_parser).impls == (
+        "efficient", "efficient-pytorch"
+    )  # fmt: skip
 
 
 @pytest.mark.parametrize(

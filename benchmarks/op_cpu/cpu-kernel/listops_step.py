@@ -21,9 +21,9 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "workspace"))
-from ab import shuffled_rounds  # noqa: E402  (benchmarks/op_cpu/workspace/ab.py)
+from ab import shuffled_rounds
 
-from taylorshift.models import create_model  # noqa: E402
+from taylorshift.models import create_model
 
 
 def batches(count: int, batch: int = 32, vocab: int = 20, seed: int = 0):

@@ -119,6 +119,7 @@ def machine_info(device: torch.device | str = "cpu") -> dict:
         "mkldnn": torch.backends.mkldnn.is_available(),
         "taylorshift": taylorshift.__version__,
         "triton": _optional_version("triton"),
+        "cpu_kernels": cpu_kernels_state() if device.type == "cpu" else None,
         "git_revision": _git_revision(),
         "sources_sha256": _sources_hash(),
     }
@@ -133,6 +134,15 @@ def machine_info(device: torch.device | str = "cpu") -> dict:
             nccl=_nccl_version(),
         )
     return info
+
+
+def cpu_kernels_state() -> str:
+    """Whether the efficient form ran on the CPU kernels (taylorshift.ops.cpu): "on", or
+    "off: <why>" (turned off, no compiler, a failed build)."""
+    from ..ops import cpu
+
+    reason = cpu.unavailable_reason()
+    return "on" if reason is None else f"off: {reason}"
 
 
 def _nccl_version() -> str | None:

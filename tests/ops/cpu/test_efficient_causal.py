@@ -4,8 +4,8 @@ causal form.
 Outputs and gradients (query, key, value, tensor temperature) in float32 and float16 /
 bfloat16 (SPEC §8 rule), chunks that cut the lengths unevenly (N = 1, 7, 70 with chunks of
 8 and the default 256), key padding with fully masked rows, Nq != Nk both ways, dv != d;
-and the routing of ``taylor_shift_attention`` (eager causal calls to the kernels; traced
-ones and stateful ones to the PyTorch form).
+the routing of ``taylor_shift_attention`` (eager and traced calls to the kernels, stateful
+ones to the PyTorch form) and the custom ops.
 """
 
 from __future__ import annotations
@@ -134,10 +134,29 @@ def test_public_op_routes_eager_causal_calls_to_the_kernels(monkeypatch):
         q, k, v, is_causal=True, mode="efficient", output_final_state=True
     )
     taylor_shift_attention(q, k, v, is_causal=True, mode="efficient", initial_state=state)
-    # traced: the PyTorch causal form, which compiles whole
+    assert calls == []
+    # traced: the kernels' custom ops, whole (fullgraph), forward and backward
     compiled = torch.compile(
         lambda *x: taylor_shift_attention(*x, is_causal=True, mode="efficient"),
         backend="aot_eager", fullgraph=True,
     )  # fmt: skip
-    assert_rel_close(compiled(q, k, v), ref, 1e-5, "compiled output", atol=1e-7)
-    assert fused.CPU_EFFICIENT_CAUSAL not in calls
+    y_compiled = compiled(q, k, v)
+    assert calls == [fused.CPU_EFFICIENT_CAUSAL]
+    assert_rel_close(y_compiled, ref, 1e-5, "compiled output", atol=1e-7)
+    g = torch.randn_like(ref)
+    for name, a, e in zip(
+        "qkv", torch.autograd.grad(y_compiled, (q, k, v), g),
+        torch.autograd.grad(ref, (q, k, v), g), strict=True,
+    ):  # fmt: skip
+        assert_rel_close(a, e, 2e-5, f"compiled grad {name}", atol=1e-6)
+
+
+def test_custom_op_registration_passes_opcheck():
+    case = Case(1, 2, 21, 21, 16, 12, mask="padding")
+    low, _, mask, _ = make_problem(case, torch.float32)
+    q, k, v = (x.detach().requires_grad_() for x in low[:3])
+    factors = torch.rand(2, requires_grad=True)
+    key_mask = mask[:, :, 0, :].expand(1, 2, 21).contiguous()
+    op = torch.ops.taylorshift.cpu_causal_efficient_forward.default
+    torch.library.opcheck(op, (q, k, v, key_mask, factors, True, 8))
+    torch.library.opcheck(op, (q, k, v, None, factors, False, 8))

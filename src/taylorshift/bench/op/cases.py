@@ -59,6 +59,8 @@ class Implementation:
             the module whose import registers the implementation.
         default: measured when ``--impl`` is not given (the compiled implementations are
             not: each point would cost seconds of compilation).
+        default_devices: the device types where ``default`` holds (None: all of
+            ``devices``).
     """
 
     name: str
@@ -70,6 +72,13 @@ class Implementation:
     devices: tuple[str, ...] = ("cpu", "cuda")
     module: str = ""
     default: bool = True
+    default_devices: tuple[str, ...] | None = None
+
+    def is_default_on(self, device_type: str) -> bool:
+        """Measured on ``device_type`` when ``--impl`` is not given."""
+        if device_type not in self.devices or not self.default:
+            return False
+        return self.default_devices is None or device_type in self.default_devices
 
     def describe(self) -> dict:
         """The JSON-ready part (no callable), stored in results.json for the report."""
@@ -197,7 +206,8 @@ for _impl in (
         default=False,
     ),
     # On CUDA the public op ("direct", "efficient") runs the fused Triton kernels where they
-    # apply; these name each path explicitly, so both can be measured in one sweep.
+    # apply, on the CPU its efficient form the CPU kernels; these name each path
+    # explicitly, so both can be measured in one sweep (on the CPU with --impl only).
     Implementation(
         "direct-pytorch",
         "TaylorShift direct (PyTorch)",
@@ -213,7 +223,7 @@ for _impl in (
         pytorch_efficient,
         "taylorshift-efficient",
         1,
-        devices=("cuda",),
+        default_devices=("cuda",),
     ),
     Implementation(
         "direct-triton",

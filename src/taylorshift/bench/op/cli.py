@@ -230,9 +230,7 @@ def settings_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser
     """The sweep's settings; bad values go through ``parser.error`` (exit status 2)."""
     device = parse_device(args.device, parser)
     if args.impl is None:
-        impls = tuple(
-            n for n, i in IMPLEMENTATIONS.items() if device.type in i.devices and i.default
-        )
+        impls = tuple(n for n, i in IMPLEMENTATIONS.items() if i.is_default_on(device.type))
     else:
         impls = tuple(dict.fromkeys(args.impl))
         unknown = [n for n in impls if n not in IMPLEMENTATIONS]

@@ -261,7 +261,8 @@ def report_markdown(results: dict, figures: Sequence[str] = ()) -> str:
         + (f"; GPU memory {m['gpu_memory_gib']} GiB, CUDA {m.get('cuda')}" if m.get("gpu") else ""),
         f"- {m.get('platform')}; Python {m.get('python')}; torch {m.get('torch')} "
         f"(CPU capability {m.get('torch_cpu_capability')}); taylorshift {m.get('taylorshift')}"
-        + (f"; triton {m['triton']}" if m.get("triton") else ""),
+        + (f"; triton {m['triton']}" if m.get("triton") else "")
+        + (f"; CPU kernels {m['cpu_kernels']}" if m.get("cpu_kernels") else ""),
         f"- source: git {m.get('git_revision')}; package sources sha256 {m.get('sources_sha256')}",
         f"- load average (1 min) {_load(results.get('loadavg_start'))} at the start, "
         f"{_load(results.get('loadavg_end'))} at the end"

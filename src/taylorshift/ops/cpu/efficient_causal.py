@@ -12,12 +12,15 @@ Backward, as the PyTorch form's: a forward sweep rebuilds S_<i0 and gives ∂q' 
 (ts_pair_grad) and the intra-chunk gradients (``weighted_sums_grad``); a reverse sweep
 accumulates G_>c = c ⊙ Σ_{c' > c} φ(q'_c')ᵀ ∂Y'_c' (ts_state) and gives ∂v = φ(k') G
 (ts_readout) and ∂k' (ts_pair_grad). q -> q' and k -> k' and their backward are C loops
-(``ts_scale_rows``). No prefix state is stored. Eager only: under ``torch.compile`` the
-router keeps the PyTorch causal form (it compiles whole); no initial or final state (those
-calls run the PyTorch form too).
+(``ts_scale_rows``). No prefix state is stored. No initial or final state (those calls
+run the PyTorch form). Two wrappers share the passes, as in ``efficient.py``:
+``CpuCausalEfficientFunction`` (eager) and the custom ops
+``taylorshift::cpu_causal_efficient_forward`` / ``_backward`` (``torch.compile``).
 """
 
 from __future__ import annotations
+
+from typing import Optional  # custom_op reads Optional[Tensor] from annotations
 
 import torch
 from torch import Tensor
@@ -62,51 +65,156 @@ def _as_heads(t: Tensor) -> Tensor:
     return t.unsqueeze(1)
 
 
+def causal_forward_pass(
+    query: Tensor, key: Tensor, value: Tensor, key_mask: Tensor | None, factors: Tensor,
+    normalize: bool, chunk: int,
+) -> tuple[Tensor, ...]:  # fmt: skip
+    """y (B, H, Nq, dv) in value's dtype and what the backward needs besides the inputs:
+    (y, the key mask as uint8 (B·H, Nk) or None, the denominators (B·H, Nq), the counts
+    n_i ((B·H, Nq) or (Nq,))), float32."""
+    lib, threads = library(), _threads()
+    b, h, nq, d = query.shape
+    nk, dv = key.shape[2], value.shape[3]
+    bh = b * h
+    rows, cols = state_shape(d, dv + 1)
+    qp, kp = scaled_rows(query, factors, normalize), scaled_rows(key, None, normalize)
+    v = _flat(value)
+    mask = _flat_mask(key_mask, b, h, nk)
+    vo = _values_with_ones(value, mask)
+    count = _flat_count(causal_count(key_mask, nq, nk, torch.float32, query.device), bh)
+    state = torch.empty((bh, rows, cols))
+    have_state = False
+    out = torch.empty((bh, nq, dv))
+    den = torch.empty((bh, nq))
+    for i0 in range(0, max(nq, nk), chunk):
+        i1 = min(i0 + chunk, max(nq, nk))
+        if i0 < nq:
+            q1 = min(i1, nq)
+            q = _rows(qp, i0, q1)
+            y_prime = torch.zeros((bh, q1 - i0, dv + 1))
+            if have_state:
+                lib.ts_readout(bh, q1 - i0, d, _ptr(q), _ptr(state), cols, _ptr(y_prime),
+                               dv + 1, None, None, 0, None, threads)  # fmt: skip
+            if i0 < nk:
+                ck = min(q1, nk) - i0  # the chunk's keys its queries can attend
+                intra = weighted_sums(_as_heads(q), _as_heads(kp[:, i0 : i0 + ck]),
+                                      _as_heads(vo[:, i0 : i0 + ck]), None, True)  # fmt: skip
+                y_prime += intra.squeeze(1)
+            y, den[:, i0:q1] = finish_outputs(y_prime, count[..., i0:q1], normalize, d)
+            out[:, i0:q1] = y
+        if i0 < nk and i1 < nq:  # later queries attend this chunk through the state
+            j1 = min(i1, nk)
+            k_c, v_c = _rows(kp, i0, j1), _rows(v, i0, j1)
+            m_c = None if mask is None else _rows(mask, i0, j1)
+            lib.ts_state(bh, j1 - i0, d, _ptr(k_c), _ptr(v_c), dv, 1, _ptr(m_c), _ptr(state),
+                         int(have_state), threads)  # fmt: skip
+            have_state = True
+    return out.view(b, h, nq, dv).to(value.dtype), mask, den, count
+
+
+def causal_backward_pass(
+    grad_out: Tensor, query: Tensor, key: Tensor, value: Tensor, factors: Tensor,
+    normalize: bool, chunk: int, saved: tuple[Tensor, ...], need_factor: bool,
+) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:  # fmt: skip
+    """Gradients of query, key, value (each in its dtype) and, with ``need_factor``, of the
+    per-head factor (B·H,) float32; ``saved`` is ``causal_forward_pass``'s output."""
+    y, mask, den, count = saved
+    lib, threads = library(), _threads()
+    b, h, nq, d = query.shape
+    nk, dv = key.shape[2], value.shape[3]
+    bh = b * h
+    rows, cols = state_shape(d, dv + 1)
+    qp, kp = scaled_rows(query, factors, normalize), scaled_rows(key, None, normalize)
+    v = _flat(value)
+    vo = _values_with_ones(value, mask)
+    g_y = grad_outputs(_flat(grad_out), _flat(y), den, count, normalize, d).contiguous()
+    g_qp = torch.zeros((bh, nq, d))
+    g_kp = torch.zeros((bh, nk, d))
+    g_vo = torch.zeros((bh, nk, dv + 1))
+    span = max(nq, nk)
+
+    # Forward sweep: the prefix state again; ∂q' through it and the intra-chunk block.
+    state = torch.empty((bh, rows, cols))
+    have_state = False
+    for i0 in range(0, span, chunk):
+        i1 = min(i0 + chunk, span)
+        if i0 < nq:
+            q1 = min(i1, nq)
+            q, g = _rows(qp, i0, q1), _rows(g_y, i0, q1)
+            if have_state:
+                part = torch.empty((bh, q1 - i0, d))
+                lib.ts_pair_grad(bh, q1 - i0, d, _ptr(q), _ptr(g), dv + 1, 0, None,
+                                 _ptr(state), cols, _ptr(part), threads)  # fmt: skip
+                g_qp[:, i0:q1] += part
+            if i0 < nk:
+                ck = min(q1, nk) - i0
+                iq, ik, iv = weighted_sums_grad(
+                    _as_heads(q), _as_heads(kp[:, i0 : i0 + ck]),
+                    _as_heads(vo[:, i0 : i0 + ck]), _as_heads(g), None, True,
+                )  # fmt: skip
+                g_qp[:, i0:q1] += iq.squeeze(1)
+                g_kp[:, i0 : i0 + ck] += ik.squeeze(1)
+                g_vo[:, i0 : i0 + ck] += iv.squeeze(1)
+        if i0 < nk and i1 < nq:
+            j1 = min(i1, nk)
+            k_c, v_c = _rows(kp, i0, j1), _rows(v, i0, j1)
+            m_c = None if mask is None else _rows(mask, i0, j1)
+            lib.ts_state(bh, j1 - i0, d, _ptr(k_c), _ptr(v_c), dv, 1, _ptr(m_c), _ptr(state),
+                         int(have_state), threads)  # fmt: skip
+            have_state = True
+
+    # Reverse sweep: G_>c, the gradient of the state chunk c feeds, gives the key side.
+    grad_state = torch.empty((bh, rows, cols))
+    have_grad = False
+    for i0 in reversed(range(0, span, chunk)):
+        i1 = min(i0 + chunk, span)
+        if i0 < nk and have_grad:
+            j1 = min(i1, nk)
+            k_c, v_c = _rows(kp, i0, j1), _rows(v, i0, j1)
+            m_c = None if mask is None else _rows(mask, i0, j1)
+            part_v = torch.empty((bh, j1 - i0, dv))
+            lib.ts_readout(bh, j1 - i0, d, _ptr(k_c), _ptr(grad_state), cols, _ptr(part_v),
+                           dv, _ptr(m_c), None, 0, None, threads)  # fmt: skip
+            g_vo[:, i0:j1, :dv] += part_v
+            part_k = torch.empty((bh, j1 - i0, d))
+            lib.ts_pair_grad(bh, j1 - i0, d, _ptr(k_c), _ptr(v_c), dv, 1, _ptr(m_c),
+                             _ptr(grad_state), cols, _ptr(part_k), threads)  # fmt: skip
+            g_kp[:, i0:j1] += part_k
+        if i0 < nq and i0 > 0:  # (chunk 0's queries feed no earlier keys)
+            q1 = min(i1, nq)
+            q, g = _rows(qp, i0, q1), _rows(g_y, i0, q1)
+            lib.ts_state(bh, q1 - i0, d, _ptr(q), _ptr(g), dv + 1, 0, None, _ptr(grad_state),
+                         int(have_grad), threads)  # fmt: skip
+            have_grad = True
+
+    q32, k32 = _flat(query), _flat(key)
+    gq, gk = torch.empty_like(q32), torch.empty_like(k32)
+    g_factor = torch.empty(bh) if need_factor else None
+    lib.ts_scale_rows_grad(bh, nq, d, _ptr(q32), _ptr(g_qp), _ptr(factors), int(normalize),
+                           NORM_EPS, _ptr(gq), _ptr(g_factor), threads)  # fmt: skip
+    lib.ts_scale_rows_grad(bh, nk, d, _ptr(k32), _ptr(g_kp), None, int(normalize), NORM_EPS,
+                           _ptr(gk), None, threads)  # fmt: skip
+    gv = g_vo[..., :dv]
+    if mask is not None:
+        gv = gv * mask.unsqueeze(-1)
+    return (
+        gq.view(query.shape).to(query.dtype),
+        gk.view(key.shape).to(key.dtype),
+        gv.reshape(value.shape).to(value.dtype).contiguous(),  # (the fake's layout)
+        g_factor,
+    )
+
+
 class CpuCausalEfficientFunction(torch.autograd.Function):
-    """Forward and backward sweeps of the causal form with the CPU kernels."""
+    """The eager wrapper of the two passes, the temperature's gradient included."""
 
     @staticmethod
     def forward(ctx, query, key, value, temperature, factor, normalize, key_mask, chunk):
-        lib, threads = library(), _threads()
-        b, h, nq, d = query.shape
-        nk, dv = key.shape[2], value.shape[3]
-        bh = b * h
-        rows, cols = state_shape(d, dv + 1)
+        b, h = query.shape[:2]
         factors = head_factors(temperature, factor, b, h)
-        qp, kp = scaled_rows(query, factors, normalize), scaled_rows(key, None, normalize)
-        v = _flat(value)
-        mask = _flat_mask(key_mask, b, h, nk)
-        vo = _values_with_ones(value, mask)
-        count = _flat_count(causal_count(key_mask, nq, nk, torch.float32, query.device), bh)
-        state = torch.empty((bh, rows, cols))
-        have_state = False
-        out = torch.empty((bh, nq, dv))
-        den = torch.empty((bh, nq))
-        for i0 in range(0, max(nq, nk), chunk):
-            i1 = min(i0 + chunk, max(nq, nk))
-            if i0 < nq:
-                q1 = min(i1, nq)
-                q = _rows(qp, i0, q1)
-                y_prime = torch.zeros((bh, q1 - i0, dv + 1))
-                if have_state:
-                    lib.ts_readout(bh, q1 - i0, d, _ptr(q), _ptr(state), cols, _ptr(y_prime),
-                                   dv + 1, None, None, 0, None, threads)  # fmt: skip
-                if i0 < nk:
-                    ck = min(q1, nk) - i0  # the chunk's keys its queries can attend
-                    intra = weighted_sums(_as_heads(q), _as_heads(kp[:, i0 : i0 + ck]),
-                                          _as_heads(vo[:, i0 : i0 + ck]), None, True)  # fmt: skip
-                    y_prime += intra.squeeze(1)
-                n_i = count[..., i0:q1]
-                y, den[:, i0:q1] = finish_outputs(y_prime, n_i, normalize, d)
-                out[:, i0:q1] = y
-            if i0 < nk and i1 < nq:  # later queries attend this chunk through the state
-                j1 = min(i1, nk)
-                k_c, v_c = _rows(kp, i0, j1), _rows(v, i0, j1)
-                m_c = None if mask is None else _rows(mask, i0, j1)
-                lib.ts_state(bh, j1 - i0, d, _ptr(k_c), _ptr(v_c), dv, 1, _ptr(m_c), _ptr(state),
-                             int(have_state), threads)  # fmt: skip
-                have_state = True
-        y = out.view(b, h, nq, dv).to(value.dtype)
+        y, mask, den, count = causal_forward_pass(
+            query, key, value, key_mask, factors, normalize, chunk
+        )
         ctx.save_for_backward(query, key, value, temperature, factors, y, den, count)
         ctx.mask, ctx.normalize, ctx.chunk = mask, normalize, chunk
         return y
@@ -115,96 +223,93 @@ class CpuCausalEfficientFunction(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_out):
         query, key, value, temperature, factors, y, den, count = ctx.saved_tensors
-        mask, normalize, chunk = ctx.mask, ctx.normalize, ctx.chunk
-        lib, threads = library(), _threads()
-        b, h, nq, d = query.shape
-        nk, dv = key.shape[2], value.shape[3]
-        bh = b * h
-        rows, cols = state_shape(d, dv + 1)
-        qp, kp = scaled_rows(query, factors, normalize), scaled_rows(key, None, normalize)
-        v = _flat(value)
-        vo = _values_with_ones(value, mask)
-        g_y = grad_outputs(_flat(grad_out), _flat(y), den, count, normalize, d).contiguous()
-        g_qp = torch.zeros((bh, nq, d))
-        g_kp = torch.zeros((bh, nk, d))
-        g_vo = torch.zeros((bh, nk, dv + 1))
-        span = max(nq, nk)
-
-        # Forward sweep: the prefix state again; ∂q' through it and the intra-chunk block.
-        state = torch.empty((bh, rows, cols))
-        have_state = False
-        for i0 in range(0, span, chunk):
-            i1 = min(i0 + chunk, span)
-            if i0 < nq:
-                q1 = min(i1, nq)
-                q, g = _rows(qp, i0, q1), _rows(g_y, i0, q1)
-                if have_state:
-                    part = torch.empty((bh, q1 - i0, d))
-                    lib.ts_pair_grad(bh, q1 - i0, d, _ptr(q), _ptr(g), dv + 1, 0, None,
-                                     _ptr(state), cols, _ptr(part), threads)  # fmt: skip
-                    g_qp[:, i0:q1] += part
-                if i0 < nk:
-                    ck = min(q1, nk) - i0
-                    iq, ik, iv = weighted_sums_grad(
-                        _as_heads(q), _as_heads(kp[:, i0 : i0 + ck]),
-                        _as_heads(vo[:, i0 : i0 + ck]), _as_heads(g), None, True,
-                    )  # fmt: skip
-                    g_qp[:, i0:q1] += iq.squeeze(1)
-                    g_kp[:, i0 : i0 + ck] += ik.squeeze(1)
-                    g_vo[:, i0 : i0 + ck] += iv.squeeze(1)
-            if i0 < nk and i1 < nq:
-                j1 = min(i1, nk)
-                k_c, v_c = _rows(kp, i0, j1), _rows(v, i0, j1)
-                m_c = None if mask is None else _rows(mask, i0, j1)
-                lib.ts_state(bh, j1 - i0, d, _ptr(k_c), _ptr(v_c), dv, 1, _ptr(m_c), _ptr(state),
-                             int(have_state), threads)  # fmt: skip
-                have_state = True
-
-        # Reverse sweep: G_>c, the gradient of the state chunk c feeds, gives the key side.
-        grad_state = torch.empty((bh, rows, cols))
-        have_grad = False
-        for i0 in reversed(range(0, span, chunk)):
-            i1 = min(i0 + chunk, span)
-            if i0 < nk and have_grad:
-                j1 = min(i1, nk)
-                k_c, v_c = _rows(kp, i0, j1), _rows(v, i0, j1)
-                m_c = None if mask is None else _rows(mask, i0, j1)
-                part_v = torch.empty((bh, j1 - i0, dv))
-                lib.ts_readout(bh, j1 - i0, d, _ptr(k_c), _ptr(grad_state), cols, _ptr(part_v),
-                               dv, _ptr(m_c), None, 0, None, threads)  # fmt: skip
-                g_vo[:, i0:j1, :dv] += part_v
-                part_k = torch.empty((bh, j1 - i0, d))
-                lib.ts_pair_grad(bh, j1 - i0, d, _ptr(k_c), _ptr(v_c), dv, 1, _ptr(m_c),
-                                 _ptr(grad_state), cols, _ptr(part_k), threads)  # fmt: skip
-                g_kp[:, i0:j1] += part_k
-            if i0 < nq and i0 > 0:  # (chunk 0's queries feed no earlier keys)
-                q1 = min(i1, nq)
-                q, g = _rows(qp, i0, q1), _rows(g_y, i0, q1)
-                lib.ts_state(bh, q1 - i0, d, _ptr(q), _ptr(g), dv + 1, 0, None,
-                             _ptr(grad_state), int(have_grad), threads)  # fmt: skip
-                have_grad = True
-
         need_t = ctx.needs_input_grad[3]
-        q32, k32 = _flat(query), _flat(key)
-        gq, gk = torch.empty_like(q32), torch.empty_like(k32)
-        g_factor = torch.empty(bh) if need_t else None
-        lib.ts_scale_rows_grad(bh, nq, d, _ptr(q32), _ptr(g_qp), _ptr(factors), int(normalize),
-                               NORM_EPS, _ptr(gq), _ptr(g_factor), threads)  # fmt: skip
-        lib.ts_scale_rows_grad(bh, nk, d, _ptr(k32), _ptr(g_kp), None, int(normalize), NORM_EPS,
-                               _ptr(gk), None, threads)  # fmt: skip
-        gv = g_vo[..., :dv]
-        if mask is not None:
-            gv = gv * mask.unsqueeze(-1)
-        return (
-            gq.view(query.shape).to(query.dtype),
-            gk.view(key.shape).to(key.dtype),
-            gv.reshape(value.shape).to(value.dtype),
-            factor_grad(g_factor, temperature, b, h) if need_t else None,
-            None,
-            None,
-            None,
-            None,
-        )
+        gq, gk, gv, g_factor = causal_backward_pass(
+            grad_out, query, key, value, factors, ctx.normalize, ctx.chunk,
+            (y, ctx.mask, den, count), need_t,
+        )  # fmt: skip
+        b, h = query.shape[:2]
+        gt = factor_grad(g_factor, temperature, b, h) if need_t else None
+        return gq, gk, gv, gt, None, None, None, None
+
+
+# The same passes as torch.library custom ops, for torch.compile (one opaque call each way).
+
+
+@torch.library.custom_op("taylorshift::cpu_causal_efficient_forward", mutates_args=())
+def cpu_causal_efficient_forward(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    key_mask: Optional[Tensor],  # noqa: UP045
+    factors: Tensor,
+    normalize: bool,
+    chunk: int,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """``causal_forward_pass`` with the key mask (not returned) rebuilt by the backward:
+    (y, denominators, counts)."""
+    y, _, den, count = causal_forward_pass(query, key, value, key_mask, factors, normalize, chunk)
+    return y, den, count
+
+
+@cpu_causal_efficient_forward.register_fake
+def _(query, key, value, key_mask, factors, normalize, chunk):
+    b, h, nq, _ = query.shape
+    f32 = torch.float32
+    count_shape = (nq,) if key_mask is None else (b * h, nq)
+    return (
+        query.new_empty((b, h, nq, value.shape[3]), dtype=value.dtype),
+        query.new_empty((b * h, nq), dtype=f32),
+        query.new_empty(count_shape, dtype=f32),
+    )
+
+
+@torch.library.custom_op("taylorshift::cpu_causal_efficient_backward", mutates_args=())
+def cpu_causal_efficient_backward(
+    grad_out: Tensor,
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    key_mask: Optional[Tensor],  # noqa: UP045
+    factors: Tensor,
+    normalize: bool,
+    chunk: int,
+    y: Tensor,
+    den: Tensor,
+    count: Tensor,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """``causal_backward_pass``: gradients of query, key, value and the per-head factors."""
+    b, h = query.shape[:2]
+    mask = _flat_mask(key_mask, b, h, key.shape[2])
+    return causal_backward_pass(
+        grad_out, query, key, value, factors, normalize, chunk, (y, mask, den, count), True
+    )
+
+
+@cpu_causal_efficient_backward.register_fake
+def _(grad_out, query, key, value, key_mask, factors, normalize, chunk, y, den, count):
+    # contiguous, as the real op returns them
+    return tuple(x.new_empty(x.shape) for x in (query, key, value, factors))
+
+
+def _setup_context(ctx, inputs, output):
+    query, key, value, key_mask, factors, normalize, chunk = inputs
+    y, den, count = output
+    ctx.save_for_backward(query, key, value, key_mask, factors, y, den, count)
+    ctx.normalize, ctx.chunk = normalize, chunk
+    ctx.mark_non_differentiable(den, count)
+
+
+def _backward(ctx, grad_out, *_unused):
+    query, key, value, key_mask, factors, y, den, count = ctx.saved_tensors
+    gq, gk, gv, g_factor = cpu_causal_efficient_backward(
+        grad_out.contiguous(), query, key, value, key_mask, factors, ctx.normalize, ctx.chunk,
+        y, den, count,
+    )  # fmt: skip
+    return gq, gk, gv, None, g_factor, None, None
+
+
+cpu_causal_efficient_forward.register_autograd(_backward, setup_context=_setup_context)
 
 
 def cpu_causal_efficient_taylor_shift(
@@ -233,8 +338,15 @@ def cpu_causal_efficient_taylor_shift(
         )
     if query.device.type != "cpu":
         raise ValueError(f"query must be on the CPU for the CPU kernels; got device {query.device}")
-    temperature, factor = split_factor(temperature, scale, normalize, query.shape[-1])
+    b, h, _, d = query.shape
+    temperature, factor = split_factor(temperature, scale, normalize, d)
     chunk = chunk_size or DEFAULT_CAUSAL_CHUNK
-    return CpuCausalEfficientFunction.apply(
-        query, key, value, temperature, factor, normalize, key_mask, chunk
-    )
+    if not torch.compiler.is_compiling():
+        return CpuCausalEfficientFunction.apply(
+            query, key, value, temperature, factor, normalize, key_mask, chunk
+        )
+    if temperature is None:
+        factors = query.new_full((b * h,), factor, dtype=torch.float32)
+    else:  # differentiable: the custom op returns the per-head factor's gradient
+        factors = temperature.to(torch.float32).expand(b, h, 1, 1).reshape(b * h)
+    return cpu_causal_efficient_forward(query, key, value, key_mask, factors, normalize, chunk)[0]

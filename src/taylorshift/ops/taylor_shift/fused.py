@@ -3,7 +3,7 @@
 
 The public op computes the same function either way; this only picks who computes it.
 A CPU call goes to the CPU kernels when it is the efficient form (non-causal, or causal
-outside ``torch.compile`` and without an initial or final state), order 2, of float32,
+without an initial or final state), order 2, of float32,
 float16 or bfloat16 tensors with no mask or a key-padding mask, 1 <= d, dv <=
 ``MAX_HEAD_DIM``, and the kernels are available (``TAYLORSHIFT_CPU_KERNELS`` not ``off``,
 a C compiler that built them: ``taylorshift.ops.cpu.unavailable_reason()``; warned once
@@ -234,8 +234,6 @@ def _cpu_form(
 ) -> Callable[..., Tensor] | None:
     if mode != "efficient" or order != 2 or query.dtype not in KERNEL_DTYPES:
         return None
-    if is_causal and torch.compiler.is_compiling():
-        return None  # the causal kernels are eager only: the PyTorch form compiles whole
     if not (1 <= problem.head_dim <= MAX_HEAD_DIM and 1 <= problem.value_dim <= MAX_HEAD_DIM):
         return None
     if problem.n_query == 0 or problem.n_key == 0 or problem.mask_varies_over_queries:
