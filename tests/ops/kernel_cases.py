@@ -1,5 +1,7 @@
-"""Shared cases of the efficient-form kernel tests (non-causal and causal): the problem
-description, its inputs in a low precision and in float64, and the calls."""
+"""Shared cases of the efficient-form kernel tests (Triton and CPU, non-causal and causal):
+the problem description, its inputs in a low precision and in float64, the calls, and the
+two checks every fused form passes (float32 against float64 and the PyTorch form; 16-bit
+against the reference's own error)."""
 
 from __future__ import annotations
 
@@ -8,7 +10,7 @@ from dataclasses import dataclass
 import torch
 
 from taylorshift import naive_taylor_shift_attention
-from tests.helpers import key_padding
+from tests.helpers import assert_rel_close, key_padding, rel_error
 
 
 @dataclass(frozen=True)
@@ -84,3 +86,71 @@ def call_form(form, inputs, mask, opts, case: Case, **kwargs):
 
 def grads(y, inputs, g):
     return torch.autograd.grad(y, inputs, g.to(y.dtype))
+
+
+def check_float32(form, torch_form, case: Case, *, is_causal: bool = False, **kwargs) -> None:
+    """A fused form against the float64 reference and the PyTorch form, float32 inputs:
+    outputs within 1e-5 and gradients (query, key, value, a tensor temperature) within 2e-5,
+    relative; a batch with no attended key ("empty") gives zeros. ``kwargs`` go to both
+    forms (e.g. ``chunk_size``)."""
+    low, high, mask, opts = make_problem(case, torch.float32)
+    exact = call_reference(high, mask, opts, is_causal=is_causal)
+    fast = call_form(form, low, mask, opts, case, **kwargs)
+    torch_out = call_form(torch_form, low, mask, opts, case, **kwargs)
+    assert fast.dtype == torch.float32 and fast.shape == exact.shape
+    assert_rel_close(fast, exact, 1e-5, "output vs reference", atol=1e-7)
+    assert_rel_close(fast, torch_out, 1e-5, "output vs torch form", atol=1e-7)
+    if case.mask == "empty":
+        assert (fast[0] == 0).all(), "a query with no attended key must return zeros"
+
+    g = torch.randn(exact.shape, generator=torch.Generator().manual_seed(7), dtype=torch.float64)
+    g_exact = grads(exact, high, g)
+    g_fast = grads(fast, low, g)
+    g_torch = grads(torch_out, low, g)
+    names = ["query", "key", "value", "temperature"]
+    for name, a, e, t in zip(names, g_fast, g_exact, g_torch, strict=False):
+        assert a.dtype == torch.float32, name
+        assert_rel_close(a, e, 2e-5, f"grad {name} vs reference", atol=1e-6)
+        assert_rel_close(a, t, 2e-5, f"grad {name} vs torch form", atol=1e-6)
+
+
+def check_low_precision(
+    form, case: Case, dtype: torch.dtype, *, is_causal: bool = False, floor: float = 1e-4,
+    rms_bound: float = 5e-3, **kwargs,
+) -> None:  # fmt: skip
+    """SPEC §8's rule for 16-bit inputs: the form's relative RMS error against float64 at
+    most 2× (output) / 3× (gradients of q, k, v) the reference's own error in ``dtype``, plus
+    ``floor`` (the level of the float64 check itself), and below ``rms_bound``."""
+    low, high, mask, opts = make_problem(case, dtype, seed=1)
+    exact = call_reference(high, mask, opts, is_causal=is_causal)
+    ref_low = call_reference(low, mask, opts, is_causal=is_causal)
+    fast = call_form(form, low, mask, opts, case, **kwargs)
+    assert fast.dtype == dtype
+    err_fast, err_ref = rel_error(fast, exact), rel_error(ref_low, exact)
+    assert err_fast <= 2 * err_ref + floor, (err_fast, err_ref)
+    assert err_fast < rms_bound
+
+    g = torch.randn(exact.shape, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    g_exact = grads(exact, high, g)
+    g_ref = grads(ref_low, low, g)
+    g_fast = grads(fast, low, g)
+    for name, a, r, e in zip("qkv", g_fast, g_ref, g_exact, strict=True):
+        assert a.dtype == dtype and torch.isfinite(a).all()
+        err_fast, err_ref = rel_error(a, e), rel_error(r, e)
+        assert err_fast <= 3 * err_ref + floor, (name, err_fast, err_ref)
+        assert err_fast < rms_bound, (name, err_fast)
+
+
+def check_fully_masked(form, nq: int = 5, **kwargs) -> None:
+    """Key padding that leaves whole heads with no key: their outputs are zeros, every
+    gradient finite, and masked keys and values get zero gradients."""
+    case = Case(2, 2, nq, 9, 16, 16)
+    q, k, v, t = make_problem(case, torch.float32)[0]
+    key_mask = torch.zeros(2, 2, 9, dtype=torch.bool)
+    key_mask[1, 0, :4] = True  # one head of one batch attends its first 4 keys, the rest none
+    y = form(q, k, v, key_mask, t, None, True, **kwargs)
+    assert (y[0] == 0).all() and (y[1, 1] == 0).all()
+    gq, gk, gv, gt = torch.autograd.grad(y.sum(), (q, k, v, t))
+    assert all(torch.isfinite(x).all() for x in (gq, gk, gv, gt))
+    assert (gq[0] == 0).all()
+    assert (gk[1, 0, 4:] == 0).all() and (gv[1, 0, 4:] == 0).all()

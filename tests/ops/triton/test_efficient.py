@@ -13,12 +13,14 @@ import pytest
 import torch
 
 from taylorshift.ops.taylor_shift.efficient import efficient_taylor_shift
-from tests.helpers import assert_rel_close, rel_error
+from tests.helpers import assert_rel_close
 from tests.ops.kernel_cases import (
     Case,
     call_form,
     call_reference,
-    grads,
+    check_float32,
+    check_fully_masked,
+    check_low_precision,
     key_mask_of,
     make_problem,
 )
@@ -51,53 +53,16 @@ FP16_CASES = [
     + [pytest.param(c, id=c.id, marks=pytest.mark.slow) for c in SLOW_CASES],
 )
 def test_float32_matches_reference_and_torch_form(case):
-    low, high, mask, opts = make_problem(case, torch.float32)
-    exact = call_reference(high, mask, opts)
-    fast = call_form(triton_efficient_taylor_shift, low, mask, opts, case)
-    torch_form = call_form(efficient_taylor_shift, low, mask, opts, case)
-    assert fast.dtype == torch.float32 and fast.shape == exact.shape
-    assert_rel_close(fast, exact, 1e-5, "output vs reference", atol=1e-7)
-    assert_rel_close(fast, torch_form, 1e-5, "output vs torch form", atol=1e-7)
-    if case.mask == "empty":
-        assert (fast[0] == 0).all(), "a query with no attended key must return zeros"
-
-    g = torch.randn(exact.shape, generator=torch.Generator().manual_seed(7), dtype=torch.float64)
-    g_exact = grads(exact, high, g)
-    g_fast = grads(fast, low, g)
-    g_torch = grads(torch_form, low, g)
-    names = ["query", "key", "value", "temperature"]
-    for name, a, e, t in zip(names, g_fast, g_exact, g_torch, strict=False):
-        assert a.dtype == torch.float32, name
-        assert_rel_close(a, e, 2e-5, f"grad {name} vs reference", atol=1e-6)
-        assert_rel_close(a, t, 2e-5, f"grad {name} vs torch form", atol=1e-6)
+    check_float32(triton_efficient_taylor_shift, efficient_taylor_shift, case)
 
 
-# Below this the comparison is at the level of the float64 check itself (tests/ops).
 FP16_FLOOR = 1e-4
 RMS_BOUND = 5e-3
 
 
 @pytest.mark.parametrize("case", FP16_CASES, ids=lambda c: c.id)
 def test_float16_error_within_reference_error(case):
-    low, high, mask, opts = make_problem(case, torch.float16, seed=1)
-    exact = call_reference(high, mask, opts)
-    ref_low = call_reference(low, mask, opts)
-    fast = call_form(triton_efficient_taylor_shift, low, mask, opts, case)
-    assert fast.dtype == torch.float16
-
-    err_fast, err_ref = rel_error(fast, exact), rel_error(ref_low, exact)
-    assert err_fast <= 2 * err_ref + FP16_FLOOR, (err_fast, err_ref)
-    assert err_fast < RMS_BOUND
-
-    g = torch.randn(exact.shape, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
-    g_exact = grads(exact, high, g)
-    g_ref = grads(ref_low, low, g)
-    g_fast = grads(fast, low, g)
-    for name, a, r, e in zip("qkv", g_fast, g_ref, g_exact, strict=True):
-        assert a.dtype == torch.float16 and torch.isfinite(a).all()
-        err_fast, err_ref = rel_error(a, e), rel_error(r, e)
-        assert err_fast <= 3 * err_ref + FP16_FLOOR, (name, err_fast, err_ref)
-        assert err_fast < RMS_BOUND, (name, err_fast)
+    check_low_precision(triton_efficient_taylor_shift, case, torch.float16)
 
 
 def test_sixteen_bit_inputs_multiply_in_their_own_dtype(monkeypatch):
@@ -152,17 +117,8 @@ def test_token_splits_and_launch_settings_keep_the_result(monkeypatch, dtype):
         assert_rel_close(a, e, tol, name, atol=tol / 10)
 
 
-def test_fully_masked_rows_give_zeros_and_finitegrads():
-    case = Case(2, 2, 5, 9, 16, 16)
-    low, _, _, _ = make_problem(case, torch.float32)
-    q, k, v, t = low
-    key_mask = torch.zeros(2, 2, 9, dtype=torch.bool)
-    key_mask[1, 0, :4] = True  # one head of one batch attends 4 keys, the rest none
-    y = triton_efficient_taylor_shift(q, k, v, key_mask, t, None, True)
-    assert (y[0] == 0).all() and (y[1, 1] == 0).all()
-    grads = torch.autograd.grad(y.sum(), (q, k, v, t))
-    assert all(torch.isfinite(x).all() for x in grads)
-    assert (grads[0][0] == 0).all() and (grads[1][1, 0, 4:] == 0).all()
+def test_fully_masked_rows_give_zeros_and_finite_grads():
+    check_fully_masked(triton_efficient_taylor_shift)
 
 
 def test_non_contiguous_inputs_match_contiguous():

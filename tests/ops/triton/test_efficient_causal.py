@@ -12,8 +12,15 @@ import pytest
 import torch
 
 from taylorshift.ops.taylor_shift.efficient_causal import causal_efficient_taylor_shift
-from tests.helpers import assert_rel_close, rel_error
-from tests.ops.kernel_cases import Case, call_form, call_reference, grads, make_problem
+from tests.helpers import assert_rel_close
+from tests.ops.kernel_cases import (
+    Case,
+    call_form,
+    call_reference,
+    check_float32,
+    check_low_precision,
+    make_problem,
+)
 from tests.ops.triton.conftest import TRITON_MISSING
 
 pytest.importorskip("triton", reason=TRITON_MISSING)
@@ -39,52 +46,18 @@ FP16_CASES = [
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
 def test_float32_matches_reference_and_torch_form(case):
-    low, high, mask, opts = make_problem(case, torch.float32)
-    exact = call_reference(high, mask, opts, is_causal=True)
-    fast = call_form(triton_causal_efficient_taylor_shift, low, mask, opts, case, chunk_size=CHUNK)
-    torch_form = call_form(causal_efficient_taylor_shift, low, mask, opts, case, chunk_size=CHUNK)
-    assert fast.dtype == torch.float32 and fast.shape == exact.shape
-    assert_rel_close(fast, exact, 1e-5, "output vs reference", atol=1e-7)
-    assert_rel_close(fast, torch_form, 1e-5, "output vs torch form", atol=1e-7)
-    if case.mask == "empty":
-        assert (fast[0] == 0).all(), "a query with no attended key must return zeros"
-
-    g = torch.randn(exact.shape, generator=torch.Generator().manual_seed(7), dtype=torch.float64)
-    g_exact = grads(exact, high, g)
-    g_fast = grads(fast, low, g)
-    g_torch = grads(torch_form, low, g)
-    names = ["query", "key", "value", "temperature"]
-    for name, a, e, t in zip(names, g_fast, g_exact, g_torch, strict=False):
-        assert a.dtype == torch.float32, name
-        assert_rel_close(a, e, 2e-5, f"grad {name} vs reference", atol=1e-6)
-        assert_rel_close(a, t, 2e-5, f"grad {name} vs torch form", atol=1e-6)
-
-
-FP16_FLOOR = 1e-4
-RMS_BOUND = 5e-3
+    check_float32(
+        triton_causal_efficient_taylor_shift, causal_efficient_taylor_shift, case,
+        is_causal=True, chunk_size=CHUNK,
+    )  # fmt: skip
 
 
 @pytest.mark.parametrize("case", FP16_CASES, ids=lambda c: c.id)
 def test_float16_error_within_reference_error(case):
-    low, high, mask, opts = make_problem(case, torch.float16, seed=1)
-    exact = call_reference(high, mask, opts, is_causal=True)
-    ref_low = call_reference(low, mask, opts, is_causal=True)
-    fast = call_form(triton_causal_efficient_taylor_shift, low, mask, opts, case, chunk_size=CHUNK)
-    assert fast.dtype == torch.float16
-
-    err_fast, err_ref = rel_error(fast, exact), rel_error(ref_low, exact)
-    assert err_fast <= 2 * err_ref + FP16_FLOOR, (err_fast, err_ref)
-    assert err_fast < RMS_BOUND
-
-    g = torch.randn(exact.shape, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
-    g_exact = grads(exact, high, g)
-    g_ref = grads(ref_low, low, g)
-    g_fast = grads(fast, low, g)
-    for name, a, r, e in zip("qkv", g_fast, g_ref, g_exact, strict=True):
-        assert a.dtype == torch.float16 and torch.isfinite(a).all()
-        err_fast, err_ref = rel_error(a, e), rel_error(r, e)
-        assert err_fast <= 3 * err_ref + FP16_FLOOR, (name, err_fast, err_ref)
-        assert err_fast < RMS_BOUND, (name, err_fast)
+    check_low_precision(
+        triton_causal_efficient_taylor_shift, case, torch.float16, is_causal=True,
+        chunk_size=CHUNK,
+    )  # fmt: skip
 
 
 def test_fully_masked_rows_give_zeros_and_finitegrads():

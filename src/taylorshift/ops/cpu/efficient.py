@@ -45,22 +45,26 @@ def state_shape(d: int, width: int) -> tuple[int, int]:
     return rows, -(-width // TILE) * TILE
 
 
-def _ptr(t: Tensor | None) -> int | None:
+def ptr(t: Tensor | None) -> int | None:
+    """The address C reads (None: a NULL pointer). The tensor must stay referenced by a name
+    until the call returns: a temporary (``ptr(x.contiguous())``) can be freed first."""
     return None if t is None else t.data_ptr()
 
 
-def _flat(t: Tensor) -> Tensor:
+def flat32(t: Tensor) -> Tensor:
     """(B, H, N, k) -> contiguous float32 (B·H, N, k)."""
     return t.reshape(-1, *t.shape[2:]).to(torch.float32).contiguous()
 
 
-def _flat_mask(key_mask: Tensor | None, b: int, h: int, n: int) -> Tensor | None:
+def flat_mask(key_mask: Tensor | None, b: int, h: int, n: int) -> Tensor | None:
+    """The key mask (B, H, N) bool (broadcast views too) as contiguous uint8 (B·H, N)."""
     if key_mask is None:
         return None
     return key_mask.expand(b, h, n).reshape(b * h, n).to(torch.uint8).contiguous()
 
 
-def _threads() -> int:
+def kernel_threads() -> int:
+    """The kernels' OpenMP threads: torch's intra-op thread count."""
     return max(1, torch.get_num_threads())
 
 
@@ -80,21 +84,21 @@ def forward_pass(
     (y, the key mask as uint8 (B·H, Nk) or None, the attended-key counts (B·H,), the
     denominators (B·H, Nq), the weighted key state (B·H, rows, cols)), float32. q' and k'
     are not kept: the backward recomputes them (O(N d), saves 2·N·d floats per head)."""
-    lib, threads = library(), _threads()
+    lib, threads = library(), kernel_threads()
     b, h, nq, d = query.shape
     nk, dv = key.shape[2], value.shape[3]
     bh = b * h
     rows, cols = state_shape(d, dv + 1)
-    v = _flat(value)
-    mask = _flat_mask(key_mask, b, h, nk)
+    v = flat32(value)
+    mask = flat_mask(key_mask, b, h, nk)
     qp, kp = scaled_rows(query, factors, normalize), scaled_rows(key, None, normalize)
     state = torch.empty((bh, rows, cols))
-    lib.ts_state(bh, nk, d, _ptr(kp), _ptr(v), dv, 1, _ptr(mask), _ptr(state), 0, threads)
+    lib.ts_state(bh, nk, d, ptr(kp), ptr(v), dv, 1, ptr(mask), ptr(state), 0, threads)
     count = torch.full((bh,), float(nk)) if mask is None else mask.sum(-1, dtype=torch.float32)
     out = torch.empty((bh, nq, dv))
     den = torch.empty((bh, nq))
-    lib.ts_readout(bh, nq, d, _ptr(qp), _ptr(state), cols, _ptr(out), dv, None, _ptr(count),
-                   int(normalize), _ptr(den), threads)  # fmt: skip
+    lib.ts_readout(bh, nq, d, ptr(qp), ptr(state), cols, ptr(out), dv, None, ptr(count),
+                   int(normalize), ptr(den), threads)  # fmt: skip
     y = out.view(b, h, nq, dv).to(value.dtype)
     return y, mask, count, den, state
 
@@ -103,10 +107,10 @@ def scaled_rows(x: Tensor, factors: Tensor | None, normalize: bool) -> Tensor:
     """x' = factor · x/max(‖x‖, eps) (normalize) or factor · x, float32 (B·H, N, d), from x
     (B, H, N, d); ``factors`` (B·H,) or None for 1 (``ts_scale_rows``)."""
     b, h, n, d = x.shape
-    x32 = _flat(x)
+    x32 = flat32(x)
     out = torch.empty_like(x32)
-    library().ts_scale_rows(b * h, n, d, _ptr(x32), _ptr(factors), int(normalize), NORM_EPS,
-                            _ptr(out), _threads())  # fmt: skip
+    library().ts_scale_rows(b * h, n, d, ptr(x32), ptr(factors), int(normalize), NORM_EPS,
+                            ptr(out), kernel_threads())  # fmt: skip
     return out
 
 
@@ -118,35 +122,35 @@ def backward_pass(
     per-head factor (B·H,) float32, from the gradient of y; ``saved`` is ``forward_pass``'s
     output."""
     y, mask, count, den, state = saved
-    lib, threads = library(), _threads()
+    lib, threads = library(), kernel_threads()
     qp, kp = scaled_rows(query, factors, normalize), scaled_rows(key, None, normalize)
     b, h, nq, d = query.shape
     nk, dv = key.shape[2], value.shape[3]
     bh, (rows, cols) = b * h, state.shape[1:]
     # (every tensor whose address goes to C is held by a name until the call returns)
-    g_out, y32 = _flat(grad_out), _flat(y)
+    g_out, y32 = flat32(grad_out), flat32(y)
     gy = torch.empty((bh, nq, dv + 1))  # gY' = [g_nom, g_den]
-    lib.ts_output_grad(bh, nq, dv, d, _ptr(g_out), _ptr(y32), _ptr(den), _ptr(count),
-                       int(normalize), _ptr(gy), threads)  # fmt: skip
+    lib.ts_output_grad(bh, nq, dv, d, ptr(g_out), ptr(y32), ptr(den), ptr(count),
+                       int(normalize), ptr(gy), threads)  # fmt: skip
     grad_state = torch.empty((bh, rows, cols))  # R = c ⊙ Σ_i φ(q'_i)ᵀ gY'_i
-    lib.ts_state(bh, nq, d, _ptr(qp), _ptr(gy), dv + 1, 0, None, _ptr(grad_state), 0, threads)
+    lib.ts_state(bh, nq, d, ptr(qp), ptr(gy), dv + 1, 0, None, ptr(grad_state), 0, threads)
     g_qp = torch.empty((bh, nq, d))
-    lib.ts_pair_grad(bh, nq, d, _ptr(qp), _ptr(gy), dv + 1, 0, None, _ptr(state), cols,
-                     _ptr(g_qp), threads)  # fmt: skip
+    lib.ts_pair_grad(bh, nq, d, ptr(qp), ptr(gy), dv + 1, 0, None, ptr(state), cols,
+                     ptr(g_qp), threads)  # fmt: skip
     gv = torch.empty((bh, nk, dv))
-    lib.ts_readout(bh, nk, d, _ptr(kp), _ptr(grad_state), cols, _ptr(gv), dv, _ptr(mask), None,
+    lib.ts_readout(bh, nk, d, ptr(kp), ptr(grad_state), cols, ptr(gv), dv, ptr(mask), None,
                    0, None, threads)  # fmt: skip
-    v = _flat(value)
+    v = flat32(value)
     g_kp = torch.empty((bh, nk, d))
-    lib.ts_pair_grad(bh, nk, d, _ptr(kp), _ptr(v), dv, 1, _ptr(mask), _ptr(grad_state), cols,
-                     _ptr(g_kp), threads)  # fmt: skip
-    q, k = _flat(query), _flat(key)
+    lib.ts_pair_grad(bh, nk, d, ptr(kp), ptr(v), dv, 1, ptr(mask), ptr(grad_state), cols,
+                     ptr(g_kp), threads)  # fmt: skip
+    q, k = flat32(query), flat32(key)
     gq, gk = torch.empty_like(q), torch.empty_like(k)
     g_factor = torch.empty(bh) if need_factor else None
-    lib.ts_scale_rows_grad(bh, nq, d, _ptr(q), _ptr(g_qp), _ptr(factors), int(normalize),
-                           NORM_EPS, _ptr(gq), _ptr(g_factor), threads)  # fmt: skip
-    lib.ts_scale_rows_grad(bh, nk, d, _ptr(k), _ptr(g_kp), None, int(normalize), NORM_EPS,
-                           _ptr(gk), None, threads)  # fmt: skip
+    lib.ts_scale_rows_grad(bh, nq, d, ptr(q), ptr(g_qp), ptr(factors), int(normalize),
+                           NORM_EPS, ptr(gq), ptr(g_factor), threads)  # fmt: skip
+    lib.ts_scale_rows_grad(bh, nk, d, ptr(k), ptr(g_kp), None, int(normalize), NORM_EPS,
+                           ptr(gk), None, threads)  # fmt: skip
     return (
         gq.view(query.shape).to(query.dtype),
         gk.view(key.shape).to(key.dtype),
@@ -235,7 +239,7 @@ def cpu_efficient_backward(
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """``backward_pass``: gradients of query, key, value and the per-head factors."""
     b, h = query.shape[:2]
-    mask = _flat_mask(key_mask, b, h, key.shape[2])
+    mask = flat_mask(key_mask, b, h, key.shape[2])
     saved = (y, mask, count, den, state)
     gq, gk, gv, g_factor = backward_pass(grad_out, query, key, value, factors, normalize, saved,
                                          True)  # fmt: skip
@@ -289,20 +293,32 @@ def cpu_efficient_taylor_shift(
     tile the tokens themselves). Builds the kernels on the first call (``build.library``).
     Under ``torch.compile`` the custom ops run; eagerly, ``CpuEfficientFunction``.
     """
-    if query.dtype == torch.float64:
-        raise TypeError(
-            "query must be float16, bfloat16 or float32 for the CPU kernels (they accumulate "
-            "in float32); got torch.float64 (use the torch efficient form)"
-        )
-    if query.device.type != "cpu":
-        raise ValueError(f"query must be on the CPU for the CPU kernels; got device {query.device}")
-    b, h, _, d = query.shape
-    temperature, factor = split_factor(temperature, scale, normalize, d)
+    check_kernel_inputs(query, "efficient form")
+    temperature, factor = split_factor(temperature, scale, normalize, query.shape[-1])
     if not torch.compiler.is_compiling():
         return CpuEfficientFunction.apply(query, key, value, temperature, factor, normalize,
                                           key_mask)  # fmt: skip
-    if temperature is None:
-        factors = query.new_full((b * h,), factor, dtype=torch.float32)
-    else:  # differentiable: the custom op returns the per-head factor's gradient
-        factors = temperature.to(torch.float32).expand(b, h, 1, 1).reshape(b * h)
+    factors = traced_factors(query, temperature, factor)
     return cpu_efficient_forward(query, key, value, key_mask, factors, normalize)[0]
+
+
+def check_kernel_inputs(query: Tensor, torch_form: str) -> None:
+    """Refuse float64 and tensors off the CPU; ``torch_form`` names the PyTorch form to use
+    instead."""
+    if query.dtype == torch.float64:
+        raise TypeError(
+            "query must be float16, bfloat16 or float32 for the CPU kernels (they accumulate "
+            f"in float32); got torch.float64 (use the torch {torch_form})"
+        )
+    if query.device.type != "cpu":
+        raise ValueError(f"query must be on the CPU for the CPU kernels; got device {query.device}")
+
+
+def traced_factors(query: Tensor, temperature: Tensor | None, factor: float) -> Tensor:
+    """The per-head factor (B·H,) float32 that the custom ops take, built in the traced
+    graph: from a tensor temperature differentiably (the ops return its gradient), else the
+    float ``factor``."""
+    b, h = query.shape[:2]
+    if temperature is None:
+        return query.new_full((b * h,), factor, dtype=torch.float32)
+    return temperature.to(torch.float32).expand(b, h, 1, 1).reshape(b * h)

@@ -31,20 +31,22 @@ from ..taylor_shift.efficient_causal import DEFAULT_CAUSAL_CHUNK, causal_count
 from ..taylor_shift.features import NORM_EPS, split_factor
 from .build import library
 from .efficient import (
-    _flat,
-    _flat_mask,
-    _ptr,
-    _threads,
+    check_kernel_inputs,
     factor_grad,
+    flat32,
+    flat_mask,
     head_factors,
+    kernel_threads,
+    ptr,
     scaled_rows,
     state_shape,
+    traced_factors,
 )
 
 
 def _values_with_ones(value: Tensor, mask: Tensor | None) -> Tensor:
     """[v·m, m] float32 (B·H, Nk, dv + 1): the values and the ones column, masked keys zero."""
-    v = _flat(value)
+    v = flat32(value)
     ones = v.new_ones((*v.shape[:-1], 1))
     out = torch.cat([v, ones], dim=-1)
     return out if mask is None else out * mask.unsqueeze(-1)
@@ -65,6 +67,17 @@ def _as_heads(t: Tensor) -> Tensor:
     return t.unsqueeze(1)
 
 
+def _add_keys(
+    state: Tensor, kp: Tensor, v: Tensor, mask: Tensor | None, j0: int, j1: int, accumulate: bool
+) -> None:
+    """state (B·H, rows, cols) (+)= c ⊙ Σ φ(k'_j)ᵀ [v_j·m_j, m_j] over keys [j0, j1)."""
+    bh, _, d = kp.shape
+    k_c, v_c = _rows(kp, j0, j1), _rows(v, j0, j1)
+    m_c = None if mask is None else _rows(mask, j0, j1)
+    library().ts_state(bh, j1 - j0, d, ptr(k_c), ptr(v_c), v.shape[-1], 1, ptr(m_c),
+                       ptr(state), int(accumulate), kernel_threads())  # fmt: skip
+
+
 def causal_forward_pass(
     query: Tensor, key: Tensor, value: Tensor, key_mask: Tensor | None, factors: Tensor,
     normalize: bool, chunk: int,
@@ -72,14 +85,14 @@ def causal_forward_pass(
     """y (B, H, Nq, dv) in value's dtype and what the backward needs besides the inputs:
     (y, the key mask as uint8 (B·H, Nk) or None, the denominators (B·H, Nq), the counts
     n_i ((B·H, Nq) or (Nq,))), float32."""
-    lib, threads = library(), _threads()
+    lib, threads = library(), kernel_threads()
     b, h, nq, d = query.shape
     nk, dv = key.shape[2], value.shape[3]
     bh = b * h
     rows, cols = state_shape(d, dv + 1)
     qp, kp = scaled_rows(query, factors, normalize), scaled_rows(key, None, normalize)
-    v = _flat(value)
-    mask = _flat_mask(key_mask, b, h, nk)
+    v = flat32(value)
+    mask = flat_mask(key_mask, b, h, nk)
     vo = _values_with_ones(value, mask)
     count = _flat_count(causal_count(key_mask, nq, nk, torch.float32, query.device), bh)
     state = torch.empty((bh, rows, cols))
@@ -93,7 +106,7 @@ def causal_forward_pass(
             q = _rows(qp, i0, q1)
             y_prime = torch.zeros((bh, q1 - i0, dv + 1))
             if have_state:
-                lib.ts_readout(bh, q1 - i0, d, _ptr(q), _ptr(state), cols, _ptr(y_prime),
+                lib.ts_readout(bh, q1 - i0, d, ptr(q), ptr(state), cols, ptr(y_prime),
                                dv + 1, None, None, 0, None, threads)  # fmt: skip
             if i0 < nk:
                 ck = min(q1, nk) - i0  # the chunk's keys its queries can attend
@@ -103,11 +116,7 @@ def causal_forward_pass(
             y, den[:, i0:q1] = finish_outputs(y_prime, count[..., i0:q1], normalize, d)
             out[:, i0:q1] = y
         if i0 < nk and i1 < nq:  # later queries attend this chunk through the state
-            j1 = min(i1, nk)
-            k_c, v_c = _rows(kp, i0, j1), _rows(v, i0, j1)
-            m_c = None if mask is None else _rows(mask, i0, j1)
-            lib.ts_state(bh, j1 - i0, d, _ptr(k_c), _ptr(v_c), dv, 1, _ptr(m_c), _ptr(state),
-                         int(have_state), threads)  # fmt: skip
+            _add_keys(state, kp, v, mask, i0, min(i1, nk), have_state)
             have_state = True
     return out.view(b, h, nq, dv).to(value.dtype), mask, den, count
 
@@ -119,15 +128,15 @@ def causal_backward_pass(
     """Gradients of query, key, value (each in its dtype) and, with ``need_factor``, of the
     per-head factor (B·H,) float32; ``saved`` is ``causal_forward_pass``'s output."""
     y, mask, den, count = saved
-    lib, threads = library(), _threads()
+    lib, threads = library(), kernel_threads()
     b, h, nq, d = query.shape
     nk, dv = key.shape[2], value.shape[3]
     bh = b * h
     rows, cols = state_shape(d, dv + 1)
     qp, kp = scaled_rows(query, factors, normalize), scaled_rows(key, None, normalize)
-    v = _flat(value)
+    v = flat32(value)
     vo = _values_with_ones(value, mask)
-    g_y = grad_outputs(_flat(grad_out), _flat(y), den, count, normalize, d).contiguous()
+    g_y = grad_outputs(flat32(grad_out), flat32(y), den, count, normalize, d).contiguous()
     g_qp = torch.zeros((bh, nq, d))
     g_kp = torch.zeros((bh, nk, d))
     g_vo = torch.zeros((bh, nk, dv + 1))
@@ -143,8 +152,8 @@ def causal_backward_pass(
             q, g = _rows(qp, i0, q1), _rows(g_y, i0, q1)
             if have_state:
                 part = torch.empty((bh, q1 - i0, d))
-                lib.ts_pair_grad(bh, q1 - i0, d, _ptr(q), _ptr(g), dv + 1, 0, None,
-                                 _ptr(state), cols, _ptr(part), threads)  # fmt: skip
+                lib.ts_pair_grad(bh, q1 - i0, d, ptr(q), ptr(g), dv + 1, 0, None,
+                                 ptr(state), cols, ptr(part), threads)  # fmt: skip
                 g_qp[:, i0:q1] += part
             if i0 < nk:
                 ck = min(q1, nk) - i0
@@ -156,11 +165,7 @@ def causal_backward_pass(
                 g_kp[:, i0 : i0 + ck] += ik.squeeze(1)
                 g_vo[:, i0 : i0 + ck] += iv.squeeze(1)
         if i0 < nk and i1 < nq:
-            j1 = min(i1, nk)
-            k_c, v_c = _rows(kp, i0, j1), _rows(v, i0, j1)
-            m_c = None if mask is None else _rows(mask, i0, j1)
-            lib.ts_state(bh, j1 - i0, d, _ptr(k_c), _ptr(v_c), dv, 1, _ptr(m_c), _ptr(state),
-                         int(have_state), threads)  # fmt: skip
+            _add_keys(state, kp, v, mask, i0, min(i1, nk), have_state)
             have_state = True
 
     # Reverse sweep: G_>c, the gradient of the state chunk c feeds, gives the key side.
@@ -173,27 +178,27 @@ def causal_backward_pass(
             k_c, v_c = _rows(kp, i0, j1), _rows(v, i0, j1)
             m_c = None if mask is None else _rows(mask, i0, j1)
             part_v = torch.empty((bh, j1 - i0, dv))
-            lib.ts_readout(bh, j1 - i0, d, _ptr(k_c), _ptr(grad_state), cols, _ptr(part_v),
-                           dv, _ptr(m_c), None, 0, None, threads)  # fmt: skip
+            lib.ts_readout(bh, j1 - i0, d, ptr(k_c), ptr(grad_state), cols, ptr(part_v),
+                           dv, ptr(m_c), None, 0, None, threads)  # fmt: skip
             g_vo[:, i0:j1, :dv] += part_v
             part_k = torch.empty((bh, j1 - i0, d))
-            lib.ts_pair_grad(bh, j1 - i0, d, _ptr(k_c), _ptr(v_c), dv, 1, _ptr(m_c),
-                             _ptr(grad_state), cols, _ptr(part_k), threads)  # fmt: skip
+            lib.ts_pair_grad(bh, j1 - i0, d, ptr(k_c), ptr(v_c), dv, 1, ptr(m_c),
+                             ptr(grad_state), cols, ptr(part_k), threads)  # fmt: skip
             g_kp[:, i0:j1] += part_k
         if i0 < nq and i0 > 0:  # (chunk 0's queries feed no earlier keys)
             q1 = min(i1, nq)
             q, g = _rows(qp, i0, q1), _rows(g_y, i0, q1)
-            lib.ts_state(bh, q1 - i0, d, _ptr(q), _ptr(g), dv + 1, 0, None, _ptr(grad_state),
+            lib.ts_state(bh, q1 - i0, d, ptr(q), ptr(g), dv + 1, 0, None, ptr(grad_state),
                          int(have_grad), threads)  # fmt: skip
             have_grad = True
 
-    q32, k32 = _flat(query), _flat(key)
+    q32, k32 = flat32(query), flat32(key)
     gq, gk = torch.empty_like(q32), torch.empty_like(k32)
     g_factor = torch.empty(bh) if need_factor else None
-    lib.ts_scale_rows_grad(bh, nq, d, _ptr(q32), _ptr(g_qp), _ptr(factors), int(normalize),
-                           NORM_EPS, _ptr(gq), _ptr(g_factor), threads)  # fmt: skip
-    lib.ts_scale_rows_grad(bh, nk, d, _ptr(k32), _ptr(g_kp), None, int(normalize), NORM_EPS,
-                           _ptr(gk), None, threads)  # fmt: skip
+    lib.ts_scale_rows_grad(bh, nq, d, ptr(q32), ptr(g_qp), ptr(factors), int(normalize),
+                           NORM_EPS, ptr(gq), ptr(g_factor), threads)  # fmt: skip
+    lib.ts_scale_rows_grad(bh, nk, d, ptr(k32), ptr(g_kp), None, int(normalize), NORM_EPS,
+                           ptr(gk), None, threads)  # fmt: skip
     gv = g_vo[..., :dv]
     if mask is not None:
         gv = gv * mask.unsqueeze(-1)
@@ -280,7 +285,7 @@ def cpu_causal_efficient_backward(
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """``causal_backward_pass``: gradients of query, key, value and the per-head factors."""
     b, h = query.shape[:2]
-    mask = _flat_mask(key_mask, b, h, key.shape[2])
+    mask = flat_mask(key_mask, b, h, key.shape[2])
     return causal_backward_pass(
         grad_out, query, key, value, factors, normalize, chunk, (y, mask, den, count), True
     )
@@ -331,22 +336,12 @@ def cpu_causal_efficient_taylor_shift(
     Returns (B, H, Nq, dv) in value's dtype. CPU tensors of float32, float16 or bfloat16
     (sums in float32). ``chunk_size``: tokens per chunk (default 256, as the PyTorch form).
     """
-    if query.dtype == torch.float64:
-        raise TypeError(
-            "query must be float16, bfloat16 or float32 for the CPU kernels (they accumulate "
-            "in float32); got torch.float64 (use the torch causal efficient form)"
-        )
-    if query.device.type != "cpu":
-        raise ValueError(f"query must be on the CPU for the CPU kernels; got device {query.device}")
-    b, h, _, d = query.shape
-    temperature, factor = split_factor(temperature, scale, normalize, d)
+    check_kernel_inputs(query, "causal efficient form")
+    temperature, factor = split_factor(temperature, scale, normalize, query.shape[-1])
     chunk = chunk_size or DEFAULT_CAUSAL_CHUNK
     if not torch.compiler.is_compiling():
         return CpuCausalEfficientFunction.apply(
             query, key, value, temperature, factor, normalize, key_mask, chunk
         )
-    if temperature is None:
-        factors = query.new_full((b * h,), factor, dtype=torch.float32)
-    else:  # differentiable: the custom op returns the per-head factor's gradient
-        factors = temperature.to(torch.float32).expand(b, h, 1, 1).reshape(b * h)
+    factors = traced_factors(query, temperature, factor)
     return cpu_causal_efficient_forward(query, key, value, key_mask, factors, normalize, chunk)[0]
