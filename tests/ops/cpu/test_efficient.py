@@ -144,6 +144,9 @@ def test_refuses_float64_and_other_devices_naming_them():
     m = torch.empty(1, 1, 3, 16, device="meta")
     with pytest.raises(ValueError, match=r"query must be on the CPU.*got device meta"):
         cpu_efficient_taylor_shift(m, m, m, None, 1.0, None, True)
+    q, wide = torch.randn(1, 1, 3, 16), torch.randn(1, 1, 3, 129)
+    with pytest.raises(ValueError, match=r"value's last dimension must be at most 128.*got 129"):
+        cpu_efficient_taylor_shift(q, q, wide, None, 1.0, None, True)
 
 
 def test_state_shape_matches_the_kernels():

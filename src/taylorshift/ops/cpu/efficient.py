@@ -293,7 +293,7 @@ def cpu_efficient_taylor_shift(
     tile the tokens themselves). Builds the kernels on the first call (``build.library``).
     Under ``torch.compile`` the custom ops run; eagerly, ``CpuEfficientFunction``.
     """
-    check_kernel_inputs(query, "efficient form")
+    check_kernel_inputs(query, value, "efficient form")
     temperature, factor = split_factor(temperature, scale, normalize, query.shape[-1])
     if not torch.compiler.is_compiling():
         return CpuEfficientFunction.apply(query, key, value, temperature, factor, normalize,
@@ -302,9 +302,20 @@ def cpu_efficient_taylor_shift(
     return cpu_efficient_forward(query, key, value, key_mask, factors, normalize)[0]
 
 
-def check_kernel_inputs(query: Tensor, torch_form: str) -> None:
-    """Refuse float64 and tensors off the CPU; ``torch_form`` names the PyTorch form to use
-    instead."""
+# per-thread tiles of (d + 17) x 32 floats live on the stack; the router (fused.py) sends
+# only calls within its own MAX_HEAD_DIM, the same 128
+MAX_HEAD_DIM = 128
+
+
+def check_kernel_inputs(query: Tensor, value: Tensor, torch_form: str) -> None:
+    """Refuse float64, tensors off the CPU and head dims over ``MAX_HEAD_DIM``;
+    ``torch_form`` names the PyTorch form to use instead."""
+    for name, size in (("query", query.shape[-1]), ("value", value.shape[-1])):
+        if size > MAX_HEAD_DIM:
+            raise ValueError(
+                f"{name}'s last dimension must be at most {MAX_HEAD_DIM} for the CPU kernels; "
+                f"got {size} (use the torch {torch_form})"
+            )
     if query.dtype == torch.float64:
         raise TypeError(
             "query must be float16, bfloat16 or float32 for the CPU kernels (they accumulate "

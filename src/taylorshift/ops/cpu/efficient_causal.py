@@ -336,7 +336,7 @@ def cpu_causal_efficient_taylor_shift(
     Returns (B, H, Nq, dv) in value's dtype. CPU tensors of float32, float16 or bfloat16
     (sums in float32). ``chunk_size``: tokens per chunk (default 256, as the PyTorch form).
     """
-    check_kernel_inputs(query, "causal efficient form")
+    check_kernel_inputs(query, value, "causal efficient form")
     temperature, factor = split_factor(temperature, scale, normalize, query.shape[-1])
     chunk = chunk_size or DEFAULT_CAUSAL_CHUNK
     if not torch.compiler.is_compiling():
