@@ -73,25 +73,6 @@ def scaled_key(k: Tensor, normalize: bool) -> Tensor:
     return k
 
 
-def scaled_inputs(
-    query: Tensor,
-    key: Tensor,
-    temperature: Tensor | float,
-    scale: float | None,
-    normalize: bool,
-) -> tuple[Tensor, Tensor]:
-    """q' (B, H, Nq, d) and k' (B, H, Nk, d) in float32, the fused kernels' inputs (s = q'·k').
-
-    O(N d) work left to torch, so that autograd differentiates these cheap maps (and a
-    tensor temperature gets its gradient through q').
-    """
-    factor = score_factor(temperature, scale, normalize, query.shape[-1])
-    if isinstance(factor, Tensor):
-        factor = factor.to(torch.float32)
-    qp = scaled_query(query.to(torch.float32), factor, normalize)
-    return qp, scaled_key(key.to(torch.float32), normalize)
-
-
 def scaled_input_grad(
     x: Tensor, grad: Tensor, factor: Tensor | float, normalize: bool
 ) -> tuple[Tensor, Tensor | None]:

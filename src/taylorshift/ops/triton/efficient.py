@@ -27,7 +27,7 @@ import triton.language as tl
 from torch import Tensor
 
 from ..taylor_shift.efficient import grad_outputs, key_count
-from ..taylor_shift.features import scaled_inputs
+from ..taylor_shift.features import scaled_key, scaled_query, score_factor
 from .layout import TILE, Layout, layout
 
 # How the kernels multiply (the DOT constexpr): float32 inputs keep exact float32 products
@@ -575,6 +575,25 @@ def check_kernel_inputs(query: Tensor, torch_form: str) -> None:
             "(to run them on the CPU, set TRITON_INTERPRET=1 before taylorshift.ops.triton "
             "kernels are imported)"
         )
+
+
+def scaled_inputs(
+    query: Tensor,
+    key: Tensor,
+    temperature: Tensor | float,
+    scale: float | None,
+    normalize: bool,
+) -> tuple[Tensor, Tensor]:
+    """q' (B, H, Nq, d) and k' (B, H, Nk, d) in float32, the kernels' inputs (s = q'·k').
+
+    O(N d) work left to torch, so that autograd differentiates these cheap maps (and a
+    tensor temperature gets its gradient through q').
+    """
+    factor = score_factor(temperature, scale, normalize, query.shape[-1])
+    if isinstance(factor, Tensor):
+        factor = factor.to(torch.float32)
+    qp = scaled_query(query.to(torch.float32), factor, normalize)
+    return qp, scaled_key(key.to(torch.float32), normalize)
 
 
 def triton_efficient_taylor_shift(
