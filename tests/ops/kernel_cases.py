@@ -154,3 +154,27 @@ def check_fully_masked(form, nq: int = 5, **kwargs) -> None:
     assert all(torch.isfinite(x).all() for x in (gq, gk, gv, gt))
     assert (gq[0] == 0).all()
     assert (gk[1, 0, 4:] == 0).all() and (gv[1, 0, 4:] == 0).all()
+
+
+def check_non_contiguous(form, rtol: float = 1e-6) -> None:
+    """(B, N, H, d) storage seen as (B, H, N, d), the layout of a fused projection, gives
+    the result of contiguous copies (within ``rtol``; 0: bitwise), gradients included."""
+    g = torch.Generator().manual_seed(5)
+    leaves = [torch.randn(2, n, 2, d, generator=g).requires_grad_() for n, d in
+              ((6, 16), (11, 16), (11, 12))]  # fmt: skip
+    key_mask = (torch.arange(11) < 8).expand(2, 2, 11)  # one shared padding, broadcast
+    views = [x.transpose(1, 2) for x in leaves]
+    copies = [x.detach().transpose(1, 2).contiguous().requires_grad_() for x in leaves]
+    y = form(*views, key_mask, 1.3, None, True)
+    y_ref = form(*copies, key_mask, 1.3, None, True)
+    g_out = torch.randn(y.shape, generator=g)
+    grads = torch.autograd.grad(y, leaves, g_out)
+    grads_ref = torch.autograd.grad(y_ref, copies, g_out)
+    pairs = [("output", y, y_ref)]
+    named = zip("qkv", grads, grads_ref, strict=True)
+    pairs += [(f"grad {n}", a.transpose(1, 2), e) for n, a, e in named]
+    for name, a, e in pairs:
+        if rtol == 0:
+            assert torch.equal(a, e), name
+        else:
+            assert_rel_close(a, e, rtol, name, atol=rtol / 10)
