@@ -54,12 +54,6 @@ SIXTEEN_BIT_CASES = [
 RMS_BOUND = 1e-2
 
 
-@pytest.fixture(autouse=True)
-def kernels_on(monkeypatch):
-    """The kernels as a user gets them (the switch unset), whatever the caller's setting."""
-    monkeypatch.delenv(build.ENV, raising=False)
-
-
 def test_kernels_build_wherever_a_compiler_is_found():
     # CI and the project's machines have gcc: there the kernels must be available, so the
     # rest of this file runs them (a missing compiler is the one accepted reason).
@@ -193,20 +187,8 @@ def test_a_missing_compiler_and_the_switch_are_named(fresh_build, monkeypatch):
 # Routing of the public op.
 
 
-def _routed(monkeypatch) -> list:
-    calls = []
-    real = fused.load_kernel
-
-    def spy(kernel):
-        calls.append(kernel)
-        return real(kernel)
-
-    monkeypatch.setattr(fused, "load_kernel", spy)
-    return calls
-
-
-def test_public_op_routes_the_cpu_efficient_form_to_the_kernels(monkeypatch):
-    calls = _routed(monkeypatch)
+def test_public_op_routes_the_cpu_efficient_form_to_the_kernels(routed, monkeypatch):
+    calls = routed
     q, k, v = (torch.randn(1, 2, 9, 8) for _ in range(3))
     mask = torch.ones(1, 1, 1, 9, dtype=torch.bool)
     taylor_shift_attention(q, k, v, attn_mask=mask, mode="efficient")

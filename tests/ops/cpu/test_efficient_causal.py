@@ -14,7 +14,6 @@ import pytest
 import torch
 
 from taylorshift import taylor_shift_attention
-from taylorshift.ops.cpu import build
 from taylorshift.ops.cpu.efficient_causal import cpu_causal_efficient_taylor_shift
 from taylorshift.ops.taylor_shift import fused
 from taylorshift.ops.taylor_shift.efficient_causal import causal_efficient_taylor_shift
@@ -44,11 +43,6 @@ SIXTEEN_BIT_CASES = [
 RMS_BOUND = 1e-2  # bfloat16 rounds 8x coarser than float16
 
 
-@pytest.fixture(autouse=True)
-def kernels_on(monkeypatch):
-    monkeypatch.delenv(build.ENV, raising=False)
-
-
 @pytest.mark.parametrize(("case", "chunk"), CASES, ids=lambda x: getattr(x, "id", f"C{x}"))
 def test_float32_matches_reference_and_torch_form(case, chunk):
     check_float32(
@@ -76,20 +70,8 @@ def test_refuses_float64_naming_the_dtype():
         cpu_causal_efficient_taylor_shift(q, q, q, None, 1.0, None, True)
 
 
-def _routed(monkeypatch) -> list:
-    calls = []
-    real = fused.load_kernel
-
-    def spy(kernel):
-        calls.append(kernel)
-        return real(kernel)
-
-    monkeypatch.setattr(fused, "load_kernel", spy)
-    return calls
-
-
-def test_public_op_routes_eager_causal_calls_to_the_kernels(monkeypatch):
-    calls = _routed(monkeypatch)
+def test_public_op_routes_eager_causal_calls_to_the_kernels(routed, monkeypatch):
+    calls = routed
     q, k, v = (torch.randn(1, 2, 9, 8, requires_grad=True) for _ in range(3))
     y = taylor_shift_attention(q, k, v, is_causal=True, mode="efficient")
     assert calls == [fused.CPU_EFFICIENT_CAUSAL]
