@@ -44,12 +44,17 @@ from .efficient import (
 )
 
 
-def _values_with_ones(value: Tensor, mask: Tensor | None) -> Tensor:
-    """[v·m, m] float32 (B·H, Nk, dv + 1): the values and the ones column, masked keys zero."""
+def _operands(
+    query: Tensor, key: Tensor, value: Tensor, factors: Tensor, normalize: bool,
+    mask: Tensor | None,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:  # fmt: skip
+    """What both sweeps read, float32 (B·H, N, ·): q', k', v and [v·m, m] (the values with
+    the ones column, masked keys zero, for the intra-chunk blocks)."""
+    qp, kp = scaled_rows(query, factors, normalize), scaled_rows(key, None, normalize)
     v = flat32(value)
-    ones = v.new_ones((*v.shape[:-1], 1))
-    out = torch.cat([v, ones], dim=-1)
-    return out if mask is None else out * mask.unsqueeze(-1)
+    with_ones = torch.cat([v, v.new_ones((*v.shape[:-1], 1))], dim=-1)
+    vo = with_ones if mask is None else with_ones * mask.unsqueeze(-1)
+    return qp, kp, v, vo
 
 
 def _flat_count(count: Tensor, bh: int) -> Tensor:
@@ -90,10 +95,8 @@ def causal_forward_pass(
     nk, dv = key.shape[2], value.shape[3]
     bh = b * h
     rows, cols = state_shape(d, dv + 1)
-    qp, kp = scaled_rows(query, factors, normalize), scaled_rows(key, None, normalize)
-    v = flat32(value)
     mask = flat_mask(key_mask, b, h, nk)
-    vo = _values_with_ones(value, mask)
+    qp, kp, v, vo = _operands(query, key, value, factors, normalize, mask)
     count = _flat_count(causal_count(key_mask, nq, nk, torch.float32, query.device), bh)
     state = torch.empty((bh, rows, cols))
     have_state = False
@@ -133,9 +136,7 @@ def causal_backward_pass(
     nk, dv = key.shape[2], value.shape[3]
     bh = b * h
     rows, cols = state_shape(d, dv + 1)
-    qp, kp = scaled_rows(query, factors, normalize), scaled_rows(key, None, normalize)
-    v = flat32(value)
-    vo = _values_with_ones(value, mask)
+    qp, kp, v, vo = _operands(query, key, value, factors, normalize, mask)
     g_y = grad_outputs(flat32(grad_out), flat32(y), den, count, normalize, d).contiguous()
     g_qp = torch.zeros((bh, nq, d))
     g_kp = torch.zeros((bh, nk, d))
