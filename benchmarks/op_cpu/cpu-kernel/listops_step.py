@@ -5,7 +5,8 @@
 The model of the listops-cpu preset (``listops-small``: 2 blocks, dim 64, 4 heads of 16, a
 CLS token) with TaylorShift's direct form, its efficient form (on the CPU kernels), ``auto``
 and softmax (SDPA), all with the same weights; batches of 32 sequences of 10-50 tokens
-padded to the longest (``padding_mask``), as the preset's ListOps data. Each round takes one
+padded to the longest (``padding_mask``), as the preset's ListOps data (the generator of
+benchmarks/direct_cpu/keep-weights/listops_ab.py). Each round takes one
 SGD step of each model in a shuffled order on the same batch; one thread, as the preset's
 runs. Prints the medians and the ratios to softmax, paired by round (the method of
 benchmarks/direct_cpu/keep-weights/listops_ab.py).
@@ -21,19 +22,11 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "workspace"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "direct_cpu" / "keep-weights"))
 from ab import shuffled_rounds
+from listops_ab import batches  # the preset's batch shapes, as that A/B script draws them
 
 from taylorshift.models import create_model
-
-
-def batches(count: int, batch: int = 32, vocab: int = 20, seed: int = 0):
-    g = torch.Generator().manual_seed(seed)
-    for _ in range(count):
-        lengths = torch.randint(10, 51, (batch,), generator=g)
-        n = int(lengths.max())
-        mask = torch.arange(n)[None, :] < lengths[:, None]
-        ids = torch.randint(2, vocab, (batch, n), generator=g).masked_fill(~mask, 0)
-        yield ids, mask
 
 
 def main() -> None:
