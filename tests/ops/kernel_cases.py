@@ -178,3 +178,25 @@ def check_non_contiguous(form, rtol: float = 1e-6) -> None:
             assert torch.equal(a, e), name
         else:
             assert_rel_close(a, e, rtol, name, atol=rtol / 10)
+
+
+def check_compiles(form) -> None:
+    """``torch.compile(fullgraph=True)`` (aot_eager) traces the form whole, forward and
+    backward, with key padding and a tensor temperature, and agrees with the eager call."""
+    case = Case(2, 2, 9, 11, 16, 8, mask="padding")
+    low, _, mask, _ = make_problem(case, torch.float32)
+    key_mask = key_mask_of(mask, case)
+
+    def f(q, k, v, t):
+        return form(q, k, v, key_mask, t, None, True)
+
+    eager = f(*low)
+    compiled = torch.compile(f, backend="aot_eager", fullgraph=True)(*low)
+    assert_rel_close(compiled, eager, 1e-6, "compiled output", atol=1e-7)
+    g = torch.randn_like(eager)
+    grads = zip(
+        "qkvt", torch.autograd.grad(compiled, low, g), torch.autograd.grad(eager, low, g),
+        strict=True,
+    )  # fmt: skip
+    for name, a, e in grads:
+        assert_rel_close(a, e, 1e-6, f"compiled grad {name}", atol=1e-7)

@@ -28,6 +28,7 @@ from tests.helpers import assert_rel_close
 from tests.ops.kernel_cases import (
     Case,
     call_form,
+    check_compiles,
     check_float32,
     check_fully_masked,
     check_low_precision,
@@ -235,19 +236,4 @@ def test_fake_tensor_shapes():
 
 
 def test_torch_compile_traces_forward_and_backward():
-    case = Case(2, 2, 9, 11, 16, 8, mask="padding")
-    low, _, mask, _ = make_problem(case, torch.float32)
-    key_mask = key_mask_of(mask, case)
-
-    def f(q, k, v, t):
-        return cpu_efficient_taylor_shift(q, k, v, key_mask, t, None, True)
-
-    eager = f(*low)
-    compiled = torch.compile(f, backend="aot_eager", fullgraph=True)(*low)
-    assert_rel_close(compiled, eager, 1e-6, "compiled output", atol=1e-7)
-    g = torch.randn_like(eager)
-    for name, a, e in zip(
-        "qkvt", torch.autograd.grad(compiled, low, g), torch.autograd.grad(eager, low, g),
-        strict=True,
-    ):  # fmt: skip
-        assert_rel_close(a, e, 1e-6, f"compiled grad {name}", atol=1e-7)
+    check_compiles(cpu_efficient_taylor_shift)
