@@ -171,4 +171,6 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.ts_scale_rows_grad.restype = None
     lib.ts_output_grad.argtypes = [i, i, i, i, p, p, p, p, i, p, i]
     lib.ts_output_grad.restype = None
+    lib.ts_decode_step.argtypes = [i, i, i, p, p, p, p, f, p, i, f, p, p, p, i]
+    lib.ts_decode_step.restype = None
     return lib

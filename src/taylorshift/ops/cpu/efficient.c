@@ -368,3 +368,61 @@ void ts_output_grad(int bh, int n, int nv, int d, const float *g, const float *y
         out[nv] = -dot * inv;
     }
 }
+
+/* The decoding step (ops/cpu/decode.py): one new token per head on the state of
+   ops/taylor_shift/decode.py, S (BH, D, V + 1), unweighted, rows x_a x_b (a <= b < d, row by
+   row), then x_a, then 1; count (BH). With q' = f_h q / max(|q|, eps), k' = k / max(|k|, eps)
+   (normalize; else q' = f_h q, k' = k), f_h = factor[h] (factor NULL: the float scalar):
+   where real is NULL or real[h] != 0, S += phi(k')^T [v, 1] and count[h] += 1; then
+   Y = sum_p w_p phi_p(q') S_p over the updated state (the token attends itself) and
+   out (BH, V) = Y[:V] * (normalize ? sqrt(count[h] / d) : 1) / Y[V], zero where
+   count[h] == 0. One pass over S: each row is updated and read while in registers, where
+   the PyTorch step reads the state twice and writes it once. Work items: heads. */
+static inline void decode_row(int width, float fk, float fq, const float *restrict u,
+                              float *restrict s, float *restrict y) {
+#pragma omp simd
+    for (int c = 0; c < width; c++) {
+        const float sc = s[c] + fk * u[c];
+        s[c] = sc;
+        y[c] += fq * sc;
+    }
+}
+
+void ts_decode_step(int bh, int d, int nv, const float *q, const float *k, const float *v,
+                    const float *factor, float scalar, const uint8_t *real, int normalize,
+                    float eps, float *state, float *count, float *out, int threads) {
+    const int width = nv + 1;
+    const long rows = (long)d * (d + 1) / 2 + d + 1;
+#pragma omp parallel for num_threads(bh > 1 ? threads : 1) schedule(static)
+    for (int h = 0; h < bh; h++) {
+        const float *qh = q + (size_t)h * d, *kh = k + (size_t)h * d;
+        float qx[d], kx[d], u[width], y[width];
+        float fq = factor ? factor[h] : scalar, fk = 1.0f;
+        if (normalize) {
+            float sq = 0.0f, sk = 0.0f;
+            for (int a = 0; a < d; a++) { sq += qh[a] * qh[a]; sk += kh[a] * kh[a]; }
+            const float nq = sqrtf(sq), nk = sqrtf(sk);
+            fq /= nq > eps ? nq : eps;
+            fk /= nk > eps ? nk : eps;
+        }
+        const int add = !real || real[h]; /* a padded token's key (NaN, say) never reaches S */
+        for (int a = 0; a < d; a++) { qx[a] = fq * qh[a]; kx[a] = add ? fk * kh[a] : 0.0f; }
+        for (int c = 0; c < nv; c++) u[c] = add ? v[(size_t)h * nv + c] : 0.0f;
+        u[nv] = add ? 1.0f : 0.0f;
+        if (add) count[h] += 1.0f;
+        memset(y, 0, sizeof y);
+        float *s = state + (size_t)h * rows * width;
+        for (int a = 0; a < d; a++) {
+            decode_row(width, kx[a] * kx[a], 0.5f * qx[a] * qx[a], u, s, y);
+            s += width;
+            for (int b = a + 1; b < d; b++, s += width)
+                decode_row(width, kx[a] * kx[b], qx[a] * qx[b], u, s, y);
+        }
+        for (int a = 0; a < d; a++, s += width) decode_row(width, kx[a], qx[a], u, s, y);
+        decode_row(width, 1.0f, 1.0f, u, s, y);
+        const float total = count[h];
+        const float f = total > 0.0f
+            ? (normalize ? sqrtf(total / (float)d) : 1.0f) / y[nv] : 0.0f;
+        for (int c = 0; c < nv; c++) out[(size_t)h * nv + c] = y[c] * f;
+    }
+}

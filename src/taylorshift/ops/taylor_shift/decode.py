@@ -74,7 +74,9 @@ def taylor_shift_decode(
     One new token (T = 1, the decoding loop) takes a short path: the state is updated with
     the token first, ``S += φ(k')ᵀ [v, 1]`` (one batched rank-1 update), then read out,
     ``y' = (c ⊙ φ(q')) S``, which includes the token's attention to itself; a dozen tensor
-    operations in all. Longer blocks (a prompt) run the chunked causal sweep.
+    operations in all, or, for a float32 state on the CPU, one C kernel that does both in
+    one pass over the state (``taylorshift.ops.cpu.decode``). Longer blocks (a prompt) run
+    the chunked causal sweep.
     """
     mask = key_padding_mask
     if mask is not None:
@@ -163,6 +165,11 @@ def _decode_one(query, key, value, state, key_mask, tau, normalize, inplace):
     cd = sums.dtype
     if not inplace:
         sums, count = sums.clone(), count.clone()
+    if _cpu_kernel(sums, count, query, value):
+        from ..cpu.decode import decode_step
+
+        out = decode_step(query, key, value, sums, count, tau, key_mask, normalize)
+        return out, state if inplace else TaylorShiftState(sums, count)
     x = torch.cat([query, key], dim=2).to(cd)  # (B, H, 2, d): the query, then the key
     if normalize:
         x = x / torch.linalg.vector_norm(x, dim=-1, keepdim=True).clamp_min(NORM_EPS)
@@ -190,6 +197,17 @@ def _decode_one(query, key, value, state, key_mask, tau, normalize, inplace):
         scale = torch.where(n_i > 0, scale, 0.0)
     out = (nom * scale).to(query.dtype)
     return out, state if inplace else TaylorShiftState(sums, count)
+
+
+def _cpu_kernel(sums: Tensor, count: Tensor, query: Tensor, value: Tensor) -> bool:
+    """Whether the step runs in the CPU kernel (``ops/cpu/decode.py``): a float32 state on
+    the CPU, head dims up to 128, the kernels built."""
+    if sums.device.type != "cpu" or sums.dtype != torch.float32 or not count.is_contiguous():
+        return False
+    from ..cpu.decode import decode_step_supported
+    from .fused import cpu_kernels_ready
+
+    return decode_step_supported(sums, query, value) and cpu_kernels_ready()
 
 
 def _query_key_factor(tau: Tensor | float, x: Tensor) -> Tensor | float:

@@ -1,0 +1,114 @@
+"""The decoding step of causal TaylorShift in one CPU kernel (``ts_decode_step`` of
+``efficient.c``).
+
+One new token per head against the constant-size state of
+``taylorshift.ops.taylor_shift.decode``: normalise the query and the key, form their
+features, add the key's to the state, ``S += φ(k')ᵀ [v, 1]``, and read the updated state
+out, ``y = (c ⊙ φ(q')) S`` finished by ``sqrt(n/d) / den``, in one pass over S per head
+(the PyTorch step runs about fifteen tensor operations and reads the state twice). The
+state is the PyTorch step's, in place, so a decoding loop can switch between the two at any
+token (docs/lm.md). Eagerly the kernel is called directly (a decoding step is a few µs of
+arithmetic: dispatch would dominate); under ``torch.compile`` through the custom op
+``taylorshift::cpu_decode_step``, which mutates the state.
+"""
+
+from __future__ import annotations
+
+from typing import Optional  # custom_op reads Optional[Tensor] from annotations
+
+import torch
+from torch import Tensor
+
+from ..taylor_shift.features import NORM_EPS
+from .build import library
+from .efficient import MAX_HEAD_DIM, kernel_threads, ptr
+
+
+def decode_step_supported(sums: Tensor, query: Tensor, value: Tensor) -> bool:
+    """Whether ``decode_step`` takes this step: a contiguous float32 state on the CPU and
+    head dims the kernels hold (the caller also checks that the kernels are built)."""
+    return (
+        sums.device.type == "cpu"
+        and sums.dtype == torch.float32
+        and sums.is_contiguous()
+        and query.shape[-1] <= MAX_HEAD_DIM
+        and value.shape[-1] <= MAX_HEAD_DIM
+    )
+
+
+def decode_step(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    sums: Tensor,
+    count: Tensor,
+    tau: Tensor | float,
+    key_mask: Tensor | None,
+    normalize: bool,
+) -> Tensor:
+    """One token per row, ``sums`` (B, H, D, dv + 1) and ``count`` (B, H) updated in place;
+    returns out (B, H, 1, dv) in query's dtype. query, key (B, H, 1, d), value (B, H, 1, dv);
+    τ a float or a tensor broadcasting to (B, H, 1, 1) (the query's factor, the scale folded
+    in); key_mask (B, 1 or H, 1) bool or None (a padded token joins no sum). The state must
+    pass ``decode_step_supported`` and ``count`` be a contiguous float32 (B, H)."""
+    b, h, _, d = query.shape
+    if torch.compiler.is_compiling():
+        factors = _factors(tau, b, h)
+        real = None if key_mask is None else key_mask.expand(b, h, 1).reshape(b * h)
+        return cpu_decode_step(query, key, value, sums, count, factors, real, normalize)
+    dv = value.shape[-1]
+    q, k, v = (_rows(x) for x in (query, key, value))
+    factors = None if not isinstance(tau, Tensor) else _factors(tau, b, h)
+    scalar = 1.0 if isinstance(tau, Tensor) else float(tau)
+    real = None if key_mask is None else _real(key_mask, b, h)
+    out = torch.empty((b * h, dv))
+    library().ts_decode_step(b * h, d, dv, ptr(q), ptr(k), ptr(v), ptr(factors), scalar,
+                             ptr(real), int(normalize), NORM_EPS, ptr(sums), ptr(count),
+                             ptr(out), kernel_threads())  # fmt: skip
+    return out.view(b, h, 1, dv).to(query.dtype)
+
+
+def _rows(x: Tensor) -> Tensor:
+    """(B, H, 1, k) -> contiguous float32 (B·H, k) (no copy when it already is)."""
+    return x.reshape(-1, x.shape[-1]).to(torch.float32).contiguous()
+
+
+def _factors(tau: Tensor | float, b: int, h: int) -> Tensor:
+    if not isinstance(tau, Tensor):
+        return torch.full((b * h,), float(tau))
+    return tau.to(torch.float32).expand(b, h, 1, 1).reshape(b * h).contiguous()
+
+
+def _real(key_mask: Tensor, b: int, h: int) -> Tensor:
+    return key_mask.expand(b, h, 1).reshape(b * h).to(torch.uint8).contiguous()
+
+
+@torch.library.custom_op("taylorshift::cpu_decode_step", mutates_args=("sums", "count"))
+def cpu_decode_step(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    sums: Tensor,
+    count: Tensor,
+    factors: Tensor,
+    real: Optional[Tensor],  # noqa: UP045
+    normalize: bool,
+) -> Tensor:
+    """``decode_step`` for ``torch.compile``: per-head factors (B·H,) float32 and the key
+    mask as bool (B·H,) or None; updates ``sums`` and ``count``."""
+    b, h, _, d = query.shape
+    dv = value.shape[-1]
+    q, k, v = (_rows(x) for x in (query, key, value))
+    factors = factors.to(torch.float32).contiguous()
+    mask = None if real is None else real.to(torch.uint8).contiguous()
+    out = torch.empty((b * h, dv))
+    library().ts_decode_step(b * h, d, dv, ptr(q), ptr(k), ptr(v), ptr(factors), 1.0,
+                             ptr(mask), int(normalize), NORM_EPS, ptr(sums), ptr(count),
+                             ptr(out), kernel_threads())  # fmt: skip
+    return out.view(b, h, 1, dv).to(query.dtype)
+
+
+@cpu_decode_step.register_fake
+def _(query, key, value, sums, count, factors, real, normalize):
+    b, h = query.shape[:2]
+    return query.new_empty((b, h, 1, value.shape[-1]))
