@@ -1,9 +1,9 @@
-"""Building and loading the CPU kernels (``efficient.c``) on first use.
+"""Building and loading the CPU kernels (``efficient.c``, ``direct.c``) on first use.
 
-The C source is compiled by the machine's C compiler (``$CC``, else ``cc``, ``gcc`` or
+The C sources are compiled by the machine's C compiler (``$CC``, else ``cc``, ``gcc`` or
 ``clang`` on the PATH) into a shared library in the cache folder
 (``$TAYLORSHIFT_CACHE_DIR``, else ``$XDG_CACHE_HOME/taylorshift``, else
-``~/.cache/taylorshift``), named by a hash of the source, the compiler, its flags and the
+``~/.cache/taylorshift``), named by a hash of the sources, the compiler, its flags and the
 CPU, so that a changed source, compiler or machine builds anew and a shared home folder
 never hands one CPU's build to another. The build writes to a temporary file and renames
 it into place: a process killed mid-build, or two processes building at once, never leave
@@ -28,7 +28,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-SOURCE = Path(__file__).with_name("efficient.c")
+SOURCES = tuple(Path(__file__).with_name(name) for name in ("efficient.c", "direct.c"))
 ENV = "TAYLORSHIFT_CPU_KERNELS"
 FLAG_SETS = (
     ("-O3", "-march=native", "-fopenmp"),
@@ -98,7 +98,8 @@ def library() -> ctypes.CDLL:
             return _declare(ctypes.CDLL(str(path)))
         except OSError as err:
             errors.append(f"{' '.join(flags)}: loading {path} failed: {err}")
-    raise BuildError(f"building {SOURCE.name} with {cc} failed: " + " | ".join(errors))
+    names = " and ".join(source.name for source in SOURCES)
+    raise BuildError(f"building {names} with {cc} failed: " + " | ".join(errors))
 
 
 def _compiler_version(cc: str) -> str:
@@ -125,10 +126,11 @@ def _library_path(cc: str, version: str, flags: tuple[str, ...]) -> Path:
     from ..taylor_shift.dispatch import cache_dir
 
     digest = hashlib.sha256()
-    for part in (SOURCE.read_bytes().decode(), cc, version, *flags, *COMMON_FLAGS,
-                 platform.machine(), _cpu_flags()):  # fmt: skip
+    sources = [source.read_bytes().decode() for source in SOURCES]
+    for part in (*sources, cc, version, *flags, *COMMON_FLAGS, platform.machine(),
+                 _cpu_flags()):  # fmt: skip
         digest.update(part.encode() + b"\0")
-    return cache_dir() / "cpu-kernels" / f"efficient-{digest.hexdigest()[:16]}.so"
+    return cache_dir() / "cpu-kernels" / f"kernels-{digest.hexdigest()[:16]}.so"
 
 
 def _build(cc: str, flags: tuple[str, ...], path: Path) -> None:
@@ -139,7 +141,7 @@ def _build(cc: str, flags: tuple[str, ...], path: Path) -> None:
     except OSError as err:
         raise BuildError(f"cannot write to {path.parent}: {err}") from err
     try:
-        command = [cc, *flags, *COMMON_FLAGS, "-o", tmp, str(SOURCE), "-lm"]
+        command = [cc, *flags, *COMMON_FLAGS, "-o", tmp, *map(str, SOURCES), "-lm"]
         try:
             done = subprocess.run(
                 command, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S, check=False
@@ -173,4 +175,8 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.ts_output_grad.restype = None
     lib.ts_decode_step.argtypes = [i, i, i, p, p, p, p, f, p, i, f, p, p, p, i]
     lib.ts_decode_step.restype = None
+    lib.ts_direct_forward.argtypes = [i, i, i, i, i, p, p, p, p, i, i, p, p, p, i]
+    lib.ts_direct_forward.restype = None
+    lib.ts_direct_backward.argtypes = [i, i, i, i, i, p, p, p, p, i, i, p, p, p, p, p, p, p, i]
+    lib.ts_direct_backward.restype = None
     return lib

@@ -2,8 +2,8 @@
 ``taylorshift.ops.cpu``) when they apply.
 
 The public op computes the same function either way; this only picks who computes it.
-A CPU call goes to the CPU kernels when it is the efficient form (non-causal, or causal
-without an initial or final state), order 2, of float32,
+A CPU call goes to the CPU kernels when it is the direct form or the efficient form
+(non-causal, or causal without an initial or final state), order 2, of float32,
 float16 or bfloat16 tensors with no mask or a key-padding mask, 1 <= d, dv <=
 ``MAX_HEAD_DIM``, and the kernels are available (``TAYLORSHIFT_CPU_KERNELS`` not ``off``,
 a C compiler that built them: ``taylorshift.ops.cpu.unavailable_reason()``; warned once
@@ -232,13 +232,13 @@ def fused_form(
 def _cpu_form(
     query: Tensor, problem: Problem, mode: str, is_causal: bool, order: int
 ) -> Callable[..., Tensor] | None:
-    if mode != "efficient" or order != 2 or query.dtype not in KERNEL_DTYPES:
+    if mode not in ("efficient", "direct") or order != 2 or query.dtype not in KERNEL_DTYPES:
         return None
     if not (1 <= problem.head_dim <= MAX_HEAD_DIM and 1 <= problem.value_dim <= MAX_HEAD_DIM):
         return None
     if problem.n_query == 0 or problem.n_key == 0 or problem.mask_varies_over_queries:
         return None
-    kernel = CPU_EFFICIENT_CAUSAL if is_causal else CPU_EFFICIENT
+    kernel = kernel_name(mode, is_causal, query.device)
     if shape_class(kernel, query, problem, is_causal) in FAILED or not cpu_kernels_ready():
         return None
     _debug("fused: %s", kernel)
@@ -247,11 +247,14 @@ def _cpu_form(
 
 CPU_EFFICIENT = "cpu efficient (non-causal)"
 CPU_EFFICIENT_CAUSAL = "cpu efficient (causal)"
+CPU_DIRECT = "cpu direct"  # causal or not: one kernel
 
 
 def kernel_name(mode: str, is_causal: bool, device: torch.device | None = None) -> str | None:
     """The name of the fused kernel of a form (the key of ``load_kernel``), or None."""
     if device is not None and device.type == "cpu" and _setting() != "interpret":
+        if mode == "direct":
+            return CPU_DIRECT
         if mode != "efficient":
             return None
         return CPU_EFFICIENT_CAUSAL if is_causal else CPU_EFFICIENT
@@ -272,6 +275,10 @@ def load_kernel(kernel: str) -> Callable[..., Tensor]:
         from ..cpu.efficient_causal import cpu_causal_efficient_taylor_shift
 
         return cpu_causal_efficient_taylor_shift
+    if kernel == CPU_DIRECT:
+        from ..cpu.direct import cpu_direct_taylor_shift
+
+        return cpu_direct_taylor_shift
     if kernel == "triton efficient (non-causal)":
         from ..triton.efficient import triton_efficient_taylor_shift
 

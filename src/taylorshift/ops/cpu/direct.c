@@ -1,0 +1,218 @@
+/* The direct form on the CPU, O(N^2 d), forward and backward, for the short sequences where
+   it beats the efficient form (docs/cpu-kernel.md, "The direct form").
+
+   Built with efficient.c by taylorshift/ops/cpu/build.py and called through ctypes by
+   taylorshift/ops/cpu/direct.py, which holds the autograd wiring. Per head and tile of up
+   to TILE query rows, the scores, weights and their gradients live in two (TILE, keys)
+   scratch blocks of the thread (the (Nq, Nk) matrix never exists); every product is one
+   register-tiled loop (mm below) over zero-padded operands, so no edge case reaches it.
+
+   The attention of the scaled rows q' and k' (ts_scale_rows of efficient.c):
+       s_ij = q'_i . k'_j,  w_ij = 1 + s + s^2/2 on the attended pairs (key j real and, causal,
+       j <= i), 0 elsewhere;  den_i = sum_j w_ij,  n_i = #attended,
+       y_i = sum_j w_ij v_j * (normalize ? sqrt(n_i / d) : 1) / den_i   (0 when n_i = 0).
+   Backward, with g_i = dL/dy_i: gn_i = g_i f_i / den_i, gd_i = -(g_i . y_i) / den_i,
+       gs_ij = (gn_i . v_j + gd_i)(1 + s_ij) on attended pairs,
+       dq'_i = sum_j gs_ij k'_j,  dk'_j = sum_i gs_ij q'_i,  dv_j = sum_i w_ij gn_i.
+
+   float32, contiguous, heads flattened: q (BH, Nq, d), k (BH, Nk, d), v (BH, Nk, V);
+   mask (BH, Nk) uint8 or NULL (a key-padding mask). */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef float vec __attribute__((vector_size(32)));
+enum {
+    LANES = 8,  /* floats per vector */
+    WIDE = 16,  /* columns per register tile: two vectors; every padded width is a multiple */
+    ROWS = 6,   /* rows per register tile: 12 accumulators, 2 loads and a broadcast in 16 registers */
+    TILE = 64   /* query rows per block of scores */
+};
+
+static inline vec load(const float *p) { vec v; memcpy(&v, p, sizeof v); return v; }
+static inline void store(float *p, vec v) { memcpy(p, &v, sizeof v); }
+static inline vec splat(float s) { return (vec){s, s, s, s, s, s, s, s}; }
+static inline int pad(int n) { return (n + WIDE - 1) / WIDE * WIDE; }
+
+/* C[r][0..16) (+)= sum_k A[r * ars + k * acs] B[k * ldb + 0..16) for r < rows (a constant at
+   each call site): 2 x rows accumulators of 8 floats. */
+static inline __attribute__((always_inline)) void mm_tile(
+    const int rows, int kk, const float *a, long ars, long acs, const float *b, long ldb,
+    float *c, long ldc, int add) {
+    vec c0[ROWS], c1[ROWS];
+    for (int r = 0; r < ROWS; r++) c0[r] = c1[r] = splat(0.0f);
+    for (int k = 0; k < kk; k++) {
+        const vec b0 = load(b + (size_t)k * ldb), b1 = load(b + (size_t)k * ldb + LANES);
+        const float *ak = a + (size_t)k * acs;
+#pragma GCC unroll 6
+        for (int r = 0; r < rows; r++) {
+            const vec ar = splat(ak[(size_t)r * ars]);
+            c0[r] += ar * b0;
+            c1[r] += ar * b1;
+        }
+    }
+    for (int r = 0; r < rows; r++) {
+        float *cr = c + (size_t)r * ldc;
+        store(cr, add ? load(cr) + c0[r] : c0[r]);
+        store(cr + LANES, add ? load(cr + LANES) + c1[r] : c1[r]);
+    }
+}
+
+/* C (m, n) (+)= A (m, kk) B (kk, n): A read through strides (ars between rows, acs between
+   columns: a transposed A is just other strides), B and C row-major, n a multiple of 16. */
+static void mm(int m, int n, int kk, const float *a, long ars, long acs, const float *b,
+               long ldb, float *c, long ldc, int add) {
+    for (int i = 0; i < m; i += ROWS) {
+        const float *ai = a + (size_t)i * ars;
+        float *ci = c + (size_t)i * ldc;
+        for (int j = 0; j < n; j += WIDE) {
+            switch (m - i < ROWS ? m - i : ROWS) {
+            case 6: mm_tile(6, kk, ai, ars, acs, b + j, ldb, ci + j, ldc, add); break;
+            case 5: mm_tile(5, kk, ai, ars, acs, b + j, ldb, ci + j, ldc, add); break;
+            case 4: mm_tile(4, kk, ai, ars, acs, b + j, ldb, ci + j, ldc, add); break;
+            case 3: mm_tile(3, kk, ai, ars, acs, b + j, ldb, ci + j, ldc, add); break;
+            case 2: mm_tile(2, kk, ai, ars, acs, b + j, ldb, ci + j, ldc, add); break;
+            default: mm_tile(1, kk, ai, ars, acs, b + j, ldb, ci + j, ldc, add); break;
+            }
+        }
+    }
+}
+
+/* rows x cols of src (row stride ls) into dst (rows, ldd), zero-padded to prows x ldd; with
+   transpose, dst[c][r] = src[r][c] into (cols, ldd) padded to pcols rows. */
+static void copy_in(const float *src, int rows, int cols, long ls, float *dst, int prows,
+                    long ldd, int transpose) {
+    memset(dst, 0, sizeof(float) * (size_t)prows * ldd);
+    for (int r = 0; r < rows; r++)
+        for (int c = 0; c < cols; c++) {
+            const float x = src[(size_t)r * ls + c];
+            if (transpose) dst[(size_t)c * ldd + r] = x;
+            else dst[(size_t)r * ldd + c] = x;
+        }
+}
+
+/* The keys row i of a causal call attends (j <= i): a block of rows i0 .. i1 - 1 needs the
+   first min(nk, i1) keys. */
+static inline int keys_of(int nk, int causal, int i1) { return causal && i1 < nk ? i1 : nk; }
+
+/* km[j] = 1 for the real keys j < nk, 0 for padded and masked ones, up to the padded nkp. */
+static void key_flags(const uint8_t *m, int nk, int nkp, float *km) {
+    for (int j = 0; j < nkp; j++) km[j] = j < nk && (!m || m[j]) ? 1.0f : 0.0f;
+}
+
+/* Forward: y (BH, Nq, V), den (BH, Nq), count (BH, Nq). Work items: (head, tile of query
+   rows). */
+void ts_direct_forward(int bh, int nq, int nk, int d, int nv, const float *q, const float *k,
+                       const float *v, const uint8_t *mask, int causal, int normalize,
+                       float *y, float *den, float *count, int threads) {
+    const int vp = pad(nv);
+    const int tiles = (nq + TILE - 1) / TILE;
+    const long items = (long)bh * tiles;
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (long item = 0; item < items; item++) {
+        const int h = (int)(item / tiles), i0 = (int)(item % tiles) * TILE;
+        const int nr = nq - i0 < TILE ? nq - i0 : TILE, i1 = i0 + nr;
+        const int kn = keys_of(nk, causal, i1), knp = pad(kn);
+        const float *qh = q + ((size_t)h * nq + i0) * d, *kh = k + (size_t)h * nk * d;
+        const float *vh = v + (size_t)h * nk * nv;
+        const uint8_t *mh = mask ? mask + (size_t)h * nk : NULL;
+        float *kt = malloc(sizeof(float) * ((size_t)d * knp + (size_t)knp * vp + (size_t)TILE * knp
+                                            + (size_t)TILE * vp + knp));
+        float *vv = kt + (size_t)d * knp, *s = vv + (size_t)knp * vp, *yt = s + (size_t)TILE * knp;
+        float *km = yt + (size_t)TILE * vp;
+        copy_in(kh, kn, d, d, kt, d, knp, 1);     /* k'^T (d, knp) */
+        copy_in(vh, kn, nv, nv, vv, knp, vp, 0);  /* v (knp, vp) */
+        mm(nr, knp, d, qh, d, 1, kt, knp, s, knp, 0);
+        key_flags(mh, kn, knp, km);
+        for (int r = 0; r < nr; r++) {
+            float *sr = s + (size_t)r * knp, total = 0.0f, n = 0.0f;
+            const int lim = causal && i0 + r + 1 < kn ? i0 + r + 1 : kn;
+            for (int j = 0; j < knp; j++) {
+                const float on = j < lim ? km[j] : 0.0f, sv = sr[j];
+                const float w = on != 0.0f ? 1.0f + sv + 0.5f * sv * sv : 0.0f;
+                sr[j] = w;
+                total += w;
+                n += on;
+            }
+            den[(size_t)h * nq + i0 + r] = total;
+            count[(size_t)h * nq + i0 + r] = n;
+        }
+        mm(nr, vp, kn, s, knp, 1, vv, vp, yt, vp, 0);
+        for (int r = 0; r < nr; r++) {
+            const size_t row = (size_t)h * nq + i0 + r;
+            const float n = count[row];
+            const float f = n > 0.0f ? (normalize ? sqrtf(n / (float)d) : 1.0f) / den[row] : 0.0f;
+            for (int c = 0; c < nv; c++) y[row * nv + c] = yt[(size_t)r * vp + c] * f;
+        }
+        free(kt);
+    }
+}
+
+/* Backward: gq (BH, Nq, d), gk (BH, Nk, d), gv (BH, Nk, V) = the gradients w.r.t. q', k', v
+   from g = dL/dy and the forward's y, den, count. Work items: heads (the key-side gradients
+   sum over every query tile of the head, in a fixed order). */
+void ts_direct_backward(int bh, int nq, int nk, int d, int nv, const float *q, const float *k,
+                        const float *v, const uint8_t *mask, int causal, int normalize,
+                        const float *g, const float *y, const float *den, const float *count,
+                        float *gq, float *gk, float *gv, int threads) {
+    const int nkp = pad(nk), dp = pad(d), vp = pad(nv);
+#pragma omp parallel for num_threads(threads) schedule(dynamic, 1)
+    for (int h = 0; h < bh; h++) {
+        const float *kh = k + (size_t)h * nk * d, *vh = v + (size_t)h * nk * nv;
+        const uint8_t *mh = mask ? mask + (size_t)h * nk : NULL;
+        const size_t kt_n = (size_t)d * nkp, kk_n = (size_t)nkp * dp, vt_n = (size_t)nv * nkp;
+        const size_t blk = (size_t)TILE * nkp, qt_n = (size_t)TILE * dp, gn_n = (size_t)TILE * vp;
+        const size_t gk_n = (size_t)nkp * dp, gv_n = (size_t)nkp * vp;
+        float *kt = calloc(kt_n + kk_n + vt_n + 2 * blk + 2 * qt_n + gn_n + gk_n + gv_n + nkp,
+                           sizeof(float));
+        float *kk = kt + kt_n, *vt = kk + kk_n, *w = vt + vt_n, *gs = w + blk;
+        float *qt = gs + blk, *gqt = qt + qt_n, *gn = gqt + qt_n, *gkh = gn + gn_n;
+        float *gvh = gkh + gk_n, *km = gvh + gv_n;
+        float gd[TILE];
+        key_flags(mh, nk, nkp, km);
+        copy_in(kh, nk, d, d, kt, d, nkp, 1);    /* k'^T (d, nkp) */
+        copy_in(kh, nk, d, d, kk, nkp, dp, 0);   /* k' (nkp, dp) */
+        copy_in(vh, nk, nv, nv, vt, nv, nkp, 1); /* v^T (nv, nkp) */
+        for (int i0 = 0; i0 < nq; i0 += TILE) {
+            const int nr = nq - i0 < TILE ? nq - i0 : TILE, i1 = i0 + nr;
+            const int kn = keys_of(nk, causal, i1), knp = pad(kn);
+            const size_t row0 = (size_t)h * nq + i0;
+            copy_in(q + row0 * d, nr, d, d, qt, TILE, dp, 0);
+            memset(gn, 0, sizeof(float) * gn_n);
+            for (int r = 0; r < nr; r++) {
+                const size_t row = row0 + r;
+                const float n = count[row], inv = n > 0.0f ? 1.0f / den[row] : 0.0f;
+                const float f = normalize ? inv * sqrtf(n / (float)d) : inv;
+                float dot = 0.0f;
+                for (int c = 0; c < nv; c++) {
+                    gn[(size_t)r * vp + c] = g[row * nv + c] * f;
+                    dot += g[row * nv + c] * y[row * nv + c];
+                }
+                gd[r] = -dot * inv;
+            }
+            mm(nr, knp, d, qt, dp, 1, kt, nkp, w, knp, 0);   /* s */
+            mm(nr, knp, nv, gn, vp, 1, vt, nkp, gs, knp, 0); /* gn . v_j */
+            for (int r = 0; r < nr; r++) {
+                float *wr = w + (size_t)r * knp, *gr = gs + (size_t)r * knp;
+                const int lim = causal && i0 + r + 1 < kn ? i0 + r + 1 : kn;
+                const float gdr = gd[r];
+                for (int j = 0; j < knp; j++) {
+                    const float on = j < lim ? km[j] : 0.0f, sv = wr[j];
+                    wr[j] = on != 0.0f ? 1.0f + sv + 0.5f * sv * sv : 0.0f;
+                    gr[j] = on != 0.0f ? (gr[j] + gdr) * (1.0f + sv) : 0.0f;
+                }
+            }
+            mm(nr, dp, kn, gs, knp, 1, kk, dp, gqt, dp, 0);     /* dq' = gs k' */
+            mm(kn, dp, nr, gs, 1, knp, qt, dp, gkh, dp, 1);     /* dk' += gs^T q' */
+            mm(kn, vp, nr, w, 1, knp, gn, vp, gvh, vp, 1);      /* dv += w^T gn */
+            for (int r = 0; r < nr; r++)
+                memcpy(gq + (row0 + r) * d, gqt + (size_t)r * dp, sizeof(float) * d);
+        }
+        for (int j = 0; j < nk; j++) {
+            memcpy(gk + ((size_t)h * nk + j) * d, gkh + (size_t)j * dp, sizeof(float) * d);
+            memcpy(gv + ((size_t)h * nk + j) * nv, gvh + (size_t)j * vp, sizeof(float) * nv);
+        }
+        free(kt);
+    }
+}
