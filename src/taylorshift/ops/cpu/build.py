@@ -29,6 +29,7 @@ import tempfile
 from pathlib import Path
 
 SOURCES = tuple(Path(__file__).with_name(name) for name in ("efficient.c", "direct.c"))
+HEADERS = (Path(__file__).with_name("rows.h"),)  # included by the sources: in the hash too
 ENV = "TAYLORSHIFT_CPU_KERNELS"
 FLAG_SETS = (
     ("-O3", "-march=native", "-fopenmp"),
@@ -126,7 +127,7 @@ def _library_path(cc: str, version: str, flags: tuple[str, ...]) -> Path:
     from ..taylor_shift.dispatch import cache_dir
 
     digest = hashlib.sha256()
-    sources = [source.read_bytes().decode() for source in SOURCES]
+    sources = [source.read_bytes().decode() for source in (*SOURCES, *HEADERS)]
     for part in (*sources, cc, version, *flags, *COMMON_FLAGS, platform.machine(),
                  _cpu_flags()):  # fmt: skip
         digest.update(part.encode() + b"\0")
@@ -175,8 +176,10 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.ts_output_grad.restype = None
     lib.ts_decode_step.argtypes = [i, i, i, p, p, p, p, f, p, i, f, p, p, p, i]
     lib.ts_decode_step.restype = None
-    lib.ts_direct_forward.argtypes = [i, i, i, i, i, p, p, p, p, i, i, p, p, p, i]
+    lib.ts_direct_forward.argtypes = [i, i, i, i, i, p, p, p, p, p, i, i, f, p, p, p, i]
     lib.ts_direct_forward.restype = None
-    lib.ts_direct_backward.argtypes = [i, i, i, i, i, p, p, p, p, i, i, p, p, p, p, p, p, p, i]
+    lib.ts_direct_backward.argtypes = [
+        i, i, i, i, i, p, p, p, p, p, i, i, f, p, p, p, p, p, p, p, p, i
+    ]  # fmt: skip
     lib.ts_direct_backward.restype = None
     return lib

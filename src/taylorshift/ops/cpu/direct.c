@@ -7,13 +7,16 @@
    scratch blocks of the thread (the (Nq, Nk) matrix never exists); every product is one
    register-tiled loop (mm below) over zero-padded operands, so no edge case reaches it.
 
-   The attention of the scaled rows q' and k' (ts_scale_rows of efficient.c):
+   The attention of the scaled rows q' = f_h q / max(|q|, eps) and k' = k / max(|k|, eps)
+   (normalize; else q' = f_h q, k' = k), formed inside from the raw rows (rows.h), with
+   f_h = factor[h] the temperature (or the scale) per head:
        s_ij = q'_i . k'_j,  w_ij = 1 + s + s^2/2 on the attended pairs (key j real and, causal,
        j <= i), 0 elsewhere;  den_i = sum_j w_ij,  n_i = #attended,
        y_i = sum_j w_ij v_j * (normalize ? sqrt(n_i / d) : 1) / den_i   (0 when n_i = 0).
    Backward, with g_i = dL/dy_i: gn_i = g_i f_i / den_i, gd_i = -(g_i . y_i) / den_i,
        gs_ij = (gn_i . v_j + gd_i)(1 + s_ij) on attended pairs,
-       dq'_i = sum_j gs_ij k'_j,  dk'_j = sum_i gs_ij q'_i,  dv_j = sum_i w_ij gn_i.
+       dq'_i = sum_j gs_ij k'_j,  dk'_j = sum_i gs_ij q'_i,  dv_j = sum_i w_ij gn_i,
+   then dq, dk and df_h through the scaling (rows.h).
 
    float32, contiguous, heads flattened: q (BH, Nq, d), k (BH, Nk, d), v (BH, Nk, V);
    mask (BH, Nk) uint8 or NULL (a key-padding mask). */
@@ -21,6 +24,8 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "rows.h"
 
 typedef float vec __attribute__((vector_size(32)));
 enum {
@@ -104,8 +109,9 @@ static void key_flags(const uint8_t *m, int nk, int nkp, float *km) {
 /* Forward: y (BH, Nq, V), den (BH, Nq), count (BH, Nq). Work items: (head, tile of query
    rows). */
 void ts_direct_forward(int bh, int nq, int nk, int d, int nv, const float *q, const float *k,
-                       const float *v, const uint8_t *mask, int causal, int normalize,
-                       float *y, float *den, float *count, int threads) {
+                       const float *v, const float *factor, const uint8_t *mask, int causal,
+                       int normalize, float eps, float *y, float *den, float *count,
+                       int threads) {
     const int vp = pad(nv);
     const int tiles = (nq + TILE - 1) / TILE;
     const long items = (long)bh * tiles;
@@ -117,13 +123,18 @@ void ts_direct_forward(int bh, int nq, int nk, int d, int nv, const float *q, co
         const float *qh = q + ((size_t)h * nq + i0) * d, *kh = k + (size_t)h * nk * d;
         const float *vh = v + (size_t)h * nk * nv;
         const uint8_t *mh = mask ? mask + (size_t)h * nk : NULL;
-        float *kt = malloc(sizeof(float) * ((size_t)d * knp + (size_t)knp * vp + (size_t)TILE * knp
-                                            + (size_t)TILE * vp + knp));
-        float *vv = kt + (size_t)d * knp, *s = vv + (size_t)knp * vp, *yt = s + (size_t)TILE * knp;
-        float *km = yt + (size_t)TILE * vp;
-        copy_in(kh, kn, d, d, kt, d, knp, 1);     /* k'^T (d, knp) */
+        const size_t kt_n = (size_t)d * knp, vv_n = (size_t)knp * vp, s_n = (size_t)TILE * knp;
+        const size_t yt_n = (size_t)TILE * vp, kp_n = (size_t)(kn > TILE ? kn : TILE) * d;
+        float *kt = malloc(sizeof(float) * (kt_n + vv_n + s_n + yt_n + knp + kp_n));
+        float *vv = kt + kt_n, *s = vv + vv_n, *yt = s + s_n, *km = yt + yt_n, *xp = km + knp;
+        for (int j = 0; j < kn; j++)
+            scale_row(d, kh + (size_t)j * d, 1.0f, normalize, eps, xp + (size_t)j * d);
+        copy_in(xp, kn, d, d, kt, d, knp, 1);     /* k'^T (d, knp) */
         copy_in(vh, kn, nv, nv, vv, knp, vp, 0);  /* v (knp, vp) */
-        mm(nr, knp, d, qh, d, 1, kt, knp, s, knp, 0);
+        const float f = factor[h];
+        for (int r = 0; r < nr; r++) /* q' of the tile, over k' (no longer needed) */
+            scale_row(d, qh + (size_t)r * d, f, normalize, eps, xp + (size_t)r * d);
+        mm(nr, knp, d, xp, d, 1, kt, knp, s, knp, 0);
         key_flags(mh, kn, knp, km);
         for (int r = 0; r < nr; r++) {
             float *sr = s + (size_t)r * knp, total = 0.0f, n = 0.0f;
@@ -142,20 +153,22 @@ void ts_direct_forward(int bh, int nq, int nk, int d, int nv, const float *q, co
         for (int r = 0; r < nr; r++) {
             const size_t row = (size_t)h * nq + i0 + r;
             const float n = count[row];
-            const float f = n > 0.0f ? (normalize ? sqrtf(n / (float)d) : 1.0f) / den[row] : 0.0f;
-            for (int c = 0; c < nv; c++) y[row * nv + c] = yt[(size_t)r * vp + c] * f;
+            const float g = n > 0.0f ? (normalize ? sqrtf(n / (float)d) : 1.0f) / den[row] : 0.0f;
+            for (int c = 0; c < nv; c++) y[row * nv + c] = yt[(size_t)r * vp + c] * g;
         }
         free(kt);
     }
 }
 
-/* Backward: gq (BH, Nq, d), gk (BH, Nk, d), gv (BH, Nk, V) = the gradients w.r.t. q', k', v
-   from g = dL/dy and the forward's y, den, count. Work items: heads (the key-side gradients
-   sum over every query tile of the head, in a fixed order). */
+/* Backward: gq (BH, Nq, d), gk (BH, Nk, d), gv (BH, Nk, V) and gfactor (BH) (may be NULL),
+   the gradients w.r.t. q, k, v and f_h, from g = dL/dy and the forward's y, den, count. Work
+   items: heads (the key-side gradients sum over every query tile of the head, in a fixed
+   order). */
 void ts_direct_backward(int bh, int nq, int nk, int d, int nv, const float *q, const float *k,
-                        const float *v, const uint8_t *mask, int causal, int normalize,
-                        const float *g, const float *y, const float *den, const float *count,
-                        float *gq, float *gk, float *gv, int threads) {
+                        const float *v, const float *factor, const uint8_t *mask, int causal,
+                        int normalize, float eps, const float *g, const float *y,
+                        const float *den, const float *count, float *gq, float *gk, float *gv,
+                        float *gfactor, int threads) {
     const int nkp = pad(nk), dp = pad(d), vp = pad(nv);
 #pragma omp parallel for num_threads(threads) schedule(dynamic, 1)
     for (int h = 0; h < bh; h++) {
@@ -170,23 +183,27 @@ void ts_direct_backward(int bh, int nq, int nk, int d, int nv, const float *q, c
         float *qt = gs + blk, *gqt = qt + qt_n, *gn = gqt + qt_n, *gkh = gn + gn_n;
         float *gvh = gkh + gk_n, *km = gvh + gv_n;
         float gd[TILE];
+        const float f = factor[h];
+        double gf = 0.0;
         key_flags(mh, nk, nkp, km);
-        copy_in(kh, nk, d, d, kt, d, nkp, 1);    /* k'^T (d, nkp) */
-        copy_in(kh, nk, d, d, kk, nkp, dp, 0);   /* k' (nkp, dp) */
+        for (int j = 0; j < nk; j++) /* k' (nkp, dp) */
+            scale_row(d, kh + (size_t)j * d, 1.0f, normalize, eps, kk + (size_t)j * dp);
+        copy_in(kk, nk, d, dp, kt, d, nkp, 1);   /* k'^T (d, nkp) */
         copy_in(vh, nk, nv, nv, vt, nv, nkp, 1); /* v^T (nv, nkp) */
         for (int i0 = 0; i0 < nq; i0 += TILE) {
             const int nr = nq - i0 < TILE ? nq - i0 : TILE, i1 = i0 + nr;
             const int kn = keys_of(nk, causal, i1), knp = pad(kn);
             const size_t row0 = (size_t)h * nq + i0;
-            copy_in(q + row0 * d, nr, d, d, qt, TILE, dp, 0);
+            for (int r = 0; r < nr; r++) /* q' (nr, dp) */
+                scale_row(d, q + (row0 + r) * d, f, normalize, eps, qt + (size_t)r * dp);
             memset(gn, 0, sizeof(float) * gn_n);
             for (int r = 0; r < nr; r++) {
                 const size_t row = row0 + r;
                 const float n = count[row], inv = n > 0.0f ? 1.0f / den[row] : 0.0f;
-                const float f = normalize ? inv * sqrtf(n / (float)d) : inv;
+                const float fo = normalize ? inv * sqrtf(n / (float)d) : inv;
                 float dot = 0.0f;
                 for (int c = 0; c < nv; c++) {
-                    gn[(size_t)r * vp + c] = g[row * nv + c] * f;
+                    gn[(size_t)r * vp + c] = g[row * nv + c] * fo;
                     dot += g[row * nv + c] * y[row * nv + c];
                 }
                 gd[r] = -dot * inv;
@@ -206,13 +223,17 @@ void ts_direct_backward(int bh, int nq, int nk, int d, int nv, const float *q, c
             mm(nr, dp, kn, gs, knp, 1, kk, dp, gqt, dp, 0);     /* dq' = gs k' */
             mm(kn, dp, nr, gs, 1, knp, qt, dp, gkh, dp, 1);     /* dk' += gs^T q' */
             mm(kn, vp, nr, w, 1, knp, gn, vp, gvh, vp, 1);      /* dv += w^T gn */
-            for (int r = 0; r < nr; r++)
-                memcpy(gq + (row0 + r) * d, gqt + (size_t)r * dp, sizeof(float) * d);
+            for (int r = 0; r < nr; r++) /* dq through the scaling */
+                gf += scale_row_grad(d, q + (row0 + r) * d, gqt + (size_t)r * dp, f, normalize,
+                                     eps, gq + (row0 + r) * d);
         }
         for (int j = 0; j < nk; j++) {
-            memcpy(gk + ((size_t)h * nk + j) * d, gkh + (size_t)j * dp, sizeof(float) * d);
-            memcpy(gv + ((size_t)h * nk + j) * nv, gvh + (size_t)j * vp, sizeof(float) * nv);
+            const size_t row = (size_t)h * nk + j;
+            scale_row_grad(d, kh + (size_t)j * d, gkh + (size_t)j * dp, 1.0f, normalize, eps,
+                           gk + row * d);
+            memcpy(gv + row * nv, gvh + (size_t)j * vp, sizeof(float) * nv);
         }
+        if (gfactor) gfactor[h] = (float)gf;
         free(kt);
     }
 }

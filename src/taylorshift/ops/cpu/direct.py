@@ -4,9 +4,9 @@ causal, for the short sequences where the direct form is the faster one.
 Layout (B, H, N, d). ``ts_direct_forward`` computes, per head and tile of 64 query rows,
 the scores q'k'ᵀ, the weights 1 + s + s²/2 on the attended pairs, their row sums and the
 weighted values, finished by sqrt(n/d)/den; ``ts_direct_backward`` recomputes each tile's
-scores and gives the gradients w.r.t. q', k' and v (docs/cpu-kernel.md). The maps
-q -> q' = τ q/‖q‖, k -> k' and their backward are ``ts_scale_rows`` / ``ts_scale_rows_grad``
-of ``efficient.c``, as in the efficient form. Sums in float32 (float16 and bfloat16 inputs
+scores and gives the gradients w.r.t. q, k, v and the temperature (docs/cpu-kernel.md).
+The maps q -> q' = τ q/‖q‖, k -> k' and their backward run inside both (``rows.h``, shared
+with ``efficient.c``). Sums in float32 (float16 and bfloat16 inputs
 are converted); float64 stays on the PyTorch form.
 
 Two wrappers share the passes: ``CpuDirectFunction`` (an autograd.Function, for eager calls)
@@ -31,7 +31,6 @@ from .efficient import (
     head_factors,
     kernel_threads,
     ptr,
-    scaled_rows,
     traced_factors,
 )
 
@@ -41,17 +40,18 @@ def forward_pass(
     normalize: bool, is_causal: bool,
 ) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
     """(y (B, H, Nq, dv) in value's dtype, the denominators (B·H, Nq), the attended-key
-    counts (B·H, Nq)), float32. ``key_mask`` (B, H, Nk) bool (broadcast views too) or None."""
+    counts (B·H, Nq)), float32. ``key_mask`` (B, H, Nk) bool (broadcast views too) or None;
+    ``factors`` (B·H,) float32, the query's factor per head."""
     b, h, nq, d = query.shape
     nk, dv = key.shape[2], value.shape[3]
     bh = b * h
-    qp, kp = scaled_rows(query, factors, normalize), scaled_rows(key, None, normalize)
-    v = flat32(value)
+    # (every tensor whose address goes to C is held by a name until the call returns)
+    q, k, v = flat32(query), flat32(key), flat32(value)
     mask = flat_mask(key_mask, b, h, nk)
     out, den, count = torch.empty((bh, nq, dv)), torch.empty((bh, nq)), torch.empty((bh, nq))
-    library().ts_direct_forward(bh, nq, nk, d, dv, ptr(qp), ptr(kp), ptr(v), ptr(mask),
-                                int(is_causal), int(normalize), ptr(out), ptr(den),
-                                ptr(count), kernel_threads())  # fmt: skip
+    library().ts_direct_forward(bh, nq, nk, d, dv, ptr(q), ptr(k), ptr(v), ptr(factors),
+                                ptr(mask), int(is_causal), int(normalize), NORM_EPS, ptr(out),
+                                ptr(den), ptr(count), kernel_threads())  # fmt: skip
     return out.view(b, h, nq, dv).to(value.dtype), den, count
 
 
@@ -62,25 +62,18 @@ def backward_pass(
 ) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:  # fmt: skip
     """Gradients of query, key, value (each in its dtype) and, with ``need_factor``, of the
     per-head factor (B·H,) float32, from the gradient of y and ``forward_pass``'s output."""
-    lib, threads = library(), kernel_threads()
     b, h, nq, d = query.shape
     nk, dv = key.shape[2], value.shape[3]
     bh = b * h
-    # (every tensor whose address goes to C is held by a name until the call returns)
-    qp, kp = scaled_rows(query, factors, normalize), scaled_rows(key, None, normalize)
-    v, g_out, y32 = flat32(value), flat32(grad_out), flat32(y)
+    q, k, v = flat32(query), flat32(key), flat32(value)
+    g_out, y32 = flat32(grad_out), flat32(y)
     mask = flat_mask(key_mask, b, h, nk)
-    g_qp, g_kp, gv = torch.empty((bh, nq, d)), torch.empty((bh, nk, d)), torch.empty((bh, nk, dv))
-    lib.ts_direct_backward(bh, nq, nk, d, dv, ptr(qp), ptr(kp), ptr(v), ptr(mask),
-                           int(is_causal), int(normalize), ptr(g_out), ptr(y32), ptr(den),
-                           ptr(count), ptr(g_qp), ptr(g_kp), ptr(gv), threads)  # fmt: skip
-    q, k = flat32(query), flat32(key)
-    gq, gk = torch.empty_like(q), torch.empty_like(k)
+    gq, gk, gv = torch.empty((bh, nq, d)), torch.empty((bh, nk, d)), torch.empty((bh, nk, dv))
     g_factor = torch.empty(bh) if need_factor else None
-    lib.ts_scale_rows_grad(bh, nq, d, ptr(q), ptr(g_qp), ptr(factors), int(normalize),
-                           NORM_EPS, ptr(gq), ptr(g_factor), threads)  # fmt: skip
-    lib.ts_scale_rows_grad(bh, nk, d, ptr(k), ptr(g_kp), None, int(normalize), NORM_EPS,
-                           ptr(gk), None, threads)  # fmt: skip
+    library().ts_direct_backward(bh, nq, nk, d, dv, ptr(q), ptr(k), ptr(v), ptr(factors),
+                                 ptr(mask), int(is_causal), int(normalize), NORM_EPS,
+                                 ptr(g_out), ptr(y32), ptr(den), ptr(count), ptr(gq), ptr(gk),
+                                 ptr(gv), ptr(g_factor), kernel_threads())  # fmt: skip
     return (
         gq.view(query.shape).to(query.dtype),
         gk.view(key.shape).to(key.dtype),

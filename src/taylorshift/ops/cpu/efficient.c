@@ -22,6 +22,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "rows.h"
+
 typedef float vec __attribute__((vector_size(32)));
 enum {
     LANES = 8,       /* floats per vector */
@@ -286,28 +288,19 @@ void ts_pair_grad(int bh, int n, int d, const float *x, const float *values, int
 }
 
 /* xp (BH, N, d) = factor[h] x / max(|x|, eps) (normalize) or factor[h] x, with factor NULL
-   read as 1: the map x -> x' in front of the feature products (s = q'.k'). */
+   read as 1: the map x -> x' in front of the feature products (s = q'.k'), rows.h. */
 void ts_scale_rows(int bh, int n, int d, const float *x, const float *factor, int normalize,
                    float eps, float *xp, int threads) {
     const long rows = (long)bh * n;
 #pragma omp parallel for num_threads(threads) schedule(static)
-    for (long r = 0; r < rows; r++) {
-        const float *xr = x + (size_t)r * d;
-        float *out = xp + (size_t)r * d, f = factor ? factor[r / n] : 1.0f;
-        if (normalize) {
-            float sq = 0.0f;
-            for (int a = 0; a < d; a++) sq += xr[a] * xr[a];
-            const float norm = sqrtf(sq);
-            f /= norm > eps ? norm : eps;
-        }
-        for (int a = 0; a < d; a++) out[a] = f * xr[a];
-    }
+    for (long r = 0; r < rows; r++)
+        scale_row(d, x + (size_t)r * d, factor ? factor[r / n] : 1.0f, normalize, eps,
+                  xp + (size_t)r * d);
 }
 
-/* The backward of ts_scale_rows: gx (BH, N, d) from gp = dL/dx'. With g = factor gp and
-   u = x / max(|x|, eps): gx = (g - u (u.g)) / |x| where |x| > eps, g / eps below (the norm is
-   the constant eps there). gfactor (BH) (may be NULL) = sum over the head's tokens of gp.u
-   (normalize) or gp.x. Items: (head, block of 256 tokens), partial sums added per head. */
+/* The backward of ts_scale_rows (rows.h): gx (BH, N, d) from gp = dL/dx'; gfactor (BH) (may
+   be NULL) = sum over the head's tokens of gp.u (normalize) or gp.x. Items: (head, block of
+   256 tokens), partial sums added per head. */
 void ts_scale_rows_grad(int bh, int n, int d, const float *x, const float *gp,
                         const float *factor, int normalize, float eps, float *gx,
                         float *gfactor, int threads) {
@@ -322,20 +315,7 @@ void ts_scale_rows_grad(int bh, int n, int d, const float *x, const float *gp,
         double sum = 0.0;
         for (int t = t0; t < t1; t++) {
             const size_t at = ((size_t)h * n + t) * d;
-            const float *xr = x + at, *gr = gp + at;
-            float *out = gx + at;
-            if (!normalize) {
-                for (int a = 0; a < d; a++) { out[a] = f * gr[a]; sum += gr[a] * xr[a]; }
-                continue;
-            }
-            float sq = 0.0f;
-            for (int a = 0; a < d; a++) sq += xr[a] * xr[a];
-            const float norm = sqrtf(sq), floor = norm > eps ? norm : eps;
-            float dot = 0.0f; /* u.gp */
-            for (int a = 0; a < d; a++) dot += gr[a] * (xr[a] / floor);
-            const float along = norm > eps ? f * dot : 0.0f; /* u.g */
-            for (int a = 0; a < d; a++) out[a] = (f * gr[a] - along * (xr[a] / floor)) / floor;
-            sum += dot;
+            sum += scale_row_grad(d, x + at, gp + at, f, normalize, eps, gx + at);
         }
         if (part) part[item] = sum;
     }
@@ -397,16 +377,10 @@ void ts_decode_step(int bh, int d, int nv, const float *q, const float *k, const
     for (int h = 0; h < bh; h++) {
         const float *qh = q + (size_t)h * d, *kh = k + (size_t)h * d;
         float qx[d], kx[d], u[width], y[width];
-        float fq = factor ? factor[h] : scalar, fk = 1.0f;
-        if (normalize) {
-            float sq = 0.0f, sk = 0.0f;
-            for (int a = 0; a < d; a++) { sq += qh[a] * qh[a]; sk += kh[a] * kh[a]; }
-            const float nq = sqrtf(sq), nk = sqrtf(sk);
-            fq /= nq > eps ? nq : eps;
-            fk /= nk > eps ? nk : eps;
-        }
+        scale_row(d, qh, factor ? factor[h] : scalar, normalize, eps, qx);
         const int add = !real || real[h]; /* a padded token's key (NaN, say) never reaches S */
-        for (int a = 0; a < d; a++) { qx[a] = fq * qh[a]; kx[a] = add ? fk * kh[a] : 0.0f; }
+        if (add) scale_row(d, kh, 1.0f, normalize, eps, kx);
+        else memset(kx, 0, sizeof kx);
         for (int c = 0; c < nv; c++) u[c] = add ? v[(size_t)h * nv + c] : 0.0f;
         u[nv] = add ? 1.0f : 0.0f;
         if (add) count[h] += 1.0f;

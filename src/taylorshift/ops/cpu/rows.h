@@ -1,0 +1,39 @@
+/* The map x -> x' of one row in front of the feature products (s = q'.k') and its backward,
+   shared by efficient.c and direct.c: x' = f x / max(|x|, eps) (normalize) or f x. */
+#ifndef TAYLORSHIFT_ROWS_H
+#define TAYLORSHIFT_ROWS_H
+#include <math.h>
+
+/* out (d) = x', f the row's factor (the temperature per head, or 1). */
+static inline void scale_row(int d, const float *x, float f, int normalize, float eps,
+                             float *out) {
+    if (normalize) {
+        float sq = 0.0f;
+        for (int a = 0; a < d; a++) sq += x[a] * x[a];
+        const float norm = sqrtf(sq);
+        f /= norm > eps ? norm : eps;
+    }
+    for (int a = 0; a < d; a++) out[a] = f * x[a];
+}
+
+/* gx (d) = dL/dx from gp = dL/dx'. With g = f gp and u = x / max(|x|, eps):
+   gx = (g - u (u.g)) / |x| where |x| > eps, g / eps below (the norm is the constant eps
+   there); without normalize gx = f gp. Returns the row's share of dL/df: gp.u (normalize)
+   or gp.x. */
+static inline double scale_row_grad(int d, const float *x, const float *gp, float f,
+                                    int normalize, float eps, float *gx) {
+    if (!normalize) {
+        double sum = 0.0;
+        for (int a = 0; a < d; a++) { gx[a] = f * gp[a]; sum += gp[a] * x[a]; }
+        return sum;
+    }
+    float sq = 0.0f;
+    for (int a = 0; a < d; a++) sq += x[a] * x[a];
+    const float norm = sqrtf(sq), floor = norm > eps ? norm : eps;
+    float dot = 0.0f; /* u.gp */
+    for (int a = 0; a < d; a++) dot += gp[a] * (x[a] / floor);
+    const float along = norm > eps ? f * dot : 0.0f; /* u.g */
+    for (int a = 0; a < d; a++) gx[a] = (f * gp[a] - along * (x[a] / floor)) / floor;
+    return dot;
+}
+#endif
