@@ -39,6 +39,9 @@ static inline vec load(const float *p) { vec v; memcpy(&v, p, sizeof v); return 
 static inline void store(float *p, vec v) { memcpy(p, &v, sizeof v); }
 static inline vec splat(float s) { return (vec){s, s, s, s, s, s, s, s}; }
 static inline int pad(int n) { return (n + WIDE - 1) / WIDE * WIDE; }
+/* The row stride of a block n columns wide: padded, and off multiples of 64 floats, so that
+   a walk down a column (a k loop of mm) does not map every row to the same cache sets. */
+static inline int ldim(int n) { return pad(n) % 64 ? pad(n) : pad(n) + WIDE; }
 
 /* C[r][0..16) (+)= sum_k A[r * ars + k * acs] B[k * ldb + 0..16) for r < rows (a constant at
    each call site): 2 x rows accumulators of 8 floats. */
@@ -119,25 +122,25 @@ void ts_direct_forward(int bh, int nq, int nk, int d, int nv, const float *q, co
     for (long item = 0; item < items; item++) {
         const int h = (int)(item / tiles), i0 = (int)(item % tiles) * TILE;
         const int nr = nq - i0 < TILE ? nq - i0 : TILE, i1 = i0 + nr;
-        const int kn = keys_of(nk, causal, i1), knp = pad(kn);
+        const int kn = keys_of(nk, causal, i1), knp = pad(kn), ldk = ldim(kn);
         const float *qh = q + ((size_t)h * nq + i0) * d, *kh = k + (size_t)h * nk * d;
         const float *vh = v + (size_t)h * nk * nv;
         const uint8_t *mh = mask ? mask + (size_t)h * nk : NULL;
-        const size_t kt_n = (size_t)d * knp, vv_n = (size_t)knp * vp, s_n = (size_t)TILE * knp;
+        const size_t kt_n = (size_t)d * ldk, vv_n = (size_t)knp * vp, s_n = (size_t)TILE * ldk;
         const size_t yt_n = (size_t)TILE * vp, kp_n = (size_t)(kn > TILE ? kn : TILE) * d;
         float *kt = malloc(sizeof(float) * (kt_n + vv_n + s_n + yt_n + knp + kp_n));
         float *vv = kt + kt_n, *s = vv + vv_n, *yt = s + s_n, *km = yt + yt_n, *xp = km + knp;
         for (int j = 0; j < kn; j++)
             scale_row(d, kh + (size_t)j * d, 1.0f, normalize, eps, xp + (size_t)j * d);
-        copy_in(xp, kn, d, d, kt, d, knp, 1);     /* k'^T (d, knp) */
+        copy_in(xp, kn, d, d, kt, d, ldk, 1);     /* k'^T (d, knp) */
         copy_in(vh, kn, nv, nv, vv, knp, vp, 0);  /* v (knp, vp) */
         const float f = factor[h];
         for (int r = 0; r < nr; r++) /* q' of the tile, over k' (no longer needed) */
             scale_row(d, qh + (size_t)r * d, f, normalize, eps, xp + (size_t)r * d);
-        mm(nr, knp, d, xp, d, 1, kt, knp, s, knp, 0);
+        mm(nr, knp, d, xp, d, 1, kt, ldk, s, ldk, 0);
         key_flags(mh, kn, knp, km);
         for (int r = 0; r < nr; r++) {
-            float *sr = s + (size_t)r * knp, total = 0.0f, n = 0.0f;
+            float *sr = s + (size_t)r * ldk, total = 0.0f, n = 0.0f;
             const int lim = causal && i0 + r + 1 < kn ? i0 + r + 1 : kn;
             for (int j = 0; j < knp; j++) {
                 const float on = j < lim ? km[j] : 0.0f, sv = sr[j];
@@ -149,7 +152,7 @@ void ts_direct_forward(int bh, int nq, int nk, int d, int nv, const float *q, co
             den[(size_t)h * nq + i0 + r] = total;
             count[(size_t)h * nq + i0 + r] = n;
         }
-        mm(nr, vp, kn, s, knp, 1, vv, vp, yt, vp, 0);
+        mm(nr, vp, kn, s, ldk, 1, vv, vp, yt, vp, 0);
         for (int r = 0; r < nr; r++) {
             const size_t row = (size_t)h * nq + i0 + r;
             const float n = count[row];
@@ -169,13 +172,13 @@ void ts_direct_backward(int bh, int nq, int nk, int d, int nv, const float *q, c
                         int normalize, float eps, const float *g, const float *y,
                         const float *den, const float *count, float *gq, float *gk, float *gv,
                         float *gfactor, int threads) {
-    const int nkp = pad(nk), dp = pad(d), vp = pad(nv);
+    const int nkp = pad(nk), ldn = ldim(nk), dp = pad(d), vp = pad(nv);
 #pragma omp parallel for num_threads(threads) schedule(dynamic, 1)
     for (int h = 0; h < bh; h++) {
         const float *kh = k + (size_t)h * nk * d, *vh = v + (size_t)h * nk * nv;
         const uint8_t *mh = mask ? mask + (size_t)h * nk : NULL;
-        const size_t kt_n = (size_t)d * nkp, kk_n = (size_t)nkp * dp, vt_n = (size_t)nv * nkp;
-        const size_t blk = (size_t)TILE * nkp, qt_n = (size_t)TILE * dp, gn_n = (size_t)TILE * vp;
+        const size_t kt_n = (size_t)d * ldn, kk_n = (size_t)nkp * dp, vt_n = (size_t)nv * ldn;
+        const size_t blk = (size_t)TILE * ldn, qt_n = (size_t)TILE * dp, gn_n = (size_t)TILE * vp;
         const size_t gk_n = (size_t)nkp * dp, gv_n = (size_t)nkp * vp;
         float *kt = calloc(kt_n + kk_n + vt_n + 2 * blk + 2 * qt_n + gn_n + gk_n + gv_n + nkp,
                            sizeof(float));
@@ -188,8 +191,8 @@ void ts_direct_backward(int bh, int nq, int nk, int d, int nv, const float *q, c
         key_flags(mh, nk, nkp, km);
         for (int j = 0; j < nk; j++) /* k' (nkp, dp) */
             scale_row(d, kh + (size_t)j * d, 1.0f, normalize, eps, kk + (size_t)j * dp);
-        copy_in(kk, nk, d, dp, kt, d, nkp, 1);   /* k'^T (d, nkp) */
-        copy_in(vh, nk, nv, nv, vt, nv, nkp, 1); /* v^T (nv, nkp) */
+        copy_in(kk, nk, d, dp, kt, d, ldn, 1);   /* k'^T (d, nkp) */
+        copy_in(vh, nk, nv, nv, vt, nv, ldn, 1); /* v^T (nv, nkp) */
         for (int i0 = 0; i0 < nq; i0 += TILE) {
             const int nr = nq - i0 < TILE ? nq - i0 : TILE, i1 = i0 + nr;
             const int kn = keys_of(nk, causal, i1), knp = pad(kn);
@@ -208,10 +211,10 @@ void ts_direct_backward(int bh, int nq, int nk, int d, int nv, const float *q, c
                 }
                 gd[r] = -dot * inv;
             }
-            mm(nr, knp, d, qt, dp, 1, kt, nkp, w, knp, 0);   /* s */
-            mm(nr, knp, nv, gn, vp, 1, vt, nkp, gs, knp, 0); /* gn . v_j */
+            mm(nr, knp, d, qt, dp, 1, kt, ldn, w, ldn, 0);   /* s */
+            mm(nr, knp, nv, gn, vp, 1, vt, ldn, gs, ldn, 0); /* gn . v_j */
             for (int r = 0; r < nr; r++) {
-                float *wr = w + (size_t)r * knp, *gr = gs + (size_t)r * knp;
+                float *wr = w + (size_t)r * ldn, *gr = gs + (size_t)r * ldn;
                 const int lim = causal && i0 + r + 1 < kn ? i0 + r + 1 : kn;
                 const float gdr = gd[r];
                 for (int j = 0; j < knp; j++) {
@@ -220,9 +223,9 @@ void ts_direct_backward(int bh, int nq, int nk, int d, int nv, const float *q, c
                     gr[j] = on != 0.0f ? (gr[j] + gdr) * (1.0f + sv) : 0.0f;
                 }
             }
-            mm(nr, dp, kn, gs, knp, 1, kk, dp, gqt, dp, 0);     /* dq' = gs k' */
-            mm(kn, dp, nr, gs, 1, knp, qt, dp, gkh, dp, 1);     /* dk' += gs^T q' */
-            mm(kn, vp, nr, w, 1, knp, gn, vp, gvh, vp, 1);      /* dv += w^T gn */
+            mm(nr, dp, kn, gs, ldn, 1, kk, dp, gqt, dp, 0);     /* dq' = gs k' */
+            mm(kn, dp, nr, gs, 1, ldn, qt, dp, gkh, dp, 1);     /* dk' += gs^T q' */
+            mm(kn, vp, nr, w, 1, ldn, gn, vp, gvh, vp, 1);      /* dv += w^T gn */
             for (int r = 0; r < nr; r++) /* dq through the scaling */
                 gf += scale_row_grad(d, q + (row0 + r) * d, gqt + (size_t)r * dp, f, normalize,
                                      eps, gq + (row0 + r) * d);
