@@ -126,6 +126,19 @@ def test_walk_stops_after_two_efficient_wins_and_extends_past_the_grid(monkeypat
     assert entry["stopped"] == "grid end"
     entry = calibrate.measure_case(grid=[8, 16], **{**kw, "deadline": 0.0})
     assert entry["stopped"] == "budget" and entry["crossover"]["status"] == "no data"
+    # the direct form is skipped where its working set would pass the memory limit
+    limit = calibrate.direct_bytes(100, 4, 1, False)
+    monkeypatch.setattr(calibrate, "memory_limit", lambda device: limit)
+    entry = calibrate.measure_case(grid=[16, 32, 128, 256], **kw)
+    assert [p["direct_status"] for p in entry["points"]] == ["ok", "ok", "skipped: memory",
+                                                            "skipped: memory"]  # fmt: skip
+
+
+def test_direct_bytes_count_blocks_not_the_whole_score_matrix():
+    # 128 heads at N = 4,096, d = 64: one copy of the (N, N) scores would be 8 GiB; the
+    # blocks and the inputs with their gradients take about 1 GiB
+    assert calibrate.direct_bytes(4096, 64, 128, False) < 128 * 4096 * 4096 * 4 / 4
+    assert calibrate.direct_bytes(64, 16, 4, False) < calibrate.direct_bytes(4096, 16, 4, False)
 
 
 def test_show_and_clear(isolated_cache_dir, capsys):

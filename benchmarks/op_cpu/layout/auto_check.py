@@ -4,8 +4,9 @@
         --out benchmarks/op_cpu/layout/auto_check.md
 
 Issue 18, part 6: `auto` as it runs without a calibration file (the refitted CPU prior;
-run it where ``taylorshift bench calibrate --show`` lists nothing), B 1, H 4, float32,
-non-causal; forward and forward + backward at d = 16, 32, 64 and N = 256 … 4,096.
+run it where ``taylorshift bench calibrate --show`` lists nothing), B 1, H 4 (``--heads``),
+float32, non-causal; forward and forward + backward at d = 16, 32, 64 (``--d``) and
+N = 256 … 4,096 (``--n``).
 """
 
 from __future__ import annotations
@@ -29,6 +30,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument("--d", type=int, nargs="+", default=[16, 32, 64])
+    parser.add_argument("--n", type=int, nargs="+", default=[256, 512, 1024, 2048, 4096])
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     lines = [
@@ -37,15 +41,19 @@ def main() -> None:
         f"    python {' '.join(sys.argv)}",
         "",
         f"{time.strftime('%Y-%m-%d')}, torch {torch.__version__}, {args.threads} threads, "
-        f"B 1, H 4, float32, non-causal, median of {args.rounds} shuffled rounds (ms).",
+        f"B 1, H {args.heads}, float32, non-causal, median of {args.rounds} shuffled rounds "
+        "(ms).",
         "",
         "| d | N | pass | direct | efficient | auto | auto / faster form |",
         "|---:|---:|---|---:|---:|---:|---:|",
     ]
     gen = torch.Generator().manual_seed(0)
-    for d in (16, 32, 64):
-        for n in (256, 512, 1024, 2048, 4096):
-            q, k, v = (torch.randn(1, 4, n, d, generator=gen, requires_grad=True) for _ in range(3))
+    for d in args.d:
+        for n in args.n:
+            q, k, v = (
+                torch.randn(1, args.heads, n, d, generator=gen, requires_grad=True)
+                for _ in range(3)
+            )
             for name, backward in (("forward", False), ("forward + backward", True)):
 
                 def call(mode, backward=backward, q=q, k=k, v=v):

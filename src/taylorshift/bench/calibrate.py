@@ -187,10 +187,13 @@ def make_call(form: str, n: int, d: int, heads: int, dtype, device, causal: bool
     return forward_backward
 
 
-def direct_bytes(n: int, heads: int, passes: str) -> int:
-    """A rough upper bound on the direct form's (N, N) float32 blocks (scores, weights, grads)."""
-    blocks = 3 if pass_name(passes) == FORWARD else 6
-    return blocks * heads * n * n * 4
+def direct_bytes(n: int, d: int, heads: int, causal: bool) -> int:
+    """The direct form's extra memory for one call of N tokens, float32, as ``auto`` counts it
+    (``dispatch.working_set_bytes``: its blocks of scores, the weights kept for the backward
+    of small calls; the CPU kernel needs less), plus q, k, v, the output and their
+    gradients."""
+    extra = dispatch.working_set_bytes("direct", n, n, d, d, causal, heads, 4)
+    return extra + 8 * heads * n * d * 4
 
 
 def memory_limit(device: torch.device) -> int:
@@ -234,7 +237,7 @@ def measure_case(
             break
         point: dict = {"n": n}
         for form in ("efficient", "direct"):
-            if form == "direct" and direct_bytes(n, heads, passes) > limit:
+            if form == "direct" and direct_bytes(n, d, heads, causal) > limit:
                 point[f"{form}_status"], point[f"{form}_s"] = "skipped: memory", None
                 continue
             fn = make_call(form, n, d, heads, dtype, device, causal, passes)

@@ -494,21 +494,22 @@ def _decide(
 # before those changes.) The efficient form's fixed costs (its feature map row by row,
 # narrow products) make the theory's switch, N ≈ 153 at d = 16, choose it ~3x too early.
 CPU_PRIOR = {16: 2.85, 32: 1.75, 64: 1.05}
-# With the CPU kernels (taylorshift/ops/cpu: the non-causal efficient form in C, float32 and
-# 16-bit inputs), measured with ``taylorshift bench calibrate --causal no`` on the same
-# machine at two head counts (benchmarks/op_cpu/cpu-kernel, calibrate-*.txt), because the
-# direct form's costs do not scale with B·H as the kernels' do: its fixed costs dominate a
-# call of few heads, its N × N blocks the memory traffic of many.
-# - B·H = 4 (two runs and one at N = 1 ... 64): at d <= 16 the kernels beat the direct form
-#   at every N, N = 1 included (ρ = 1/153); at d = 32 N̂ = 154-156 (ρ = 0.28); at d = 64
-#   N̂ = 1,048-1,431 (geometric mean of the four ratios 0.59).
-# - B·H = 128 (two runs each): N̂ = 19-40 at d = 16 (ρ = 0.21), 154-287 at d = 32 (0.39),
-#   315-434 at d = 64 (0.16), geometric means of the four ratios (forward and forward +
-#   backward, two runs).
+# With the CPU kernels (taylorshift/ops/cpu: the direct and the efficient form in C, float32
+# and 16-bit inputs), measured with ``taylorshift bench calibrate --causal no`` on the same
+# machine at two head counts (benchmarks/op_cpu/direct-kernel, calibrate-*.txt), since the
+# costs of the two forms scale differently with B·H. ρ is the geometric mean of each d's
+# four ratios (forward and forward + backward, two runs):
+# - B·H = 4: N̂ = 111-190 at d = 16 (ρ = 0.95), 315-453 at d = 32 (0.68), 1,344-1,515 at
+#   d = 64 (0.67);
+# - B·H = 128: N̂ = 119-150 at d = 16 (0.88), 419-530 at d = 32 (0.84), 1,358-1,611 at
+#   d = 64 (0.69; the forward of three runs, forward + backward of one: the first two
+#   skipped the direct form past N = 1,024 by an overestimate of its memory).
+# With the PyTorch direct form (before 2026-11-26, fifth session) the kernels' efficient
+# form won from N = 1 at d = 16 and 4 heads; the direct kernel moved every switch up.
 # ρ is interpolated in (log B·H, log ρ) between the two, and held outside them.
 CPU_KERNEL_PRIOR = {
-    4: {16: 0.0065, 32: 0.28, 64: 0.59},
-    128: {16: 0.21, 32: 0.39, 64: 0.16},
+    4: {16: 0.95, 32: 0.68, 64: 0.67},
+    128: {16: 0.88, 32: 0.84, 64: 0.69},
 }
 CPU_KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -523,7 +524,7 @@ def _cpu_prior_mode(
     dtype: torch.dtype,
     batch_heads: int = 1,
 ) -> str | None:
-    """The choice from :data:`CPU_KERNEL_PRIOR` (the CPU kernels run the efficient form) or
+    """The choice from :data:`CPU_KERNEL_PRIOR` (the CPU kernels run both forms) or
     :data:`CPU_PRIOR` (float32 on the PyTorch forms) for non-causal calls on a CPU, else
     None."""
     if device.type != "cpu" or causal:
