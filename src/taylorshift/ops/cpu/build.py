@@ -176,10 +176,10 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.ts_output_grad.restype = None
     lib.ts_decode_step.argtypes = [i, i, i, p, p, p, p, f, p, i, f, p, p, p, i]
     lib.ts_decode_step.restype = None
-    lib.ts_direct_forward.argtypes = [i, i, i, i, i, p, p, p, p, p, i, i, f, p, p, p, i]
+    lib.ts_direct_forward.argtypes = [i, i, i, i, i, p, p, p, p, p, i, i, f, i, p, p, p, i]
     lib.ts_direct_forward.restype = None
     lib.ts_direct_backward.argtypes = [
-        i, i, i, i, i, p, p, p, p, p, i, i, f, p, p, p, p, p, p, p, p, i
+        i, i, i, i, i, p, p, p, p, p, i, i, f, i, p, p, p, p, p, p, p, p, i
     ]  # fmt: skip
     lib.ts_direct_backward.restype = None
     return lib

@@ -19,7 +19,13 @@
    then dq, dk and df_h through the scaling (rows.h).
 
    float32, contiguous, heads flattened: q (BH, Nq, d), k (BH, Nk, d), v (BH, Nk, V);
-   mask (BH, Nk) uint8 or NULL (a key-padding mask). */
+   mask (BH, Nk) uint8 or NULL (a key-padding mask).
+
+   raw != 0: the block of the causal efficient form's chunks (efficient_causal.py): q and k
+   are q', k' already (factor NULL, normalize 0), v is [v m, m] with the ones column, and
+   the forward returns y = sum_j w_ij v_j unfinished (den and count not written); the
+   backward takes gn = g itself (gd = 0; y, den and count not read) and returns the
+   gradients w.r.t. q', k' and v. */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -109,11 +115,11 @@ static void key_flags(const uint8_t *m, int nk, int nkp, float *km) {
     for (int j = 0; j < nkp; j++) km[j] = j < nk && (!m || m[j]) ? 1.0f : 0.0f;
 }
 
-/* Forward: y (BH, Nq, V), den (BH, Nq), count (BH, Nq). Work items: (head, tile of query
-   rows). */
+/* Forward: y (BH, Nq, V), den (BH, Nq), count (BH, Nq) (raw: y unfinished, den and count
+   may be NULL). Work items: (head, tile of query rows). */
 void ts_direct_forward(int bh, int nq, int nk, int d, int nv, const float *q, const float *k,
                        const float *v, const float *factor, const uint8_t *mask, int causal,
-                       int normalize, float eps, float *y, float *den, float *count,
+                       int normalize, float eps, int raw, float *y, float *den, float *count,
                        int threads) {
     const int vp = pad(nv);
     const int tiles = (nq + TILE - 1) / TILE;
@@ -134,7 +140,7 @@ void ts_direct_forward(int bh, int nq, int nk, int d, int nv, const float *q, co
             scale_row(d, kh + (size_t)j * d, 1.0f, normalize, eps, xp + (size_t)j * d);
         copy_in(xp, kn, d, d, kt, d, ldk, 1);     /* k'^T (d, knp) */
         copy_in(vh, kn, nv, nv, vv, knp, vp, 0);  /* v (knp, vp) */
-        const float f = factor[h];
+        const float f = factor ? factor[h] : 1.0f;
         for (int r = 0; r < nr; r++) /* q' of the tile, over k' (no longer needed) */
             scale_row(d, qh + (size_t)r * d, f, normalize, eps, xp + (size_t)r * d);
         mm(nr, knp, d, xp, d, 1, kt, ldk, s, ldk, 0);
@@ -149,14 +155,19 @@ void ts_direct_forward(int bh, int nq, int nk, int d, int nv, const float *q, co
                 total += w;
                 n += on;
             }
-            den[(size_t)h * nq + i0 + r] = total;
-            count[(size_t)h * nq + i0 + r] = n;
+            if (!raw) {
+                den[(size_t)h * nq + i0 + r] = total;
+                count[(size_t)h * nq + i0 + r] = n;
+            }
         }
         mm(nr, vp, kn, s, ldk, 1, vv, vp, yt, vp, 0);
         for (int r = 0; r < nr; r++) {
             const size_t row = (size_t)h * nq + i0 + r;
-            const float n = count[row];
-            const float g = n > 0.0f ? (normalize ? sqrtf(n / (float)d) : 1.0f) / den[row] : 0.0f;
+            float g = 1.0f;
+            if (!raw) {
+                const float n = count[row];
+                g = n > 0.0f ? (normalize ? sqrtf(n / (float)d) : 1.0f) / den[row] : 0.0f;
+            }
             for (int c = 0; c < nv; c++) y[row * nv + c] = yt[(size_t)r * vp + c] * g;
         }
         free(kt);
@@ -169,7 +180,7 @@ void ts_direct_forward(int bh, int nq, int nk, int d, int nv, const float *q, co
    order). */
 void ts_direct_backward(int bh, int nq, int nk, int d, int nv, const float *q, const float *k,
                         const float *v, const float *factor, const uint8_t *mask, int causal,
-                        int normalize, float eps, const float *g, const float *y,
+                        int normalize, float eps, int raw, const float *g, const float *y,
                         const float *den, const float *count, float *gq, float *gk, float *gv,
                         float *gfactor, int threads) {
     const int nkp = pad(nk), ldn = ldim(nk), dp = pad(d), vp = pad(nv);
@@ -186,7 +197,7 @@ void ts_direct_backward(int bh, int nq, int nk, int d, int nv, const float *q, c
         float *qt = gs + blk, *gqt = qt + qt_n, *gn = gqt + qt_n, *gkh = gn + gn_n;
         float *gvh = gkh + gk_n, *km = gvh + gv_n;
         float gd[TILE];
-        const float f = factor[h];
+        const float f = factor ? factor[h] : 1.0f;
         double gf = 0.0;
         key_flags(mh, nk, nkp, km);
         for (int j = 0; j < nk; j++) /* k' (nkp, dp) */
@@ -200,7 +211,11 @@ void ts_direct_backward(int bh, int nq, int nk, int d, int nv, const float *q, c
             for (int r = 0; r < nr; r++) /* q' (nr, dp) */
                 scale_row(d, q + (row0 + r) * d, f, normalize, eps, qt + (size_t)r * dp);
             memset(gn, 0, sizeof(float) * gn_n);
-            for (int r = 0; r < nr; r++) {
+            for (int r = 0; r < nr && raw; r++) {
+                memcpy(gn + (size_t)r * vp, g + (row0 + r) * nv, sizeof(float) * nv);
+                gd[r] = 0.0f;
+            }
+            for (int r = 0; r < nr && !raw; r++) {
                 const size_t row = row0 + r;
                 const float n = count[row], inv = n > 0.0f ? 1.0f / den[row] : 0.0f;
                 const float fo = normalize ? inv * sqrtf(n / (float)d) : inv;

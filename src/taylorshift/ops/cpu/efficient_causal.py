@@ -5,11 +5,11 @@ The algorithm of ``taylorshift.ops.taylor_shift.efficient_causal`` (SPEC §2.3),
 chunk of C tokens:
 
     Y'  = φ(q') S_<i0                        keys before the chunk: ts_readout
-        + w(q' k'ᵀ ⊙ tril) [v, 1]             keys inside it: the direct form's block (torch)
+        + w(q' k'ᵀ ⊙ tril) [v, 1]             keys inside it: the direct kernel's block
     S  += c ⊙ φ(k'_chunk)ᵀ [v, 1]_chunk       then the chunk joins the prefix: ts_state
 
 Backward, as the PyTorch form's: a forward sweep rebuilds S_<i0 and gives ∂q' from it
-(ts_pair_grad) and the intra-chunk gradients (``weighted_sums_grad``); a reverse sweep
+(ts_pair_grad) and the intra-chunk gradients (``direct.block_sums_grad``); a reverse sweep
 accumulates G_>c = c ⊙ Σ_{c' > c} φ(q'_c')ᵀ ∂Y'_c' (ts_state) and gives ∂v = φ(k') G
 (ts_readout) and ∂k' (ts_pair_grad). q -> q' and k -> k' and their backward are C loops
 (``ts_scale_rows``). No prefix state is stored. No initial or final state (those calls
@@ -25,11 +25,11 @@ from typing import Optional  # custom_op reads Optional[Tensor] from annotations
 import torch
 from torch import Tensor
 
-from ..taylor_shift.direct import weighted_sums, weighted_sums_grad
 from ..taylor_shift.efficient import finish_outputs, grad_outputs
 from ..taylor_shift.efficient_causal import DEFAULT_CAUSAL_CHUNK, causal_count
 from ..taylor_shift.features import NORM_EPS, split_factor
 from .build import library
+from .direct import block_sums, block_sums_grad
 from .efficient import (
     check_kernel_inputs,
     factor_grad,
@@ -65,11 +65,6 @@ def _flat_count(count: Tensor, bh: int) -> Tensor:
 def _rows(t: Tensor, i0: int, i1: int) -> Tensor:
     """Tokens [i0, i1) of a (B·H, N, k) tensor, contiguous (the kernels' layout)."""
     return t[:, i0:i1].contiguous()
-
-
-def _as_heads(t: Tensor) -> Tensor:
-    """(B·H, C, k) seen as (B·H, 1, C, k), the direct form's (B, H, N, k)."""
-    return t.unsqueeze(1)
 
 
 def _add_keys(
@@ -113,9 +108,8 @@ def causal_forward_pass(
                                dv + 1, None, None, 0, None, threads)  # fmt: skip
             if i0 < nk:
                 ck = min(q1, nk) - i0  # the chunk's keys its queries can attend
-                intra = weighted_sums(_as_heads(q), _as_heads(kp[:, i0 : i0 + ck]),
-                                      _as_heads(vo[:, i0 : i0 + ck]), None, True)  # fmt: skip
-                y_prime += intra.squeeze(1)
+                keys, values = _rows(kp, i0, i0 + ck), _rows(vo, i0, i0 + ck)
+                y_prime += block_sums(q, keys, values, True)
             y, den[:, i0:q1] = finish_outputs(y_prime, count[..., i0:q1], normalize, d)
             out[:, i0:q1] = y
         if i0 < nk and i1 < nq:  # later queries attend this chunk through the state
@@ -158,13 +152,11 @@ def causal_backward_pass(
                 g_qp[:, i0:q1] += part
             if i0 < nk:
                 ck = min(q1, nk) - i0
-                iq, ik, iv = weighted_sums_grad(
-                    _as_heads(q), _as_heads(kp[:, i0 : i0 + ck]),
-                    _as_heads(vo[:, i0 : i0 + ck]), _as_heads(g), None, True,
-                )  # fmt: skip
-                g_qp[:, i0:q1] += iq.squeeze(1)
-                g_kp[:, i0 : i0 + ck] += ik.squeeze(1)
-                g_vo[:, i0 : i0 + ck] += iv.squeeze(1)
+                keys, values = _rows(kp, i0, i0 + ck), _rows(vo, i0, i0 + ck)
+                iq, ik, iv = block_sums_grad(q, keys, values, g, True)
+                g_qp[:, i0:q1] += iq
+                g_kp[:, i0 : i0 + ck] += ik
+                g_vo[:, i0 : i0 + ck] += iv
         if i0 < nk and i1 < nq:
             _add_keys(state, kp, v, mask, i0, min(i1, nk), have_state)
             have_state = True
