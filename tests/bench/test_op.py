@@ -377,6 +377,8 @@ def test_the_pytorch_efficient_form_beside_the_cpu_kernels_on_request():
     # extra implementation there (by name), a default one on CUDA (beside Triton's)
     assert not op.IMPLEMENTATIONS["efficient-pytorch"].is_default_on("cpu")
     assert op.IMPLEMENTATIONS["efficient-pytorch"].is_default_on("cuda")
+    assert not op.IMPLEMENTATIONS["direct-pytorch"].is_default_on("cpu")
+    assert op.IMPLEMENTATIONS["direct-pytorch"].is_default_on("cuda")
     assert not op.IMPLEMENTATIONS["efficient-triton"].is_default_on("cpu")
     args = build_parser().parse_args(["bench", "--impl", "efficient", "efficient-pytorch"])
     assert op.settings_from_args(args, args._bench_parser).impls == (

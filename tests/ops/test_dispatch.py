@@ -348,6 +348,25 @@ def test_cpu_kernel_prior_follows_the_head_count(d, switch, monkeypatch):
     assert mid == ["direct", "efficient"]
 
 
+# Causal calls with the CPU kernels (dispatch.CPU_KERNEL_CAUSAL_PRIOR): ρ = 2.39 / 1.82 / 1.55
+# (4 heads) and 1.77 / 1.69 / 1.44 (128 heads) times the causal theory's switch (415.8 /
+# 820.3 / 2402.5), by hand 993.8 / 1493.0 / 3723.8 and 736.0 / 1386.4 / 3459.5.
+CPU_KERNEL_CAUSAL_SWITCH = {4: {16: 994, 32: 1493, 64: 3724}, 128: {16: 737, 32: 1387, 64: 3460}}
+
+
+@pytest.mark.parametrize("heads", [4, 128])
+@pytest.mark.parametrize("d", [16, 32, 64])
+def test_cpu_kernels_have_a_causal_prior(d, heads, monkeypatch):
+    monkeypatch.setattr(dispatch, "_cpu_kernels_ready", lambda: True)
+    causal = dict(FULL, causal=True)
+    cpu = dict(device="cpu", dtype=torch.float32, batch_heads=heads)
+    switch = CPU_KERNEL_CAUSAL_SWITCH[heads][d]
+    assert decide_mode(switch - 1, switch - 1, d, d, **causal, **cpu) == Decision(
+        "direct", "cpu prior"
+    )
+    assert decide_mode(switch, switch, d, d, **causal, **cpu) == Decision("efficient", "cpu prior")
+
+
 def test_cpu_prior_only_for_what_was_measured(isolated_cache_dir, monkeypatch, no_cpu_kernels):
     n = 300  # between the theory's switch at d = 16 (153) and the prior's (435)
     cpu32 = dict(device="cpu", dtype=torch.float32)

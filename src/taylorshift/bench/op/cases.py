@@ -206,8 +206,8 @@ for _impl in (
         default=False,
     ),
     # On CUDA the public op ("direct", "efficient") runs the fused Triton kernels where they
-    # apply, on the CPU its efficient form the CPU kernels; these name each path
-    # explicitly, so both can be measured in one sweep (on the CPU with --impl only).
+    # apply, on the CPU the CPU kernels; these name each path explicitly, so both can be
+    # measured in one sweep (on the CPU with --impl only).
     Implementation(
         "direct-pytorch",
         "TaylorShift direct (PyTorch)",
@@ -215,7 +215,7 @@ for _impl in (
         "taylorshift-direct",
         2,
         (4.5, 7.0),
-        devices=("cuda",),
+        default_devices=("cuda",),
     ),
     Implementation(
         "efficient-pytorch",

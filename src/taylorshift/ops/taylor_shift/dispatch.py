@@ -511,6 +511,18 @@ CPU_KERNEL_PRIOR = {
     4: {16: 0.95, 32: 0.68, 64: 0.67},
     128: {16: 0.88, 32: 0.84, 64: 0.69},
 }
+# The same for causal calls (``--causal yes``; the theory's switch N = 416 / 820 / 2,402 counts
+# the chunked form's intra-chunk blocks): the causal direct kernel stops at each row's last
+# key and beats the chunked efficient form far past the counted switch.
+# - B·H = 4 (two runs): N̂ = 834-1,220 at d = 16 (ρ = 2.39), 1,223-1,676 at d = 32 (1.82),
+#   3,185-4,499 at d = 64 (1.55);
+# - B·H = 128: N̂ = 593-998 at d = 16 (1.77), 887-2,061 at d = 32 (1.69) (two runs; a third
+#   had tests running beside it and was dropped), 3,391-3,526 at d = 64 (1.44, one run).
+# Geometric means of the forward and forward + backward ratios, as above.
+CPU_KERNEL_CAUSAL_PRIOR = {
+    4: {16: 2.39, 32: 1.82, 64: 1.55},
+    128: {16: 1.77, 32: 1.69, 64: 1.44},
+}
 CPU_KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
@@ -524,23 +536,29 @@ def _cpu_prior_mode(
     dtype: torch.dtype,
     batch_heads: int = 1,
 ) -> str | None:
-    """The choice from :data:`CPU_KERNEL_PRIOR` (the CPU kernels run both forms) or
-    :data:`CPU_PRIOR` (float32 on the PyTorch forms) for non-causal calls on a CPU, else
-    None."""
-    if device.type != "cpu" or causal:
+    """The choice on a CPU: from :data:`CPU_KERNEL_PRIOR` / :data:`CPU_KERNEL_CAUSAL_PRIOR`
+    when the CPU kernels run both forms, else from :data:`CPU_PRIOR` (float32, non-causal,
+    the PyTorch forms); None where no prior was measured (the operation counts decide)."""
+    if device.type != "cpu":
         return None
     if dtype in CPU_KERNEL_DTYPES and _cpu_kernels_ready():
-        counts = sorted(CPU_KERNEL_PRIOR)
-        lo, hi = counts[0], counts[-1]
-        t = (math.log(min(max(batch_heads, lo), hi)) - math.log(lo)) / (math.log(hi) - math.log(lo))
-        rho = math.exp(
-            (1 - t) * math.log(_interpolated(CPU_KERNEL_PRIOR[lo], d))
-            + t * math.log(_interpolated(CPU_KERNEL_PRIOR[hi], d))
-        )
+        prior = CPU_KERNEL_CAUSAL_PRIOR if causal else CPU_KERNEL_PRIOR
+        rho = _head_count_rho(prior, d, batch_heads)
         return _prior_mode(nq, nk, d, dv, causal, rho, f"CPU (kernels, B·H={batch_heads})")
-    if dtype == torch.float32:
+    if dtype == torch.float32 and not causal:
         return _prior_mode(nq, nk, d, dv, causal, _interpolated(CPU_PRIOR, d), "CPU")
     return None
+
+
+def _head_count_rho(prior: Mapping[int, Mapping[int, float]], d: int, batch_heads: int) -> float:
+    """ρ at head dim d and B·H from a prior measured at two head counts: linear in
+    (log B·H, log ρ) between them, held outside."""
+    counts = sorted(prior)
+    lo, hi = counts[0], counts[-1]
+    t = (math.log(min(max(batch_heads, lo), hi)) - math.log(lo)) / (math.log(hi) - math.log(lo))
+    return math.exp(
+        (1 - t) * math.log(_interpolated(prior[lo], d)) + t * math.log(_interpolated(prior[hi], d))
+    )
 
 
 def _interpolated(prior: Mapping[int, float], d: int) -> float:
