@@ -200,3 +200,37 @@ def check_compiles(form) -> None:
     )  # fmt: skip
     for name, a, e in grads:
         assert_rel_close(a, e, 1e-6, f"compiled grad {name}", atol=1e-7)
+
+
+def check_thread_counts(form, case: Case) -> None:
+    """The form with 1 and 4 threads: outputs and q, k, v gradients bitwise the same (no sum
+    of the CPU kernels changes order with the thread count), the temperature's gradient
+    (partial sums per work item) to rounding."""
+    low, _, mask, opts = make_problem(case, torch.float32, seed=2)
+    g = torch.randn(case.b, case.h, case.nq, case.dv, generator=torch.Generator().manual_seed(4))
+    before = torch.get_num_threads()
+    results = []
+    try:
+        for threads in (1, 4):
+            torch.set_num_threads(threads)
+            y = call_form(form, low, mask, opts, case)
+            results.append([y, *torch.autograd.grad(y, low, g)])
+    finally:
+        torch.set_num_threads(before)
+    one, four = results
+    for name, a, b in zip(["output", "query", "key", "value"], one, four, strict=False):
+        assert torch.equal(a, b), name
+    assert_rel_close(four[4], one[4], 1e-6, "temperature")
+
+
+def check_broadcast_output_grad(form) -> None:
+    """y.sum() hands the backward an expanded (stride 0) gradient, which a CPU kernel's
+    wrapper copies to a dense one before passing its address to C: the copy must outlive
+    the call, so the gradients equal those of a dense gradient of ones bitwise."""
+    case = Case(1, 2, 40, 33, 16, 16, mask="padding")
+    low, _, mask, opts = make_problem(case, torch.float32, seed=6)
+    y = call_form(form, low, mask, opts, case)
+    expanded = torch.autograd.grad(y.sum(), low, retain_graph=True)
+    dense = torch.autograd.grad(y, low, torch.ones(y.shape))
+    for name, a, b in zip(["query", "key", "value", "temperature"], expanded, dense, strict=True):
+        assert torch.equal(a, b), name

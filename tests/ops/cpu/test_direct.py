@@ -21,15 +21,15 @@ from taylorshift.ops.cpu import build
 from taylorshift.ops.cpu.direct import cpu_direct_taylor_shift
 from taylorshift.ops.taylor_shift import fused
 from taylorshift.ops.taylor_shift.direct import direct_taylor_shift
-from tests.helpers import assert_rel_close
 from tests.ops.kernel_cases import (
     Case,
-    call_form,
+    check_broadcast_output_grad,
     check_compiles,
     check_float32,
     check_fully_masked,
     check_low_precision,
     check_non_contiguous,
+    check_thread_counts,
     make_problem,
 )
 
@@ -95,25 +95,9 @@ def test_sixteen_bit_error_within_reference_error(case, dtype, causal):
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_thread_counts_give_the_same_sums(causal):
     # Threads take (head, tile of query rows) in the forward and whole heads in the backward:
-    # no sum changes order, so outputs and q, k, v gradients are bitwise the same; the
-    # temperature's gradient adds per-block partial sums and agrees to rounding.
-    case = Case(1, 3, 140, 140, 24, 10, mask="padding")
-    low, _, mask, opts = make_problem(case, torch.float32, seed=2)
-    g = torch.randn(1, 3, 140, 10, generator=torch.Generator().manual_seed(4))
+    # no sum changes order. 140 queries: three tiles.
     form = CAUSAL_KERNEL if causal else KERNEL
-    before = torch.get_num_threads()
-    results = []
-    try:
-        for threads in (1, 4):
-            torch.set_num_threads(threads)
-            y = call_form(form, low, mask, opts, case)
-            results.append([y, *torch.autograd.grad(y, low, g)])
-    finally:
-        torch.set_num_threads(before)
-    one, four = results
-    for name, a, b in zip(["output", "query", "key", "value"], one, four, strict=False):
-        assert torch.equal(a, b), name
-    assert_rel_close(four[4], one[4], 1e-6, "temperature")
+    check_thread_counts(form, Case(1, 3, 140, 140, 24, 10, mask="padding"))
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
@@ -126,13 +110,7 @@ def test_non_contiguous_inputs_match_contiguous():
 
 
 def test_broadcast_output_gradient_matches_a_dense_one():
-    case = Case(1, 2, 40, 33, 16, 16, mask="padding")
-    low, _, mask, opts = make_problem(case, torch.float32, seed=6)
-    y = call_form(KERNEL, low, mask, opts, case)
-    expanded = torch.autograd.grad(y.sum(), low, retain_graph=True)
-    dense = torch.autograd.grad(y, low, torch.ones(y.shape))
-    for name, a, b in zip(["query", "key", "value", "temperature"], expanded, dense, strict=True):
-        assert torch.equal(a, b), name
+    check_broadcast_output_grad(KERNEL)
 
 
 def test_refuses_what_the_kernels_do_not_take_naming_it():

@@ -24,15 +24,15 @@ from taylorshift.ops.cpu import build
 from taylorshift.ops.cpu.efficient import cpu_efficient_taylor_shift, state_shape
 from taylorshift.ops.taylor_shift import fused
 from taylorshift.ops.taylor_shift.efficient import efficient_taylor_shift
-from tests.helpers import assert_rel_close
 from tests.ops.kernel_cases import (
     Case,
-    call_form,
+    check_broadcast_output_grad,
     check_compiles,
     check_float32,
     check_fully_masked,
     check_low_precision,
     check_non_contiguous,
+    check_thread_counts,
     key_mask_of,
     make_problem,
 )
@@ -78,25 +78,8 @@ def test_sixteen_bit_error_within_reference_error(case, dtype):
 @pytest.mark.parametrize("heads", [1, 3], ids=lambda h: f"BH{h}")
 def test_thread_counts_give_the_same_sums(heads):
     # Threads split heads, then the rows of a head's state (fewer heads than threads) and
-    # the tokens of the readout and gradients: no sum changes order, so the output and the
-    # q, k, v gradients are bitwise the same; the temperature's gradient adds per-thread
-    # partial sums (float64) and agrees to rounding.
-    case = Case(1, heads, 70, 90, 24, 10, mask="padding")
-    low, _, mask, opts = make_problem(case, torch.float32, seed=2)
-    g = torch.randn(1, heads, 70, 10, generator=torch.Generator().manual_seed(4))
-    before = torch.get_num_threads()
-    results = []
-    try:
-        for threads in (1, 4):
-            torch.set_num_threads(threads)
-            y = call_form(cpu_efficient_taylor_shift, low, mask, opts, case)
-            results.append([y, *torch.autograd.grad(y, low, g)])
-    finally:
-        torch.set_num_threads(before)
-    one, four = results
-    for name, a, b in zip(["output", "query", "key", "value"], one, four, strict=False):
-        assert torch.equal(a, b), name
-    assert_rel_close(four[4], one[4], 1e-6, "temperature")
+    # the tokens of the readout and gradients: no sum changes order.
+    check_thread_counts(cpu_efficient_taylor_shift, Case(1, heads, 70, 90, 24, 10, mask="padding"))
 
 
 def test_fully_masked_rows_give_zeros_and_finite_grads():
@@ -108,15 +91,7 @@ def test_non_contiguous_inputs_match_contiguous():
 
 
 def test_broadcast_output_gradient_matches_a_dense_one():
-    # y.sum() hands the backward an expanded (stride 0) gradient, which the op copies to a
-    # dense one before passing its address to C: the copy must outlive the call.
-    case = Case(1, 2, 40, 33, 16, 16, mask="padding")
-    low, _, mask, opts = make_problem(case, torch.float32, seed=6)
-    y = call_form(cpu_efficient_taylor_shift, low, mask, opts, case)
-    expanded = torch.autograd.grad(y.sum(), low, retain_graph=True)
-    dense = torch.autograd.grad(y, low, torch.ones(y.shape))
-    for name, a, b in zip(["query", "key", "value", "temperature"], expanded, dense, strict=True):
-        assert torch.equal(a, b), name
+    check_broadcast_output_grad(cpu_efficient_taylor_shift)
 
 
 def test_refuses_float64_and_other_devices_naming_them():

@@ -29,6 +29,7 @@ from .efficient import (
     flat32,
     flat_mask,
     head_factors,
+    input_grads,
     kernel_threads,
     ptr,
     traced_factors,
@@ -74,12 +75,7 @@ def backward_pass(
                                  ptr(mask), int(is_causal), int(normalize), NORM_EPS, 0,
                                  ptr(g_out), ptr(y32), ptr(den), ptr(count), ptr(gq), ptr(gk),
                                  ptr(gv), ptr(g_factor), kernel_threads())  # fmt: skip
-    return (
-        gq.view(query.shape).to(query.dtype),
-        gk.view(key.shape).to(key.dtype),
-        gv.view(value.shape).to(value.dtype),
-        g_factor,
-    )
+    return (*input_grads((gq, gk, gv), (query, key, value)), g_factor)
 
 
 def block_sums(q: Tensor, k: Tensor, v: Tensor, is_causal: bool) -> Tensor:

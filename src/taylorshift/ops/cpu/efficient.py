@@ -151,12 +151,14 @@ def backward_pass(
                            NORM_EPS, ptr(gq), ptr(g_factor), threads)  # fmt: skip
     lib.ts_scale_rows_grad(bh, nk, d, ptr(k), ptr(g_kp), None, int(normalize), NORM_EPS,
                            ptr(gk), None, threads)  # fmt: skip
-    return (
-        gq.view(query.shape).to(query.dtype),
-        gk.view(key.shape).to(key.dtype),
-        gv.view(value.shape).to(value.dtype),
-        g_factor,
-    )
+    return (*input_grads((gq, gk, gv), (query, key, value)), g_factor)
+
+
+def input_grads(grads: tuple[Tensor, ...], inputs: tuple[Tensor, ...]) -> tuple[Tensor, ...]:
+    """The kernels' float32 gradients (B·H, N, ·) in the shapes and dtypes of their inputs
+    (contiguous, as the custom ops' fakes declare them)."""
+    pairs = zip(grads, inputs, strict=True)
+    return tuple(g.reshape(x.shape).to(x.dtype).contiguous() for g, x in pairs)
 
 
 def factor_grad(g_factor: Tensor, temperature: Tensor, b: int, h: int) -> Tensor:

@@ -36,6 +36,7 @@ from .efficient import (
     flat32,
     flat_mask,
     head_factors,
+    input_grads,
     kernel_threads,
     ptr,
     scaled_rows,
@@ -195,12 +196,7 @@ def causal_backward_pass(
     gv = g_vo[..., :dv]
     if mask is not None:
         gv = gv * mask.unsqueeze(-1)
-    return (
-        gq.view(query.shape).to(query.dtype),
-        gk.view(key.shape).to(key.dtype),
-        gv.reshape(value.shape).to(value.dtype).contiguous(),  # (the fake's layout)
-        g_factor,
-    )
+    return (*input_grads((gq, gk, gv), (query, key, value)), g_factor)
 
 
 class CpuCausalEfficientFunction(torch.autograd.Function):
