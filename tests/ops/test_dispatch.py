@@ -348,19 +348,25 @@ def test_cpu_kernel_prior_follows_the_head_count(d, switch, monkeypatch):
     assert mid == ["direct", "efficient"]
 
 
-# Causal calls with the CPU kernels (dispatch.CPU_KERNEL_CAUSAL_PRIOR): ρ = 2.39 / 1.82 / 1.55
-# (4 heads) and 1.77 / 1.69 / 1.44 (128 heads) times the causal theory's switch (415.8 /
-# 820.3 / 2402.5), by hand 993.8 / 1493.0 / 3723.8 and 736.0 / 1386.4 / 3459.5.
-CPU_KERNEL_CAUSAL_SWITCH = {4: {16: 994, 32: 1493, 64: 3724}, 128: {16: 737, 32: 1387, 64: 3460}}
+# Causal calls with the CPU kernels (dispatch.CPU_KERNEL_CAUSAL_PRIOR, per pass) times the
+# causal theory's switch (415.83 / 820.33 / 2402.46), by hand: forward, 4 heads, ρ = 2.08 /
+# 1.66 / 1.41 -> 864.9 / 1361.7 / 3387.5; forward + backward, 4 heads, 2.74 / 2.00 / 1.70 ->
+# 1139.4 / 1640.7 / 4084.2; forward + backward, 128 heads, 1.96 / 2.29 / 1.47 -> 815.0 /
+# 1878.6 / 3531.6.
+CPU_KERNEL_CAUSAL_SWITCH = {
+    (False, 4): {16: 865, 32: 1362, 64: 3388},
+    (True, 4): {16: 1140, 32: 1641, 64: 4085},
+    (True, 128): {16: 816, 32: 1879, 64: 3532},
+}
 
 
-@pytest.mark.parametrize("heads", [4, 128])
+@pytest.mark.parametrize(("backward", "heads"), CPU_KERNEL_CAUSAL_SWITCH, ids=str)
 @pytest.mark.parametrize("d", [16, 32, 64])
-def test_cpu_kernels_have_a_causal_prior(d, heads, monkeypatch):
+def test_cpu_kernels_have_a_causal_prior_per_pass(d, backward, heads, monkeypatch):
     monkeypatch.setattr(dispatch, "_cpu_kernels_ready", lambda: True)
     causal = dict(FULL, causal=True)
-    cpu = dict(device="cpu", dtype=torch.float32, batch_heads=heads)
-    switch = CPU_KERNEL_CAUSAL_SWITCH[heads][d]
+    cpu = dict(device="cpu", dtype=torch.float32, batch_heads=heads, backward=backward)
+    switch = CPU_KERNEL_CAUSAL_SWITCH[backward, heads][d]
     assert decide_mode(switch - 1, switch - 1, d, d, **causal, **cpu) == Decision(
         "direct", "cpu prior"
     )

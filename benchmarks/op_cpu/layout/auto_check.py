@@ -5,8 +5,8 @@
 
 Issue 18, part 6: `auto` as it runs without a calibration file (the refitted CPU prior;
 run it where ``taylorshift bench calibrate --show`` lists nothing), B 1, H 4 (``--heads``),
-float32, non-causal; forward and forward + backward at d = 16, 32, 64 (``--d``) and
-N = 256 … 4,096 (``--n``).
+float32, non-causal (``--causal``: causal); forward and forward + backward at d = 16, 32,
+64 (``--d``) and N = 256 … 4,096 (``--n``).
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument("--causal", action="store_true")
     parser.add_argument("--d", type=int, nargs="+", default=[16, 32, 64])
     parser.add_argument("--n", type=int, nargs="+", default=[256, 512, 1024, 2048, 4096])
     args = parser.parse_args()
@@ -41,8 +42,8 @@ def main() -> None:
         f"    python {' '.join(sys.argv)}",
         "",
         f"{time.strftime('%Y-%m-%d')}, torch {torch.__version__}, {args.threads} threads, "
-        f"B 1, H {args.heads}, float32, non-causal, median of {args.rounds} shuffled rounds "
-        "(ms).",
+        f"B 1, H {args.heads}, float32, {'causal' if args.causal else 'non-causal'}, median of "
+        f"{args.rounds} shuffled rounds (ms).",
         "",
         "| d | N | pass | direct | efficient | auto | auto / faster form |",
         "|---:|---:|---|---:|---:|---:|---:|",
@@ -58,10 +59,11 @@ def main() -> None:
 
                 def call(mode, backward=backward, q=q, k=k, v=v):
                     if backward:
-                        taylor_shift_attention(q, k, v, mode=mode).sum().backward()
+                        y = taylor_shift_attention(q, k, v, is_causal=args.causal, mode=mode)
+                        y.sum().backward()
                     else:
                         with torch.no_grad():
-                            taylor_shift_attention(q, k, v, mode=mode)
+                            taylor_shift_attention(q, k, v, is_causal=args.causal, mode=mode)
 
                 fns = {m: (lambda m=m: call(m)) for m in ("direct", "efficient", "auto")}
                 for fn in fns.values():

@@ -463,7 +463,9 @@ def _decide(
             mode = None
         if mode is not None:
             return Decision(mode, "calibration"), keep
-        mode = _cpu_prior_mode(nq, nk, d, dv, causal, torch.device(device), dtype, batch_heads)
+        mode = _cpu_prior_mode(
+            nq, nk, d, dv, causal, torch.device(device), dtype, batch_heads, backward
+        )
         if mode is not None:
             return Decision(mode, "cpu prior"), keep
         mode = _gpu_prior_mode(nq, nk, d, dv, causal, torch.device(device), dtype)
@@ -513,15 +515,16 @@ CPU_KERNEL_PRIOR = {
 }
 # The same for causal calls (``--causal yes``; the theory's switch N = 416 / 820 / 2,402 counts
 # the chunked form's intra-chunk blocks): the causal direct kernel stops at each row's last
-# key and beats the chunked efficient form far past the counted switch.
-# - B·H = 4 (two runs): N̂ = 834-1,220 at d = 16 (ρ = 2.39), 1,223-1,676 at d = 32 (1.82),
-#   3,185-4,499 at d = 64 (1.55);
-# - B·H = 128: N̂ = 593-998 at d = 16 (1.77), 887-2,061 at d = 32 (1.69) (two runs; a third
-#   had tests running beside it and was dropped), 3,391-3,526 at d = 64 (1.44, one run).
-# Geometric means of the forward and forward + backward ratios, as above.
+# key and beats the chunked efficient form far past the counted switch, more so with a
+# backward (the direct form's backward is relatively cheaper), so ρ is kept per pass:
+# geometric means of two runs (128 heads, d = 64: one run).
+# - B·H = 4: forward N̂ = 834-898 / 1,223-1,516 / 3,185-3,614 at d = 16 / 32 / 64,
+#   forward + backward 1,065-1,220 / 1,617-1,676 / 3,730-4,499;
+# - B·H = 128: forward 593-746 / 887-1,193 / 3,391, forward + backward 665-998 /
+#   1,706-2,061 / 3,526 (a third run of d = 16, 32 had tests running beside it: dropped).
 CPU_KERNEL_CAUSAL_PRIOR = {
-    4: {16: 2.39, 32: 1.82, 64: 1.55},
-    128: {16: 1.77, 32: 1.69, 64: 1.44},
+    FORWARD: {4: {16: 2.08, 32: 1.66, 64: 1.41}, 128: {16: 1.60, 32: 1.25, 64: 1.41}},
+    FORWARD_BACKWARD: {4: {16: 2.74, 32: 2.00, 64: 1.70}, 128: {16: 1.96, 32: 2.29, 64: 1.47}},
 }
 CPU_KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -535,14 +538,18 @@ def _cpu_prior_mode(
     device: torch.device,
     dtype: torch.dtype,
     batch_heads: int = 1,
+    backward: bool = True,
 ) -> str | None:
     """The choice on a CPU: from :data:`CPU_KERNEL_PRIOR` / :data:`CPU_KERNEL_CAUSAL_PRIOR`
-    when the CPU kernels run both forms, else from :data:`CPU_PRIOR` (float32, non-causal,
-    the PyTorch forms); None where no prior was measured (the operation counts decide)."""
+    (per pass) when the CPU kernels run both forms, else from :data:`CPU_PRIOR` (float32,
+    non-causal, the PyTorch forms); None where no prior was measured (the operation counts
+    decide)."""
     if device.type != "cpu":
         return None
     if dtype in CPU_KERNEL_DTYPES and _cpu_kernels_ready():
-        prior = CPU_KERNEL_CAUSAL_PRIOR if causal else CPU_KERNEL_PRIOR
+        prior = CPU_KERNEL_PRIOR
+        if causal:
+            prior = CPU_KERNEL_CAUSAL_PRIOR[FORWARD_BACKWARD if backward else FORWARD]
         rho = _head_count_rho(prior, d, batch_heads)
         return _prior_mode(nq, nk, d, dv, causal, rho, f"CPU (kernels, B·H={batch_heads})")
     if dtype == torch.float32 and not causal:
