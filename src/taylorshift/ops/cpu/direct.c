@@ -93,8 +93,9 @@ static void mm(int m, int n, int kk, const float *a, long ars, long acs, const f
     }
 }
 
-/* rows x cols of src (row stride ls) into dst (rows, ldd), zero-padded to prows x ldd; with
-   transpose, dst[c][r] = src[r][c] into (cols, ldd) padded to pcols rows. */
+/* rows x cols of src (row stride ls) into dst (row stride ldd), all of dst's prows rows
+   zeroed first; with transpose, dst[c][r] = src[r][c] (then prows counts dst's rows, the
+   source's columns). */
 static void copy_in(const float *src, int rows, int cols, long ls, float *dst, int prows,
                     long ldd, int transpose) {
     memset(dst, 0, sizeof(float) * (size_t)prows * ldd);
