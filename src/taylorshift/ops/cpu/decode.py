@@ -24,13 +24,15 @@ from .build import library
 from .efficient import MAX_HEAD_DIM, kernel_threads, ptr
 
 
-def decode_step_supported(sums: Tensor, query: Tensor, value: Tensor) -> bool:
-    """Whether ``decode_step`` takes this step: a contiguous float32 state on the CPU and
-    head dims the kernels hold (the caller also checks that the kernels are built)."""
+def decode_step_supported(sums: Tensor, count: Tensor, query: Tensor, value: Tensor) -> bool:
+    """Whether ``decode_step`` takes this step: a contiguous float32 state (sums and count)
+    on the CPU and head dims the kernels hold (the caller also checks that the kernels are
+    built)."""
     return (
         sums.device.type == "cpu"
         and sums.dtype == torch.float32
         and sums.is_contiguous()
+        and count.is_contiguous()
         and query.shape[-1] <= MAX_HEAD_DIM
         and value.shape[-1] <= MAX_HEAD_DIM
     )

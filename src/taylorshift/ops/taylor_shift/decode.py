@@ -202,12 +202,12 @@ def _decode_one(query, key, value, state, key_mask, tau, normalize, inplace):
 def _cpu_kernel(sums: Tensor, count: Tensor, query: Tensor, value: Tensor) -> bool:
     """Whether the step runs in the CPU kernel (``ops/cpu/decode.py``): a float32 state on
     the CPU, head dims up to 128, the kernels built."""
-    if sums.device.type != "cpu" or sums.dtype != torch.float32 or not count.is_contiguous():
+    if sums.device.type != "cpu":  # (a GPU state: no need to import the CPU kernels)
         return False
     from ..cpu.decode import decode_step_supported
     from .fused import cpu_kernels_ready
 
-    return decode_step_supported(sums, query, value) and cpu_kernels_ready()
+    return decode_step_supported(sums, count, query, value) and cpu_kernels_ready()
 
 
 def _query_key_factor(tau: Tensor | float, x: Tensor) -> Tensor | float:

@@ -537,8 +537,8 @@ def _cpu_prior_mode(
     causal: bool,
     device: torch.device,
     dtype: torch.dtype,
-    batch_heads: int = 1,
-    backward: bool = True,
+    batch_heads: int,
+    backward: bool,
 ) -> str | None:
     """The choice on a CPU: from :data:`CPU_KERNEL_PRIOR` / :data:`CPU_KERNEL_CAUSAL_PRIOR`
     (per pass) when the CPU kernels run both forms, else from :data:`CPU_PRIOR` (float32,
