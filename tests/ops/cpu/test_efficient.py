@@ -75,11 +75,29 @@ def test_sixteen_bit_error_within_reference_error(case, dtype):
     check_low_precision(cpu_efficient_taylor_shift, case, dtype, rms_bound=RMS_BOUND)
 
 
+@pytest.mark.parametrize("d", [16, 24, 40], ids=lambda d: f"d{d}")
 @pytest.mark.parametrize("heads", [1, 3], ids=lambda h: f"BH{h}")
-def test_thread_counts_give_the_same_sums(heads):
-    # Threads split heads, then the rows of a head's state (fewer heads than threads) and
-    # the tokens of the readout and gradients: no sum changes order.
-    check_thread_counts(cpu_efficient_taylor_shift, Case(1, heads, 70, 90, 24, 10, mask="padding"))
+def test_thread_counts_give_the_same_sums(heads, d):
+    # Threads split heads, then the pairs of a head's state (fewer heads than threads; two
+    # pairs at a time up to d = 20, blocks of 16 pairs up to d = 34, whole rows of the
+    # triangle above: the state's three ways) and the tokens of the readout and gradients:
+    # no sum changes order.
+    check_thread_counts(cpu_efficient_taylor_shift, Case(1, heads, 70, 90, d, 10, mask="padding"))
+
+
+def test_scratch_memory_failure_is_a_memory_error(monkeypatch):
+    # A kernel that cannot allocate its scratch memory reports status 1, which the wrapper
+    # raises instead of returning garbage.
+    from taylorshift.ops.cpu import efficient
+
+    class OutOfMemory:
+        def __getattr__(self, name):
+            return lambda *args: 1
+
+    monkeypatch.setattr(efficient, "library", lambda: OutOfMemory())
+    q = torch.randn(1, 1, 8, 4)
+    with pytest.raises(MemoryError, match="could not allocate their scratch memory"):
+        cpu_efficient_taylor_shift(q, q, q, None, 1.0, None, True)
 
 
 def test_fully_masked_rows_give_zeros_and_finite_grads():

@@ -11,10 +11,11 @@
    state weights are w_p = 1/2 on the diagonal pairs a = b < d, 1 elsewhere, so that
    sum_p w_p f_p(q~) f_p(k~) = 1 + q.k + (q.k)^2 / 2.
 
-   State layout ("rows of six"): the pairs of row a of the triangle, b = a .. E-1, padded with
-   zero pairs to a multiple of 6, rows one after the other: ts_state_rows(d) rows in all, each
-   of ts_state_cols(V) floats (the V value columns padded with zeros to a multiple of 6). Every
-   state here is weighted (w_p S_p).
+   State layout ("packed pairs"): the pairs p = (a, b) row by row of the triangle, row a
+   holding b = a .. E-1 and starting at pair_offsets(a) = sum_{a' < a} (E - a'), D = E(E+1)/2
+   pairs in all, followed by zero pairs up to ts_state_rows(d) = D rounded up to a multiple
+   of 6; each pair a row of ts_state_cols(V) floats (the V value columns padded with zeros to
+   a multiple of 6). Every state here is weighted (w_p S_p).
 
    All tensors are float32, contiguous, heads flattened: x (BH, N, d), values (BH, N, V). */
 #include <math.h>
@@ -26,9 +27,13 @@
 
 typedef float vec __attribute__((vector_size(32)));
 enum {
-    LANES = 8,       /* floats per vector */
-    COLS = 6,        /* value columns per register tile */
-    UPDATE_TILE = 32 /* tokens per tile of the state update: their x~ and v rows stay in L1 */
+    LANES = 8,        /* floats per vector */
+    COLS = 6,         /* value columns (or pairs) per register tile */
+    UPDATE_TILE = 32, /* tokens per tile of the state update: their x~ and v rows stay in L1 */
+    PACKED_MAX = 640, /* pairs (rounded up to 16) up to which the state update forms a whole
+                         packed feature row per token (d <= 34); above, row by row */
+    TOKEN_TILE = 128, /* tokens per tile of the state update with the tokens in the lanes */
+    TOKENS_MAX_D = 20 /* head dims up to which the state update puts the tokens in the lanes */
 };
 #define READ_TILE 16 /* tokens per register tile of the readout and of the gradient (2 vectors) */
 
@@ -36,121 +41,347 @@ static inline vec load(const float *p) { vec v; memcpy(&v, p, sizeof v); return 
 static inline void store(float *p, vec v) { memcpy(p, &v, sizeof v); }
 static inline vec splat(float s) { return (vec){s, s, s, s, s, s, s, s}; }
 static inline int round_up(int n, int m) { return (n + m - 1) / m * m; }
+/* Keep v in a register: without it the compiler may fold v's load into both of the
+   multiply-adds that read it, one load each, which leaves the loop bound by loads (an empty
+   asm statement that takes and returns v in a vector register; where 8 floats fill no one
+   register, without AVX, a no-op). */
+#if defined(__AVX__)
+#define in_register(v) __asm__("" : "+x"(v))
+#else
+#define in_register(v) ((void)0)
+#endif
 
-/* Start of row a of the triangle when each row is padded to a multiple of m pairs; off[E]
-   is the total. */
+/* Start of row a of the triangle when each row is padded to a multiple of m pairs (m = 1:
+   packed); off[E] is the total. */
 static void row_offsets(int e, int m, long *off) {
     off[0] = 0;
     for (int a = 0; a < e; a++) off[a + 1] = off[a] + round_up(e - a, m);
 }
 
-int ts_state_rows(int d) { long off[d + 2]; row_offsets(d + 1, COLS, off); return (int)off[d + 1]; }
+int ts_state_rows(int d) { return round_up((d + 1) * (d + 2) / 2, COLS); }
 int ts_state_cols(int v) { return round_up(v, COLS); }
 
-/* One register tile of the state update: pairs (a, a + j ...) of one row, 8 x nvec of them,
-   times value columns c0 .. c0 + 5, summed over the nt tokens of a tile and added to
-   s[c * width + lane]. nvec is a constant at each call (1 for the last 8 pairs of a row). */
+/* One register tile of the state update: 8 x nvec features of each of the nt tokens of a
+   tile (row i at f + i * fs), times value columns c0 .. c0 + m - 1, summed over the tokens
+   and added to s[c * width + lane]. nvec and m are constants at each call. */
 static inline __attribute__((always_inline)) void update_tile(
-    const int nvec, int nt, int xs, const float *xt, int a, int j, int cols, const float *ut,
+    const int nvec, const int m, int nt, const float *f, int fs, const float *ut, int cols,
     int c0, float *s, long width) {
     vec s0[COLS], s1[COLS];
-    for (int c = 0; c < COLS; c++) s0[c] = s1[c] = splat(0.0f);
+    for (int c = 0; c < m; c++) s0[c] = s1[c] = splat(0.0f);
     for (int i = 0; i < nt; i++) {
-        const float *x = xt + (size_t)i * xs;
-        const vec xa = splat(x[a]);
-        const vec f0 = xa * load(x + a + j);
-        const vec f1 = nvec == 2 ? xa * load(x + a + j + LANES) : f0;
+        const float *fi = f + (size_t)i * fs;
+        const vec f0 = load(fi);
+        const vec f1 = nvec == 2 ? load(fi + LANES) : f0;
         const float *u = ut + (size_t)i * cols + c0;
 #pragma GCC unroll 6
-        for (int c = 0; c < COLS; c++) {
+        for (int c = 0; c < m; c++) {
             const vec uc = splat(u[c]);
             s0[c] += f0 * uc;
             if (nvec == 2) s1[c] += f1 * uc;
         }
     }
-    for (int c = 0; c < COLS; c++) {
-        float *out = s + (size_t)c * width;
+    for (int c = 0; c < m; c++) {
+        float *out = s + (size_t)(c0 + c) * width;
         store(out, load(out) + s0[c]);
         if (nvec == 2) store(out + LANES, load(out + LANES) + s1[c]);
     }
 }
 
-/* state (BH, ts_state_rows(d), ts_state_cols(V)) = w_p sum_t f_p(x~_t) u_t, the sum over the
-   tokens t with mask[t] != 0 (all when mask is NULL), u_t = [values_t, 1] (ones != 0) or
-   values_t, V = nv (+ 1); accumulate != 0 adds the sum to the state instead (the causal
-   form's prefix state grows chunk by chunk). Work items: (head, block of triangle rows), the rows of a head split
-   into blocks of about equal pair counts when there are fewer heads than threads (no item
-   shares a state row, so no reduction). Register tile: 16 pairs of one row x 6 columns. */
-void ts_state(int bh, int n, int d, const float *x, const float *values, int nv, int ones,
-              const uint8_t *mask, float *state, int accumulate, int threads) {
-    const int e = d + 1, xs = e + 16, nu = nv + (ones != 0), cols = round_up(nu, COLS);
-    long off6[e + 1], off8[e + 1];
-    row_offsets(e, COLS, off6);
-    row_offsets(e, LANES, off8);
-    int parts = bh >= threads ? 1 : (threads + bh - 1) / bh;
-    if (parts > e) parts = e;
-    int bound[parts + 1];
-    bound[0] = 0;
-    for (int r = 1, a = 0; r < parts; r++) {
-        long pairs = 0, goal = (long)r * (e * (e + 1) / 2) / parts;
-        for (a = 0; a < e && pairs < goal; a++) pairs += e - a;
-        bound[r] = a > bound[r - 1] ? a : bound[r - 1];
+/* update_tile over the nu true value columns: tiles of 6, then one of the rest. */
+static inline __attribute__((always_inline)) void update_columns(
+    const int nvec, int nu, int nt, const float *f, int fs, const float *ut, int cols, float *s,
+    long width) {
+    int c0 = 0;
+    for (; c0 + COLS <= nu; c0 += COLS) update_tile(nvec, COLS, nt, f, fs, ut, cols, c0, s, width);
+    switch (nu - c0) {
+    case 1: update_tile(nvec, 1, nt, f, fs, ut, cols, c0, s, width); break;
+    case 2: update_tile(nvec, 2, nt, f, fs, ut, cols, c0, s, width); break;
+    case 3: update_tile(nvec, 3, nt, f, fs, ut, cols, c0, s, width); break;
+    case 4: update_tile(nvec, 4, nt, f, fs, ut, cols, c0, s, width); break;
+    case 5: update_tile(nvec, 5, nt, f, fs, ut, cols, c0, s, width); break;
+    default: break;
     }
-    bound[parts] = e;
-    const long rows = off6[e];
+}
+
+/* The features of row a of one token, f[j] = x~_a x~_{a+j}, j < E - a, written a vector at a
+   time: the lanes past the row's end read x~'s zero padding, so they write zeros (which the
+   next row, written after, overwrites where it starts). */
+static inline void row_features(const float *x, int a, int e, float *f) {
+    const vec xa = splat(x[a]);
+    for (int j = 0; j < e - a; j += LANES) store(f + j, xa * load(x + a + j));
+}
+
+/* One register tile of state_tokens: pairs p (features x~_a x~_b, rows xa, xb of the tile)
+   and p + 1 (ya, yb) times columns c0 .. c0 + m - 1 (m a constant at each call), summed
+   over nvec vectors of 8 tokens and added lane by lane to acc (8 sums per pair and column,
+   the pairs cols * 8 floats apart). */
+static inline __attribute__((always_inline)) void token_tile(
+    const int m, int nvec, const float *xa, const float *xb, const float *ya, const float *yb,
+    const float uf[][TOKEN_TILE], int c0, int cols, float *acc) {
+    vec s0[COLS], s1[COLS];
+    for (int c = 0; c < m; c++) s0[c] = s1[c] = splat(0.0f);
+    for (int v = 0; v < nvec * LANES; v += LANES) {
+        const vec f0 = load(xa + v) * load(xb + v);
+        const vec f1 = load(ya + v) * load(yb + v);
+#pragma GCC unroll 6
+        for (int c = 0; c < m; c++) {
+            vec uc = load(uf[c0 + c] + v);
+            in_register(uc);
+            s0[c] += f0 * uc;
+            s1[c] += f1 * uc;
+        }
+    }
+    float *out0 = acc + (size_t)c0 * LANES, *out1 = out0 + (size_t)cols * LANES;
+    for (int c = 0; c < m; c++) {
+        store(out0 + c * LANES, load(out0 + c * LANES) + s0[c]);
+        store(out1 + c * LANES, load(out1 + c * LANES) + s1[c]);
+    }
+}
+
+/* ts_state for short feature rows (d <= TOKENS_MAX_D), with the tokens in the lanes: per tile
+   of 128 tokens, x~ and u transposed to feature-major rows (xf, uf), then for two pairs p, q
+   and six columns at a time the features f_p = x~_a x~_b formed in registers, 8 tokens per
+   vector, and f_p u_c summed into twelve accumulators; each (pair, column) keeps 8 partial
+   sums (one per lane) across tiles, added up at the end. No feature row is ever stored,
+   which at d = 16 costs more than the products (docs/cpu-kernel.md). Same contract as
+   ts_state; pa, pb (total + 1 entries, the last a zero pair (E, E)) list the pairs. */
+static int state_tokens(int bh, int n, int d, const float *x, const float *values, int nv,
+                        int ones, const uint8_t *mask, float *state, int accumulate,
+                        int threads, const short *pa, const short *pb) {
+    const int e = d + 1, nu = nv + (ones != 0), cols = round_up(nu, COLS);
+    const long total = (long)e * (e + 1) / 2, rows = ts_state_rows(d);
+    const int couples = (int)((total + 1) / 2); /* work units: two pairs each */
+    int parts = bh >= threads ? 1 : (threads + bh - 1) / bh;
+    if (parts > couples) parts = couples;
     const long items = (long)bh * parts;
+    int failed = 0;
 
 #pragma omp parallel for num_threads(threads) schedule(dynamic, 1)
     for (long item = 0; item < items; item++) {
         const int h = (int)(item / parts), r = (int)(item % parts);
-        const int a0 = bound[r], a1 = bound[r + 1];
-        if (a0 == a1) continue;
+        const long p0 = 2 * ((long)couples * r / parts), p1 = 2 * ((long)couples * (r + 1) / parts);
+        if (p0 == p1) continue;
         const float *xh = x + (size_t)h * n * d, *vh = values + (size_t)h * n * nv;
         const uint8_t *mh = mask ? mask + (size_t)h * n : NULL;
-        const long width = off8[a1] - off8[a0];
-        float *acc = calloc((size_t)cols * width, sizeof(float)); /* (cols, width) */
+        /* acc[p - p0][c]: 8 partial sums (calloc aligns to 16 bytes only: load/store) */
+        float *acc = calloc((size_t)(p1 - p0) * cols * LANES, sizeof(float));
+        if (!acc) {
+#pragma omp atomic write
+            failed = 1;
+            continue;
+        }
+        float xf[e + 1][TOKEN_TILE], uf[cols][TOKEN_TILE];
+        for (int t0 = 0; t0 < n; t0 += TOKEN_TILE) {
+            const int nt = n - t0 < TOKEN_TILE ? n - t0 : TOKEN_TILE;
+            const int nvec = (nt + LANES - 1) / LANES;
+            memset(xf, 0, sizeof xf);
+            memset(uf, 0, sizeof uf);
+            for (int i = 0; i < nt; i++) {
+                if (mh && !mh[t0 + i]) continue; /* zero features and values */
+                const float *xi = xh + (size_t)(t0 + i) * d, *vi = vh + (size_t)(t0 + i) * nv;
+                for (int a = 0; a < d; a++) xf[a][i] = xi[a];
+                xf[d][i] = 1.0f;
+                for (int c = 0; c < nv; c++) uf[c][i] = vi[c];
+                if (ones) uf[nv][i] = 1.0f;
+            }
+            for (long p = p0; p < p1; p += 2) {
+                const float *xa = xf[pa[p]], *xb = xf[pb[p]];
+                const float *ya = xf[pa[p + 1]], *yb = xf[pb[p + 1]];
+                float *out = acc + (p - p0) * cols * LANES;
+                int c0 = 0;
+                for (; c0 + COLS <= nu; c0 += COLS)
+                    token_tile(COLS, nvec, xa, xb, ya, yb, uf, c0, cols, out);
+                switch (nu - c0) {
+                case 1: token_tile(1, nvec, xa, xb, ya, yb, uf, c0, cols, out); break;
+                case 2: token_tile(2, nvec, xa, xb, ya, yb, uf, c0, cols, out); break;
+                case 3: token_tile(3, nvec, xa, xb, ya, yb, uf, c0, cols, out); break;
+                case 4: token_tile(4, nvec, xa, xb, ya, yb, uf, c0, cols, out); break;
+                case 5: token_tile(5, nvec, xa, xb, ya, yb, uf, c0, cols, out); break;
+                default: break;
+                }
+            }
+        }
+        /* weighted lane sums into the packed layout */
+        float *sh = state + (size_t)h * rows * cols;
+        for (long p = p0; p < p1 && p < total; p++) {
+            const float w = (pa[p] == pb[p] && pa[p] < d) ? 0.5f : 1.0f;
+            float *out = sh + (size_t)p * cols;
+            for (int c = 0; c < cols; c++) {
+                const float *a = acc + ((p - p0) * cols + c) * LANES;
+                /* a tree: three dependent adds where a loop would chain eight */
+                const float sum = ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
+                out[c] = accumulate ? out[c] + w * sum : w * sum;
+            }
+        }
+        if (p1 >= total) /* the item holding the last pair writes the zero pairs after D */
+            memset(sh + (size_t)total * cols, 0, (size_t)(rows - total) * cols * sizeof(float));
+        free(acc);
+    }
+    return failed;
+}
+
+/* state (BH, ts_state_rows(d), ts_state_cols(V)) = w_p sum_t f_p(x~_t) u_t, the sum over the
+   tokens t with mask[t] != 0 (all when mask is NULL), u_t = [values_t, 1] (ones != 0) or
+   values_t, V = nv (+ 1); accumulate != 0 adds the sum to the state instead (the causal
+   form's prefix state grows chunk by chunk). Work items: (head, block of pairs), the pairs
+   of a head split into blocks when there are fewer heads than threads (no item shares a
+   state row, so no reduction). Three ways, by d (docs/cpu-kernel.md, measured there):
+   d <= 20, the tokens in the lanes (state_tokens); d <= 34, per tile of 32 tokens each
+   token's packed feature row (D floats) formed once, then products of 16 pairs x 6 columns
+   over the tile, as in a matrix product with no padding but D's to 16; above, row a of the
+   triangle at a time, its features formed per tile (a few hundred pairs per row: the
+   padding of each row to 8 costs little). Returns 0, or 1 when its scratch memory could
+   not be allocated. */
+int ts_state(int bh, int n, int d, const float *x, const float *values, int nv, int ones,
+              const uint8_t *mask, float *state, int accumulate, int threads) {
+    const int e = d + 1, xs = e + 16, nu = nv + (ones != 0), cols = round_up(nu, COLS);
+    const long total = (long)e * (e + 1) / 2, rows = ts_state_rows(d);
+    if (d <= TOKENS_MAX_D) {
+        short pa[total + 1], pb[total + 1];
+        for (int a = 0, p = 0; a < e; a++)
+            for (int b = a; b < e; b++, p++) { pa[p] = (short)a; pb[p] = (short)b; }
+        pa[total] = pb[total] = (short)e;
+        return state_tokens(bh, n, d, x, values, nv, ones, mask, state, accumulate, threads,
+                            pa, pb);
+    }
+    const int packed = round_up((int)total, 2 * LANES) <= PACKED_MAX;
+    long off[e + 1], off8[e + 1];
+    row_offsets(e, 1, off);
+    row_offsets(e, LANES, off8);
+    /* the work split: blocks of 16 pairs (packed) or whole rows of the triangle */
+    const int units = packed ? round_up((int)total, 2 * LANES) / (2 * LANES) : e;
+    int parts = bh >= threads ? 1 : (threads + bh - 1) / bh;
+    if (parts > units) parts = units;
+    int bound[parts + 1];
+    bound[0] = 0;
+    for (int r = 1, a = 0; r < parts; r++) {
+        if (packed) { bound[r] = (int)((long)units * r / parts); continue; }
+        long pairs = 0, goal = (long)r * total / parts; /* rows of about equal pair counts */
+        for (a = 0; a < e && pairs < goal; a++) pairs += e - a;
+        bound[r] = a > bound[r - 1] ? a : bound[r - 1];
+    }
+    bound[parts] = units;
+    const long items = (long)bh * parts;
+    const int fs = (packed ? round_up((int)total, 2 * LANES) : 0) + LANES; /* feature rows */
+    int failed = 0;
+
+#pragma omp parallel for num_threads(threads) schedule(dynamic, 1)
+    for (long item = 0; item < items; item++) {
+        const int h = (int)(item / parts), r = (int)(item % parts);
+        const int u0 = bound[r], u1 = bound[r + 1];
+        if (u0 == u1) continue;
+        const float *xh = x + (size_t)h * n * d, *vh = values + (size_t)h * n * nv;
+        const uint8_t *mh = mask ? mask + (size_t)h * n : NULL;
+        /* the item's pairs [p0, p1) (packed: blocks u0 .. u1 of 16), the rows [a0, a1) that
+           hold them; acc (cols, width) has them at p - p0 (packed) or off8[a] - off8[a0] */
+        const long p0 = packed ? (long)u0 * 2 * LANES : off[u0];
+        const long p1 = packed ? (long)u1 * 2 * LANES : off[u1];
+        int a0 = 0, a1 = e;
+        if (packed) {
+            while (off[a0 + 1] <= p0) a0++;
+            a1 = a0;
+            while (a1 < e && off[a1] < p1) a1++;
+        } else {
+            a0 = u0;
+            a1 = u1;
+        }
+        const long width = packed ? p1 - p0 : off8[a1] - off8[a0];
+        float *acc = calloc((size_t)cols * width, sizeof(float));
+        float *feat = packed ? calloc((size_t)UPDATE_TILE * fs, sizeof(float)) : NULL;
+        if (!acc || (packed && !feat)) {
+            free(acc);
+            free(feat);
+#pragma omp atomic write
+            failed = 1;
+            continue;
+        }
         float xt[UPDATE_TILE][xs], ut[UPDATE_TILE][cols];
         memset(xt, 0, sizeof xt);
         for (int t0 = 0; t0 < n; t0 += UPDATE_TILE) {
             const int nt = n - t0 < UPDATE_TILE ? n - t0 : UPDATE_TILE;
             for (int i = 0; i < nt; i++) {
                 const int keep = !mh || mh[t0 + i];
+                memset(ut[i], 0, cols * sizeof(float));
+                if (!keep) { /* zero features and values: a NaN key never reaches the sum */
+                    memset(xt[i], 0, sizeof xt[i]);
+                    continue;
+                }
                 memcpy(xt[i], xh + (size_t)(t0 + i) * d, d * sizeof(float));
                 xt[i][d] = 1.0f;
-                memset(ut[i], 0, cols * sizeof(float));
-                if (keep) {
-                    memcpy(ut[i], vh + (size_t)(t0 + i) * nv, nv * sizeof(float));
-                    if (ones) ut[i][nv] = 1.0f;
-                }
+                memcpy(ut[i], vh + (size_t)(t0 + i) * nv, nv * sizeof(float));
+                if (ones) ut[i][nv] = 1.0f;
+            }
+            if (packed) {
+                for (int i = 0; i < nt; i++)
+                    for (int a = a0; a < a1; a++)
+                        row_features(xt[i], a, e, feat + (size_t)i * fs + off[a] - off[a0]);
+                for (long j = 0; j < width; j += 2 * LANES)
+                    update_columns(2, nu, nt, feat + (p0 - off[a0]) + j, fs, &ut[0][0], cols,
+                                   acc + j, width);
+                continue;
             }
             for (int a = a0; a < a1; a++) {
                 const int len = round_up(e - a, LANES);
                 float *row = acc + (off8[a] - off8[a0]);
+                float ft[UPDATE_TILE][len + LANES];
+                for (int i = 0; i < nt; i++) row_features(xt[i], a, e, ft[i]);
                 for (int j = 0; j < len; j += 2 * LANES) {
-                    for (int c0 = 0; c0 < cols; c0 += COLS) {
-                        float *s = row + (size_t)c0 * width + j;
-                        if (j + LANES < len)
-                            update_tile(2, nt, xs, &xt[0][0], a, j, cols, &ut[0][0], c0, s, width);
-                        else
-                            update_tile(1, nt, xs, &xt[0][0], a, j, cols, &ut[0][0], c0, s, width);
-                    }
+                    if (j + LANES < len)
+                        update_columns(2, nu, nt, &ft[0][j], len + LANES, &ut[0][0], cols,
+                                       row + j, width);
+                    else
+                        update_columns(1, nu, nt, &ft[0][j], len + LANES, &ut[0][0], cols,
+                                       row + j, width);
                 }
             }
         }
-        /* weighted, into the rows-of-six layout (zero pairs and columns as padding) */
+        /* weighted, into the packed layout (zero pairs past D and zero columns as padding) */
         float *sh = state + (size_t)h * rows * cols;
         for (int a = a0; a < a1; a++) {
-            const float *row = acc + (off8[a] - off8[a0]);
-            for (int j = 0; j < round_up(e - a, COLS); j++) {
-                float *out = sh + (size_t)(off6[a] + j) * cols;
+            for (int j = 0; j < e - a; j++) {
+                const long p = off[a] + j;
+                if (p < p0 || p >= p1) continue;
+                const float *col = acc + (packed ? p - p0 : off8[a] - off8[a0] + j);
+                float *out = sh + (size_t)p * cols;
                 const float w = (j == 0 && a < d) ? 0.5f : 1.0f;
                 for (int c = 0; c < cols; c++) {
-                    const float sum = a + j < e ? w * row[(size_t)c * width + j] : 0.0f;
+                    const float sum = w * col[(size_t)c * width];
                     out[c] = accumulate ? out[c] + sum : sum;
                 }
             }
         }
+        if (p1 >= total) /* the item holding the last pair writes the zero pairs after D */
+            memset(sh + (size_t)total * cols, 0, (size_t)(rows - total) * cols * sizeof(float));
+        free(feat);
         free(acc);
+    }
+    return failed;
+}
+/* One register tile of the readout: Y[t, c0 + c] = sum_p f_p(x~_t) state[p, c0 + c] for the
+   16 tokens of a feature-major tile xf and m columns (a constant at each call: 6, or the
+   last few), stored feature-major into yt. */
+static inline __attribute__((always_inline)) void readout_tile(
+    const int m, int e, const float xf[][READ_TILE], const float *sh, const long *off,
+    int cols, int c0, float yt[][READ_TILE]) {
+    vec s0[COLS], s1[COLS];
+    for (int c = 0; c < m; c++) s0[c] = s1[c] = splat(0.0f);
+    for (int a = 0; a < e; a++) {
+        const vec xa0 = load(xf[a]), xa1 = load(xf[a] + LANES);
+        const float *sw = sh + (size_t)off[a] * cols + c0;
+        for (int b = a; b < e; b++, sw += cols) {
+            const vec f0 = xa0 * load(xf[b]), f1 = xa1 * load(xf[b] + LANES);
+#pragma GCC unroll 6
+            for (int c = 0; c < m; c++) {
+                const vec s = splat(sw[c]);
+                s0[c] += f0 * s;
+                s1[c] += f1 * s;
+            }
+        }
+    }
+    for (int c = 0; c < m; c++) {
+        store(yt[c0 + c], s0[c]);
+        store(yt[c0 + c] + LANES, s1[c]);
     }
 }
 
@@ -163,10 +394,10 @@ void ts_state(int bh, int n, int d, const float *x, const float *values, int nv,
 void ts_readout(int bh, int n, int d, const float *x, const float *state, int cols, float *y,
                 int ny, const uint8_t *mask, const float *count, int normalize, float *den,
                 int threads) {
-    const int e = d + 1, need = round_up(ny + (count != NULL), COLS);
-    long off6[e + 1];
-    row_offsets(e, COLS, off6);
-    const long rows = off6[e], tiles = (n + READ_TILE - 1) / READ_TILE;
+    const int e = d + 1, need = ny + (count != NULL); /* columns of Y */
+    long off[e + 1];
+    row_offsets(e, 1, off);
+    const long rows = ts_state_rows(d), tiles = (n + READ_TILE - 1) / READ_TILE;
     const long items = (long)bh * tiles;
 
 #pragma omp parallel for num_threads(threads) schedule(static)
@@ -180,26 +411,16 @@ void ts_readout(int bh, int n, int d, const float *x, const float *state, int co
             for (int a = 0; a < d; a++) xf[a][i] = xh[(size_t)(t0 + i) * d + a];
             xf[d][i] = 1.0f;
         }
-        for (int c0 = 0; c0 < need; c0 += COLS) {
-            vec s0[COLS], s1[COLS];
-            for (int c = 0; c < COLS; c++) s0[c] = s1[c] = splat(0.0f);
-            for (int a = 0; a < e; a++) {
-                const vec xa0 = load(xf[a]), xa1 = load(xf[a] + LANES);
-                const float *sw = sh + (size_t)off6[a] * cols + c0;
-                for (int b = a; b < e; b++, sw += cols) {
-                    const vec f0 = xa0 * load(xf[b]), f1 = xa1 * load(xf[b] + LANES);
-#pragma GCC unroll 6
-                    for (int c = 0; c < COLS; c++) {
-                        const vec s = splat(sw[c]);
-                        s0[c] += f0 * s;
-                        s1[c] += f1 * s;
-                    }
-                }
-            }
-            for (int c = 0; c < COLS; c++) {
-                store(yt[c0 + c], s0[c]);
-                store(yt[c0 + c] + LANES, s1[c]);
-            }
+        int c0 = 0;
+        for (; c0 + COLS <= need; c0 += COLS)
+            readout_tile(COLS, e, xf, sh, off, cols, c0, yt);
+        switch (need - c0) { /* the last columns: as many as there are */
+        case 1: readout_tile(1, e, xf, sh, off, cols, c0, yt); break;
+        case 2: readout_tile(2, e, xf, sh, off, cols, c0, yt); break;
+        case 3: readout_tile(3, e, xf, sh, off, cols, c0, yt); break;
+        case 4: readout_tile(4, e, xf, sh, off, cols, c0, yt); break;
+        case 5: readout_tile(5, e, xf, sh, off, cols, c0, yt); break;
+        default: break;
         }
         for (int i = 0; i < nt; i++) {
             const size_t t = (size_t)h * n + t0 + i;
@@ -219,47 +440,52 @@ void ts_readout(int bh, int n, int d, const float *x, const float *state, int co
 }
 
 /* gx (BH, N, d) = d/dx_t of sum_c u_t[c] sum_p state[p, c] f_p(x~_t): the first d entries of
-   the gradient w.r.t. x~, gx_a = sum_b (sum_c state[(a, b), c] u_c) x~_b over both orders of
-   each pair (so a diagonal pair counts twice: d(x_a^2)/dx_a = 2 x_a). u_t = [values_t, 1]
-   (ones != 0) or values_t, zero for masked tokens. Work items: (head, tile of 16 tokens).
-   Register tile: 6 pairs x 16 tokens, the sum over c shared by the six. */
-void ts_pair_grad(int bh, int n, int d, const float *x, const float *values, int nv, int ones,
+   the gradient w.r.t. x~, gx_b = sum_a w_(a,b) x~_a + sum_b' w_(b,b') x~_b' (the pairs
+   holding b, in either place), w_p = sum_c state[p, c] u_c (so a diagonal pair counts
+   twice: d(x_b^2)/dx_b = 2 x_b). u_t = [values_t, 1] (ones != 0) or values_t, zero for
+   masked tokens. Work items: (head, tile of 16 tokens). Per tile: w for every pair in
+   register tiles of 6 pairs x 16 tokens over the nu true columns, kept in a per-thread
+   (rows, 16) buffer; then each gx_b summed in registers, one store per entry. Returns 0, or
+   1 when that buffer could not be allocated. */
+int ts_pair_grad(int bh, int n, int d, const float *x, const float *values, int nv, int ones,
                   const uint8_t *mask, const float *state, int cols, float *gx, int threads) {
-    const int e = d + 1;
-    long off6[e + 1];
-    row_offsets(e, COLS, off6);
-    const long rows = off6[e], tiles = (n + READ_TILE - 1) / READ_TILE;
-    const long items = (long)bh * tiles;
+    const int e = d + 1, nu = nv + (ones != 0);
+    const long rows = ts_state_rows(d);
+    const long tiles = (n + READ_TILE - 1) / READ_TILE, items = (long)bh * tiles;
+    long off[e + 1];
+    row_offsets(e, 1, off);
+    int failed = 0;
 
-#pragma omp parallel for num_threads(threads) schedule(static)
-    for (long item = 0; item < items; item++) {
-        const int h = (int)(item / tiles), t0 = (int)(item % tiles) * READ_TILE;
-        const int nt = n - t0 < READ_TILE ? n - t0 : READ_TILE;
-        const float *xh = x + (size_t)h * n * d, *vh = values + (size_t)h * n * nv;
-        const float *sh = state + (size_t)h * rows * cols;
-        /* feature-major tiles: x~ with zero rows up to e + 8 (pairs padded past E read them),
-           u with zero columns up to cols; the gradient accumulates in g */
-        float xf[e + 8][READ_TILE], uf[cols][READ_TILE], g[e + 8][READ_TILE];
-        memset(xf, 0, sizeof xf);
-        memset(uf, 0, sizeof uf);
-        memset(g, 0, sizeof g);
-        for (int i = 0; i < nt; i++) {
-            const size_t t = (size_t)t0 + i;
-            for (int a = 0; a < d; a++) xf[a][i] = xh[t * d + a];
-            xf[d][i] = 1.0f;
-            if (mask && !mask[(size_t)h * n + t]) continue;
-            for (int c = 0; c < nv; c++) uf[c][i] = vh[t * nv + c];
-            if (ones) uf[nv][i] = 1.0f;
-        }
-        const float *pp = sh;
-        for (int a = 0; a < e; a++) {
-            const vec xa0 = load(xf[a]), xa1 = load(xf[a] + LANES);
-            vec ga0 = splat(0.0f), ga1 = splat(0.0f);
-            const int len = round_up(e - a, COLS);
-            for (int b0 = a; b0 < a + len; b0 += COLS, pp += COLS * cols) {
-                vec w0[COLS], w1[COLS]; /* sum_c state[(a, b0 + i), c] u_c for 16 tokens */
+#pragma omp parallel num_threads(threads)
+    {
+        float *w = malloc((size_t)rows * READ_TILE * sizeof(float)); /* w[p][token] */
+#pragma omp for schedule(static)
+        for (long item = 0; item < items; item++) {
+            if (!w) {
+#pragma omp atomic write
+                failed = 1;
+                continue;
+            }
+            const int h = (int)(item / tiles), t0 = (int)(item % tiles) * READ_TILE;
+            const int nt = n - t0 < READ_TILE ? n - t0 : READ_TILE;
+            const float *xh = x + (size_t)h * n * d, *vh = values + (size_t)h * n * nv;
+            const float *sh = state + (size_t)h * rows * cols;
+            float xf[e][READ_TILE], uf[nu][READ_TILE], g[d][READ_TILE]; /* feature-major */
+            memset(xf, 0, sizeof xf);
+            memset(uf, 0, sizeof uf);
+            for (int i = 0; i < nt; i++) {
+                const size_t t = (size_t)t0 + i;
+                for (int a = 0; a < d; a++) xf[a][i] = xh[t * d + a];
+                xf[d][i] = 1.0f;
+                if (mask && !mask[(size_t)h * n + t]) continue;
+                for (int c = 0; c < nv; c++) uf[c][i] = vh[t * nv + c];
+                if (ones) uf[nv][i] = 1.0f;
+            }
+            for (long p0 = 0; p0 < rows; p0 += COLS) {
+                const float *pp = sh + (size_t)p0 * cols;
+                vec w0[COLS], w1[COLS];
                 for (int i = 0; i < COLS; i++) w0[i] = w1[i] = splat(0.0f);
-                for (int c = 0; c < cols; c++) {
+                for (int c = 0; c < nu; c++) {
                     const vec u0 = load(uf[c]), u1 = load(uf[c] + LANES);
 #pragma GCC unroll 6
                     for (int i = 0; i < COLS; i++) {
@@ -268,23 +494,34 @@ void ts_pair_grad(int bh, int n, int d, const float *x, const float *values, int
                         w1[i] += s * u1;
                     }
                 }
-#pragma GCC unroll 6
                 for (int i = 0; i < COLS; i++) {
-                    const int b = b0 + i;
-                    ga0 += w0[i] * load(xf[b]);
-                    ga1 += w1[i] * load(xf[b] + LANES);
-                    store(g[b], load(g[b]) + w0[i] * xa0);
-                    store(g[b] + LANES, load(g[b] + LANES) + w1[i] * xa1);
+                    store(w + (p0 + i) * READ_TILE, w0[i]);
+                    store(w + (p0 + i) * READ_TILE + LANES, w1[i]);
                 }
             }
-            store(g[a], load(g[a]) + ga0);
-            store(g[a] + LANES, load(g[a] + LANES) + ga1);
+            for (int b = 0; b < d; b++) { /* four sums per vector: short dependency chains */
+                vec g0 = splat(0.0f), g1 = g0, h0 = g0, h1 = g0;
+                for (int a = 0; a <= b; a++) { /* pairs (a, b) */
+                    const float *wp = w + (off[a] + b - a) * READ_TILE;
+                    g0 += load(wp) * load(xf[a]);
+                    g1 += load(wp + LANES) * load(xf[a] + LANES);
+                }
+                const float *wp = w + off[b] * READ_TILE; /* pairs (b, b'), b' >= b */
+                for (int c = b; c < e; c++, wp += READ_TILE) {
+                    h0 += load(wp) * load(xf[c]);
+                    h1 += load(wp + LANES) * load(xf[c] + LANES);
+                }
+                store(g[b], g0 + h0);
+                store(g[b] + LANES, g1 + h1);
+            }
+            for (int i = 0; i < nt; i++) {
+                float *out = gx + ((size_t)h * n + t0 + i) * d;
+                for (int b = 0; b < d; b++) out[b] = g[b][i];
+            }
         }
-        for (int i = 0; i < nt; i++) {
-            float *out = gx + ((size_t)h * n + t0 + i) * d;
-            for (int a = 0; a < d; a++) out[a] = g[a][i];
-        }
+        free(w);
     }
+    return failed;
 }
 
 /* xp (BH, N, d) = factor[h] x / max(|x|, eps) (normalize) or factor[h] x, with factor NULL
@@ -300,13 +537,15 @@ void ts_scale_rows(int bh, int n, int d, const float *x, const float *factor, in
 
 /* The backward of ts_scale_rows (rows.h): gx (BH, N, d) from gp = dL/dx'; gfactor (BH) (may
    be NULL) = sum over the head's tokens of gp.u (normalize) or gp.x. Items: (head, block of
-   256 tokens), partial sums added per head. */
-void ts_scale_rows_grad(int bh, int n, int d, const float *x, const float *gp,
+   256 tokens), partial sums added per head. Returns 0, or 1 when the partial sums could not
+   be allocated. */
+int ts_scale_rows_grad(int bh, int n, int d, const float *x, const float *gp,
                         const float *factor, int normalize, float eps, float *gx,
                         float *gfactor, int threads) {
     const int block = 256;
     const long blocks = (n + block - 1) / block, items = (long)bh * blocks;
     double *part = gfactor ? calloc((size_t)(items > 0 ? items : 1), sizeof(double)) : NULL;
+    if (gfactor && !part) return 1;
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (long item = 0; item < items; item++) {
         const int h = (int)(item / blocks), t0 = (int)(item % blocks) * block;
@@ -327,6 +566,7 @@ void ts_scale_rows_grad(int bh, int n, int d, const float *x, const float *gp,
         }
         free(part);
     }
+    return 0;
 }
 
 /* gy (BH, N, nv + 1) = the gradient w.r.t. Y' = [numerator, denominator] from g = dL/dy,
@@ -344,9 +584,90 @@ void ts_output_grad(int bh, int n, int nv, int d, const float *g, const float *y
         const float inv = total > 0.0f ? 1.0f / den[r] : 0.0f;
         const float f = normalize ? inv * sqrtf(total / (float)d) : inv;
         float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
         for (int c = 0; c < nv; c++) { out[c] = gr[c] * f; dot += gr[c] * yr[c]; }
         out[nv] = -dot * inv;
     }
+}
+
+/* The non-causal forward in one call (ops/cpu/efficient.py): q' = f_h q / max(|q|, eps) and
+   k' = k / max(|k|, eps) (normalize; else f_h q and k) with f_h = factor[h] (factor NULL:
+   the float scalar), the weighted key state, the attended-key counts and the finished
+   readout. q (BH, Nq, d), k (BH, Nk, d), v (BH, Nk, V), mask (BH, Nk) or NULL. Out: state
+   (BH, ts_state_rows(d), ts_state_cols(V + 1)), count (BH), y (BH, Nq, V), den (BH, Nq).
+   q' and k' live in scratch memory for the call. Returns 0, or 1 when scratch memory could
+   not be allocated. */
+int ts_efficient_forward(int bh, int nq, int nk, int d, int nv, const float *q, const float *k,
+                         const float *v, const uint8_t *mask, const float *factor,
+                         float scalar, int normalize, float eps, float *state, float *count,
+                         float *y, float *den, int threads) {
+    const size_t nqd = (size_t)bh * nq * d, nkd = (size_t)bh * nk * d;
+    float *qp = malloc(sizeof(float) * (nqd + nkd + (bh > 0 ? bh : 1)));
+    if (!qp) return 1;
+    float *kp = qp + nqd, *heads = kp + nkd;
+    if (!factor) { /* the scalar as a per-head factor */
+        for (int h = 0; h < bh; h++) heads[h] = scalar;
+        factor = heads;
+    }
+    ts_scale_rows(bh, nq, d, q, factor, normalize, eps, qp, threads);
+    ts_scale_rows(bh, nk, d, k, NULL, normalize, eps, kp, threads);
+    int failed = ts_state(bh, nk, d, kp, v, nv, 1, mask, state, 0, threads);
+    for (int h = 0; h < bh; h++) {
+        long kept = nk;
+        if (mask) {
+            kept = 0;
+            for (int t = 0; t < nk; t++) kept += mask[(size_t)h * nk + t] != 0;
+        }
+        count[h] = (float)kept;
+    }
+    if (!failed)
+        ts_readout(bh, nq, d, qp, state, ts_state_cols(nv + 1), y, nv, NULL, count, normalize,
+                   den, threads);
+    free(qp);
+    return failed;
+}
+
+/* The non-causal backward in one call: from g = dL/dy and the forward's y, den, count and
+   state, the gradients gq (BH, Nq, d), gk (BH, Nk, d), gv (BH, Nk, V) and, where gfactor is
+   not NULL, the per-head factor's gfactor (BH). The passes of ops/cpu/efficient.py's
+   docstring, their operands (q', k', gY', the query state R, dL/dq', dL/dk') in scratch
+   memory. Returns 0, or 1 when scratch memory could not be allocated. */
+int ts_efficient_backward(int bh, int nq, int nk, int d, int nv, const float *q,
+                          const float *k, const float *v, const uint8_t *mask,
+                          const float *factor, float scalar, int normalize, float eps,
+                          const float *g, const float *y, const float *den,
+                          const float *count, const float *state, float *gq, float *gk,
+                          float *gv, float *gfactor, int threads) {
+    const int rows = ts_state_rows(d), cols = ts_state_cols(nv + 1);
+    const size_t nqd = (size_t)bh * nq * d, nkd = (size_t)bh * nk * d;
+    const size_t ngy = (size_t)bh * nq * (nv + 1), nr = (size_t)bh * rows * cols;
+    float *qp = malloc(sizeof(float) * (2 * nqd + 2 * nkd + ngy + nr + (bh > 0 ? bh : 1)));
+    if (!qp) return 1;
+    float *kp = qp + nqd, *gy = kp + nkd, *grad_state = gy + ngy, *g_qp = grad_state + nr;
+    float *g_kp = g_qp + nqd, *heads = g_kp + nkd;
+    if (!factor) {
+        for (int h = 0; h < bh; h++) heads[h] = scalar;
+        factor = heads;
+    }
+    ts_scale_rows(bh, nq, d, q, factor, normalize, eps, qp, threads);
+    ts_scale_rows(bh, nk, d, k, NULL, normalize, eps, kp, threads);
+    ts_output_grad(bh, nq, nv, d, g, y, den, count, normalize, gy, threads);
+    /* R = c (.) sum_i phi(q'_i)^T gY'_i; dL/dq' through the key state */
+    int failed = ts_state(bh, nq, d, qp, gy, nv + 1, 0, NULL, grad_state, 0, threads);
+    failed |= ts_pair_grad(bh, nq, d, qp, gy, nv + 1, 0, NULL, state, cols, g_qp, threads);
+    if (!failed) { /* g_v = m phi(k') R, dL/dk' through R */
+        ts_readout(bh, nk, d, kp, grad_state, cols, gv, nv, mask, NULL, 0, NULL, threads);
+        failed |= ts_pair_grad(bh, nk, d, kp, v, nv, 1, mask, grad_state, cols, g_kp,
+                               threads);
+    }
+    if (!failed) {
+        failed |= ts_scale_rows_grad(bh, nq, d, q, g_qp, factor, normalize, eps, gq, gfactor,
+                                     threads);
+        failed |= ts_scale_rows_grad(bh, nk, d, k, g_kp, NULL, normalize, eps, gk, NULL,
+                                     threads);
+    }
+    free(qp);
+    return failed;
 }
 
 /* The decoding step (ops/cpu/decode.py): one new token per head on the state of

@@ -38,11 +38,12 @@ TILE = 6  # pairs and value columns per register tile of efficient.c (its COLS)
 
 
 def state_shape(d: int, width: int) -> tuple[int, int]:
-    """(rows, columns) of one head's state in the kernels' layout: the pairs (a, b >= a) of
-    [x, 1] row a by row a, each row padded to a multiple of 6 pairs, and ``width`` value
-    columns padded to a multiple of 6 (``ts_state_rows``, ``ts_state_cols`` of efficient.c)."""
-    rows = sum(-(-(d + 1 - a) // TILE) * TILE for a in range(d + 1))
-    return rows, -(-width // TILE) * TILE
+    """(rows, columns) of one head's state in the kernels' layout: the D = (d+1)(d+2)/2
+    pairs (a, b >= a) of [x, 1] row a by row a, packed, then zero pairs up to a multiple of
+    6, and ``width`` value columns padded to a multiple of 6 (``ts_state_rows``,
+    ``ts_state_cols`` of efficient.c)."""
+    pairs = (d + 1) * (d + 2) // 2
+    return -(-pairs // TILE) * TILE, -(-width // TILE) * TILE
 
 
 def ptr(t: Tensor | None) -> int | None:
@@ -52,8 +53,18 @@ def ptr(t: Tensor | None) -> int | None:
 
 
 def flat32(t: Tensor) -> Tensor:
-    """(B, H, N, k) -> contiguous float32 (B·H, N, k)."""
-    return t.reshape(-1, *t.shape[2:]).to(torch.float32).contiguous()
+    """(B, H, N, k) -> contiguous float32 (B·H, N, k); a float32 contiguous tensor is only
+    viewed (no copy, no conversion: at short N each torch call counts)."""
+    if t.dtype != torch.float32 or not t.is_contiguous():
+        t = t.to(torch.float32).contiguous()
+    return t.view(-1, *t.shape[2:])
+
+
+def checked(status: int) -> None:
+    """Raise where a kernel reports that its scratch memory could not be allocated (status 1;
+    0 is success)."""
+    if status:
+        raise MemoryError("the CPU kernels could not allocate their scratch memory")
 
 
 def flat_mask(key_mask: Tensor | None, b: int, h: int, n: int) -> Tensor | None:
@@ -77,29 +88,28 @@ def head_factors(temperature: Tensor | None, factor: float, b: int, h: int) -> T
 
 
 def forward_pass(
-    query: Tensor, key: Tensor, value: Tensor, key_mask: Tensor | None, factors: Tensor,
-    normalize: bool,
+    query: Tensor, key: Tensor, value: Tensor, key_mask: Tensor | None, factors: Tensor | None,
+    normalize: bool, factor: float = 1.0,
 ) -> tuple[Tensor, ...]:  # fmt: skip
     """y (B, H, Nq, dv) in value's dtype and what the backward needs besides the inputs:
     (y, the key mask as uint8 (B·H, Nk) or None, the attended-key counts (B·H,), the
-    denominators (B·H, Nq), the weighted key state (B·H, rows, cols)), float32. q' and k'
-    are not kept: the backward recomputes them (O(N d), saves 2·N·d floats per head)."""
-    lib, threads = library(), kernel_threads()
+    denominators (B·H, Nq), the weighted key state (B·H, rows, cols)), float32. ``factors``
+    (B·H,) float32, the query's factor per head, or None for the float ``factor``. One C call
+    (``ts_efficient_forward``); q' and k' live in its scratch memory and are recomputed by
+    the backward (O(N d), saves 2·N·d floats per head)."""
     b, h, nq, d = query.shape
     nk, dv = key.shape[2], value.shape[3]
     bh = b * h
-    rows, cols = state_shape(d, dv + 1)
-    v = flat32(value)
+    # (every tensor whose address goes to C is held by a name until the call returns)
+    q, k, v = flat32(query), flat32(key), flat32(value)
     mask = flat_mask(key_mask, b, h, nk)
-    qp, kp = scaled_rows(query, factors, normalize), scaled_rows(key, None, normalize)
-    state = torch.empty((bh, rows, cols))
-    lib.ts_state(bh, nk, d, ptr(kp), ptr(v), dv, 1, ptr(mask), ptr(state), 0, threads)
-    count = torch.full((bh,), float(nk)) if mask is None else mask.sum(-1, dtype=torch.float32)
-    out = torch.empty((bh, nq, dv))
-    den = torch.empty((bh, nq))
-    lib.ts_readout(bh, nq, d, ptr(qp), ptr(state), cols, ptr(out), dv, None, ptr(count),
-                   int(normalize), ptr(den), threads)  # fmt: skip
-    y = out.view(b, h, nq, dv).to(value.dtype)
+    state, count = torch.empty((bh, *state_shape(d, dv + 1))), torch.empty(bh)
+    out, den = torch.empty((b, h, nq, dv)), torch.empty((bh, nq))
+    checked(library().ts_efficient_forward(
+        bh, nq, nk, d, dv, ptr(q), ptr(k), ptr(v), ptr(mask), ptr(factors), factor,
+        int(normalize), NORM_EPS, ptr(state), ptr(count), ptr(out), ptr(den), kernel_threads(),
+    ))  # fmt: skip
+    y = out if value.dtype == torch.float32 else out.to(value.dtype)
     return y, mask, count, den, state
 
 
@@ -115,42 +125,24 @@ def scaled_rows(x: Tensor, factors: Tensor | None, normalize: bool) -> Tensor:
 
 
 def backward_pass(
-    grad_out: Tensor, query: Tensor, key: Tensor, value: Tensor, factors: Tensor,
-    normalize: bool, saved: tuple[Tensor, ...], need_factor: bool,
+    grad_out: Tensor, query: Tensor, key: Tensor, value: Tensor, factors: Tensor | None,
+    normalize: bool, saved: tuple[Tensor, ...], need_factor: bool, factor: float = 1.0,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:  # fmt: skip
     """Gradients of query, key, value (each in its dtype) and, with ``need_factor``, of the
     per-head factor (B·H,) float32, from the gradient of y; ``saved`` is ``forward_pass``'s
-    output."""
+    output. One C call (``ts_efficient_backward``)."""
     y, mask, count, den, state = saved
-    lib, threads = library(), kernel_threads()
-    qp, kp = scaled_rows(query, factors, normalize), scaled_rows(key, None, normalize)
     b, h, nq, d = query.shape
     nk, dv = key.shape[2], value.shape[3]
-    bh, (rows, cols) = b * h, state.shape[1:]
-    # (every tensor whose address goes to C is held by a name until the call returns)
-    g_out, y32 = flat32(grad_out), flat32(y)
-    gy = torch.empty((bh, nq, dv + 1))  # gY' = [g_nom, g_den]
-    lib.ts_output_grad(bh, nq, dv, d, ptr(g_out), ptr(y32), ptr(den), ptr(count),
-                       int(normalize), ptr(gy), threads)  # fmt: skip
-    grad_state = torch.empty((bh, rows, cols))  # R = c ⊙ Σ_i φ(q'_i)ᵀ gY'_i
-    lib.ts_state(bh, nq, d, ptr(qp), ptr(gy), dv + 1, 0, None, ptr(grad_state), 0, threads)
-    g_qp = torch.empty((bh, nq, d))
-    lib.ts_pair_grad(bh, nq, d, ptr(qp), ptr(gy), dv + 1, 0, None, ptr(state), cols,
-                     ptr(g_qp), threads)  # fmt: skip
-    gv = torch.empty((bh, nk, dv))
-    lib.ts_readout(bh, nk, d, ptr(kp), ptr(grad_state), cols, ptr(gv), dv, ptr(mask), None,
-                   0, None, threads)  # fmt: skip
-    v = flat32(value)
-    g_kp = torch.empty((bh, nk, d))
-    lib.ts_pair_grad(bh, nk, d, ptr(kp), ptr(v), dv, 1, ptr(mask), ptr(grad_state), cols,
-                     ptr(g_kp), threads)  # fmt: skip
-    q, k = flat32(query), flat32(key)
-    gq, gk = torch.empty_like(q), torch.empty_like(k)
+    bh = b * h
+    q, k, v, g, y32 = flat32(query), flat32(key), flat32(value), flat32(grad_out), flat32(y)
+    gq, gk, gv = torch.empty(query.shape), torch.empty(key.shape), torch.empty(value.shape)
     g_factor = torch.empty(bh) if need_factor else None
-    lib.ts_scale_rows_grad(bh, nq, d, ptr(q), ptr(g_qp), ptr(factors), int(normalize),
-                           NORM_EPS, ptr(gq), ptr(g_factor), threads)  # fmt: skip
-    lib.ts_scale_rows_grad(bh, nk, d, ptr(k), ptr(g_kp), None, int(normalize), NORM_EPS,
-                           ptr(gk), None, threads)  # fmt: skip
+    checked(library().ts_efficient_backward(
+        bh, nq, nk, d, dv, ptr(q), ptr(k), ptr(v), ptr(mask), ptr(factors), factor,
+        int(normalize), NORM_EPS, ptr(g), ptr(y32), ptr(den), ptr(count), ptr(state), ptr(gq),
+        ptr(gk), ptr(gv), ptr(g_factor), kernel_threads(),
+    ))  # fmt: skip
     return (*input_grads((gq, gk, gv), (query, key, value)), g_factor)
 
 
@@ -158,7 +150,11 @@ def input_grads(grads: tuple[Tensor, ...], inputs: tuple[Tensor, ...]) -> tuple[
     """The kernels' float32 gradients (B·H, N, ·) in the shapes and dtypes of their inputs
     (contiguous, as the custom ops' fakes declare them)."""
     pairs = zip(grads, inputs, strict=True)
-    return tuple(g.reshape(x.shape).to(x.dtype).contiguous() for g, x in pairs)
+    return tuple(
+        g.view(x.shape) if x.dtype == torch.float32 and g.is_contiguous()
+        else g.reshape(x.shape).to(x.dtype).contiguous()
+        for g, x in pairs
+    )  # fmt: skip
 
 
 def factor_grad(g_factor: Tensor, temperature: Tensor, b: int, h: int) -> Tensor:
@@ -173,11 +169,12 @@ class CpuEfficientFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, query, key, value, temperature, factor, normalize, key_mask):
         b, h = query.shape[:2]
-        factors = head_factors(temperature, factor, b, h)
-        saved = forward_pass(query, key, value, key_mask, factors, normalize)
+        # a float factor goes to C as a scalar (one tensor fewer per call)
+        factors = None if temperature is None else head_factors(temperature, factor, b, h)
+        saved = forward_pass(query, key, value, key_mask, factors, normalize, factor)
         y, mask, count, den, state = saved
         ctx.save_for_backward(query, key, value, temperature, factors, y, count, den, state)
-        ctx.mask, ctx.normalize = mask, normalize  # uint8, never differentiated
+        ctx.mask, ctx.normalize, ctx.factor = mask, normalize, factor  # never differentiated
         return y
 
     @staticmethod
@@ -187,7 +184,7 @@ class CpuEfficientFunction(torch.autograd.Function):
         need_t = ctx.needs_input_grad[3]
         saved = (y, ctx.mask, count, den, state)
         gq, gk, gv, g_factor = backward_pass(
-            grad_out, query, key, value, factors, ctx.normalize, saved, need_t
+            grad_out, query, key, value, factors, ctx.normalize, saved, need_t, ctx.factor
         )
         b, h = query.shape[:2]
         gt = factor_grad(g_factor, temperature, b, h) if need_t else None

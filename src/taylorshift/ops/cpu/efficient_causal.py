@@ -32,6 +32,7 @@ from .build import library
 from .direct import block_sums, block_sums_grad
 from .efficient import (
     check_kernel_inputs,
+    checked,
     factor_grad,
     flat32,
     flat_mask,
@@ -75,8 +76,8 @@ def _add_keys(
     bh, _, d = kp.shape
     k_c, v_c = _rows(kp, j0, j1), _rows(v, j0, j1)
     m_c = None if mask is None else _rows(mask, j0, j1)
-    library().ts_state(bh, j1 - j0, d, ptr(k_c), ptr(v_c), v.shape[-1], 1, ptr(m_c),
-                       ptr(state), int(accumulate), kernel_threads())  # fmt: skip
+    checked(library().ts_state(bh, j1 - j0, d, ptr(k_c), ptr(v_c), v.shape[-1], 1, ptr(m_c),
+                               ptr(state), int(accumulate), kernel_threads()))  # fmt: skip
 
 
 def causal_forward_pass(
@@ -148,8 +149,8 @@ def causal_backward_pass(
             q, g = _rows(qp, i0, q1), _rows(g_y, i0, q1)
             if have_state:
                 part = torch.empty((bh, q1 - i0, d))
-                lib.ts_pair_grad(bh, q1 - i0, d, ptr(q), ptr(g), dv + 1, 0, None,
-                                 ptr(state), cols, ptr(part), threads)  # fmt: skip
+                checked(lib.ts_pair_grad(bh, q1 - i0, d, ptr(q), ptr(g), dv + 1, 0, None,
+                                         ptr(state), cols, ptr(part), threads))  # fmt: skip
                 g_qp[:, i0:q1] += part
             if i0 < nk:
                 ck = min(q1, nk) - i0
@@ -176,21 +177,22 @@ def causal_backward_pass(
                            dv, ptr(m_c), None, 0, None, threads)  # fmt: skip
             g_vo[:, i0:j1, :dv] += part_v
             part_k = torch.empty((bh, j1 - i0, d))
-            lib.ts_pair_grad(bh, j1 - i0, d, ptr(k_c), ptr(v_c), dv, 1, ptr(m_c),
-                             ptr(grad_state), cols, ptr(part_k), threads)  # fmt: skip
+            checked(lib.ts_pair_grad(bh, j1 - i0, d, ptr(k_c), ptr(v_c), dv, 1, ptr(m_c),
+                                     ptr(grad_state), cols, ptr(part_k), threads))  # fmt: skip
             g_kp[:, i0:j1] += part_k
         if i0 < nq and i0 > 0:  # (chunk 0's queries feed no earlier keys)
             q1 = min(i1, nq)
             q, g = _rows(qp, i0, q1), _rows(g_y, i0, q1)
-            lib.ts_state(bh, q1 - i0, d, ptr(q), ptr(g), dv + 1, 0, None, ptr(grad_state),
-                         int(have_grad), threads)  # fmt: skip
+            checked(lib.ts_state(bh, q1 - i0, d, ptr(q), ptr(g), dv + 1, 0, None,
+                                 ptr(grad_state), int(have_grad), threads))  # fmt: skip
             have_grad = True
 
     q32, k32 = flat32(query), flat32(key)
     gq, gk = torch.empty_like(q32), torch.empty_like(k32)
     g_factor = torch.empty(bh) if need_factor else None
-    lib.ts_scale_rows_grad(bh, nq, d, ptr(q32), ptr(g_qp), ptr(factors), int(normalize),
-                           NORM_EPS, ptr(gq), ptr(g_factor), threads)  # fmt: skip
+    checked(lib.ts_scale_rows_grad(bh, nq, d, ptr(q32), ptr(g_qp), ptr(factors),
+                                   int(normalize), NORM_EPS, ptr(gq), ptr(g_factor),
+                                   threads))  # fmt: skip
     lib.ts_scale_rows_grad(bh, nk, d, ptr(k32), ptr(g_kp), None, int(normalize), NORM_EPS,
                            ptr(gk), None, threads)  # fmt: skip
     gv = g_vo[..., :dv]

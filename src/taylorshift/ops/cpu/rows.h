@@ -9,6 +9,7 @@ static inline void scale_row(int d, const float *x, float f, int normalize, floa
                              float *out) {
     if (normalize) {
         float sq = 0.0f;
+#pragma omp simd reduction(+ : sq)
         for (int a = 0; a < d; a++) sq += x[a] * x[a];
         const float norm = sqrtf(sq);
         f /= norm > eps ? norm : eps;
@@ -24,14 +25,15 @@ static inline double scale_row_grad(int d, const float *x, const float *gp, floa
                                     int normalize, float eps, float *gx) {
     if (!normalize) {
         double sum = 0.0;
+#pragma omp simd reduction(+ : sum)
         for (int a = 0; a < d; a++) { gx[a] = f * gp[a]; sum += gp[a] * x[a]; }
         return sum;
     }
-    float sq = 0.0f;
-    for (int a = 0; a < d; a++) sq += x[a] * x[a];
+    float sq = 0.0f, dot = 0.0f; /* |x|^2, x.gp */
+#pragma omp simd reduction(+ : sq, dot)
+    for (int a = 0; a < d; a++) { sq += x[a] * x[a]; dot += gp[a] * x[a]; }
     const float norm = sqrtf(sq), floor = norm > eps ? norm : eps;
-    float dot = 0.0f; /* u.gp */
-    for (int a = 0; a < d; a++) dot += gp[a] * (x[a] / floor);
+    dot /= floor; /* u.gp */
     const float along = norm > eps ? f * dot : 0.0f; /* u.g */
     for (int a = 0; a < d; a++) gx[a] = (f * gp[a] - along * (x[a] / floor)) / floor;
     return dot;
