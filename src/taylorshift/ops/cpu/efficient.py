@@ -15,8 +15,10 @@ state kernel on the query side), g_q' from S, g_v = m · φ(k') R, g_k' from R. 
 q -> q' = τ q/‖q‖ and k -> k' (or the plain scale), their backward and the gradient
 w.r.t. Y' = [numerator, denominator] are small C loops too (``ts_scale_rows``,
 ``ts_scale_rows_grad``, ``ts_output_grad``): at short N a dozen torch operations per pass
-cost more than the products. Sums in float32 (float16 and bfloat16 inputs are converted);
-float64 stays on the PyTorch form.
+cost more than the products. Each pass is one C call (``ts_efficient_forward``,
+``ts_efficient_backward``) that runs these kernels on its own scratch memory, so that the
+Python side allocates only what it returns or saves. Sums in float32 (float16 and bfloat16
+inputs are converted); float64 stays on the PyTorch form.
 
 Two wrappers share the passes: ``CpuEfficientFunction`` (an autograd.Function: the eager
 path, 0.2-0.3 ms cheaper per forward + backward than a custom op's dispatch) and the

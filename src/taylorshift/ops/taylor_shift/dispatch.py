@@ -498,20 +498,22 @@ def _decide(
 CPU_PRIOR = {16: 2.85, 32: 1.75, 64: 1.05}
 # With the CPU kernels (taylorshift/ops/cpu: the direct and the efficient form in C, float32
 # and 16-bit inputs), measured with ``taylorshift bench calibrate --causal no`` on the same
-# machine at two head counts (benchmarks/op_cpu/direct-kernel, calibrate-*.txt), since the
-# costs of the two forms scale differently with B·H. ρ is the geometric mean of each d's
-# four ratios (forward and forward + backward, two runs):
-# - B·H = 4: N̂ = 111-190 at d = 16 (ρ = 0.95), 315-453 at d = 32 (0.68), 1,344-1,515 at
-#   d = 64 (0.67);
-# - B·H = 128: N̂ = 119-150 at d = 16 (0.88), 419-530 at d = 32 (0.84), 1,358-1,611 at
-#   d = 64 (0.69; the forward of three runs, forward + backward of one: the first two
-#   skipped the direct form past N = 1,024 by an overestimate of its memory).
-# With the PyTorch direct form (before 2026-11-26, fifth session) the kernels' efficient
-# form won from N = 1 at d = 16 and 4 heads; the direct kernel moved every switch up.
+# machine at two head counts, since the costs of the two forms scale differently with B·H.
+# ρ is the geometric mean of each d's ratios (forward and forward + backward), refitted after
+# the efficient form's one-call passes (benchmarks/op_cpu/efficient-passes, calibrate-*.txt):
+# - B·H = 4, three runs: N̂ = 34 / 81 / 89 forward, 107 / 136 / 126 forward + backward at
+#   d = 16 (ρ = 0.57: the two forms are within 20 % of each other from N = 19 to 76 forward,
+#   so that switch moves with the noise), 269-358 / 356-471 at d = 32 (0.62), 1,474-1,626 /
+#   1,319-1,532 at d = 64 (0.70);
+# - B·H = 128, two runs (d = 64: one): N̂ = 100-137 / 111-123 at d = 16 (0.77), 451-456 /
+#   460-503 at d = 32 (0.83), 1,341 / 1,561 at d = 64 (0.68).
+# (Before those passes: 0.95 / 0.68 / 0.67 and 0.88 / 0.84 / 0.69, benchmarks/op_cpu/
+# direct-kernel; with the PyTorch direct form the kernels' efficient form won from N = 1 at
+# d = 16 and 4 heads, the direct kernel moved every switch up.)
 # ρ is interpolated in (log B·H, log ρ) between the two, and held outside them.
 CPU_KERNEL_PRIOR = {
-    4: {16: 0.95, 32: 0.68, 64: 0.67},
-    128: {16: 0.88, 32: 0.84, 64: 0.69},
+    4: {16: 0.57, 32: 0.62, 64: 0.70},
+    128: {16: 0.77, 32: 0.83, 64: 0.68},
 }
 # The same for causal calls (``--causal yes``; the theory's switch N = 416 / 820 / 2,402 counts
 # the chunked form's intra-chunk blocks): the causal direct kernel stops at each row's last
