@@ -156,6 +156,27 @@ def check_fully_masked(form, nq: int = 5, **kwargs) -> None:
     assert (gk[1, 0, 4:] == 0).all() and (gv[1, 0, 4:] == 0).all()
 
 
+def check_nan_in_padded_keys(form, **kwargs) -> None:
+    """NaN in the content of padded keys and their values changes nothing the padding
+    hides: outputs and the query's gradient equal those with zeros there, the values'
+    gradients are zero at padded keys and finite elsewhere."""
+    case = Case(1, 2, 40, 40, 16, 12)
+    q, k, v, t = make_problem(case, torch.float32)[0]
+    key_mask = torch.ones(1, 2, 40, dtype=torch.bool)
+    key_mask[0, 1, 25:] = False
+    results = []
+    for fill in (0.0, float("nan")):
+        kf, vf = k.detach().clone(), v.detach().clone()
+        kf[~key_mask], vf[~key_mask] = fill, fill
+        leaves = [q.detach().clone().requires_grad_(), kf.requires_grad_(), vf.requires_grad_()]
+        y = form(*leaves, key_mask, t.detach(), None, True, **kwargs)
+        gq, _, gv = torch.autograd.grad(y.sum(), leaves)
+        results.append((y, gq, gv))
+    (y0, gq0, gv0), (y1, gq1, gv1) = results
+    assert torch.equal(y1, y0) and torch.equal(gq1, gq0)
+    assert (gv1[~key_mask] == 0).all() and torch.equal(gv1, gv0)
+
+
 def check_non_contiguous(form, rtol: float = 1e-6) -> None:
     """(B, N, H, d) storage seen as (B, H, N, d), the layout of a fused projection, gives
     the result of contiguous copies (within ``rtol``; 0: bitwise), gradients included."""

@@ -349,14 +349,14 @@ def test_cpu_kernel_prior_follows_the_head_count(d, switch, monkeypatch):
 
 
 # Causal calls with the CPU kernels (dispatch.CPU_KERNEL_CAUSAL_PRIOR, per pass) times the
-# causal theory's switch (415.83 / 820.33 / 2402.46), by hand: forward, 4 heads, ρ = 2.08 /
-# 1.66 / 1.41 -> 864.9 / 1361.7 / 3387.5; forward + backward, 4 heads, 2.74 / 2.00 / 1.70 ->
-# 1139.4 / 1640.7 / 4084.2; forward + backward, 128 heads, 1.96 / 2.29 / 1.47 -> 815.0 /
-# 1878.6 / 3531.6.
+# causal theory's switch (415.83 / 820.33 / 2402.46), by hand: forward, 4 heads, ρ = 0.57 /
+# 1.03 / 1.12 -> 237.0 / 844.9 / 2690.8; forward + backward, 4 heads, 1.24 / 1.26 / 1.47 ->
+# 515.6 / 1033.6 / 3531.6; forward + backward, 128 heads, 1.50 / 2.11 / 1.46 -> 623.7 /
+# 1730.9 / 3507.6.
 CPU_KERNEL_CAUSAL_SWITCH = {
-    (False, 4): {16: 865, 32: 1362, 64: 3388},
-    (True, 4): {16: 1140, 32: 1641, 64: 4085},
-    (True, 128): {16: 816, 32: 1879, 64: 3532},
+    (False, 4): {16: 238, 32: 845, 64: 2691},
+    (True, 4): {16: 516, 32: 1034, 64: 3532},
+    (True, 128): {16: 624, 32: 1731, 64: 3508},
 }
 
 

@@ -31,6 +31,7 @@ from tests.ops.kernel_cases import (
     check_float32,
     check_fully_masked,
     check_low_precision,
+    check_nan_in_padded_keys,
     check_non_contiguous,
     check_thread_counts,
     key_mask_of,
@@ -83,6 +84,10 @@ def test_thread_counts_give_the_same_sums(heads, d):
     # triangle above: the state's three ways) and the tokens of the readout and gradients:
     # no sum changes order.
     check_thread_counts(cpu_efficient_taylor_shift, Case(1, heads, 70, 90, d, 10, mask="padding"))
+
+
+def test_nan_in_padded_keys_stays_out():
+    check_nan_in_padded_keys(cpu_efficient_taylor_shift)
 
 
 def test_scratch_memory_failure_is_a_memory_error(monkeypatch):

@@ -23,6 +23,8 @@ from tests.ops.kernel_cases import (
     check_float32,
     check_fully_masked,
     check_low_precision,
+    check_nan_in_padded_keys,
+    check_thread_counts,
     make_problem,
 )
 
@@ -62,6 +64,18 @@ def test_sixteen_bit_error_within_reference_error(case, dtype):
 
 def test_fully_masked_heads_give_zeros_and_finite_grads():
     check_fully_masked(cpu_causal_efficient_taylor_shift, nq=9, chunk_size=4)
+
+
+@pytest.mark.parametrize("d", [16, 32], ids=lambda d: f"d{d}")
+def test_thread_counts_give_the_same_sums(d):
+    # two chunks of 256: the chunk loop in C, its kernels split heads, pairs and tokens
+    check_thread_counts(
+        cpu_causal_efficient_taylor_shift, Case(1, 3, 300, 300, d, 10, mask="padding")
+    )
+
+
+def test_nan_in_padded_keys_stays_out():
+    check_nan_in_padded_keys(cpu_causal_efficient_taylor_shift, chunk_size=16)
 
 
 def test_refuses_float64_naming_the_dtype():

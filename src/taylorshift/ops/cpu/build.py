@@ -1,4 +1,5 @@
-"""Building and loading the CPU kernels (``efficient.c``, ``direct.c``) on first use.
+"""Building and loading the CPU kernels (``efficient.c``, ``direct.c``,
+``efficient_causal.c``) on first use.
 
 The C sources are compiled by the machine's C compiler (``$CC``, else ``cc``, ``gcc`` or
 ``clang`` on the PATH) into a shared library in the cache folder
@@ -28,8 +29,11 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-SOURCES = tuple(Path(__file__).with_name(name) for name in ("efficient.c", "direct.c"))
-HEADERS = (Path(__file__).with_name("rows.h"),)  # included by the sources: in the hash too
+SOURCES = tuple(
+    Path(__file__).with_name(name) for name in ("efficient.c", "direct.c", "efficient_causal.c")
+)
+# included by the sources: in the hash too
+HEADERS = tuple(Path(__file__).with_name(name) for name in ("rows.h", "kernels.h"))
 ENV = "TAYLORSHIFT_CPU_KERNELS"
 FLAG_SETS = (
     ("-O3", "-march=native", "-fopenmp"),
@@ -178,14 +182,20 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
         i, i, i, i, i, p, p, p, p, p, f, i, f, p, p, p, p, p, p, p, p, p, i
     ]  # fmt: skip
     lib.ts_efficient_backward.restype = i
-    lib.ts_output_grad.argtypes = [i, i, i, i, p, p, p, p, i, p, i]
+    lib.ts_output_grad.argtypes = [i, i, i, i, p, p, p, p, i, i, p, i]
     lib.ts_output_grad.restype = None
     lib.ts_decode_step.argtypes = [i, i, i, p, p, p, p, f, p, i, f, p, p, p, i]
     lib.ts_decode_step.restype = None
     lib.ts_direct_forward.argtypes = [i, i, i, i, i, p, p, p, p, p, i, i, f, i, p, p, p, i]
-    lib.ts_direct_forward.restype = None
+    lib.ts_direct_forward.restype = i
     lib.ts_direct_backward.argtypes = [
         i, i, i, i, i, p, p, p, p, p, i, i, f, i, p, p, p, p, p, p, p, p, i
     ]  # fmt: skip
-    lib.ts_direct_backward.restype = None
+    lib.ts_direct_backward.restype = i
+    lib.ts_causal_forward.argtypes = [i, i, i, i, i, p, p, p, p, p, f, i, f, i, p, p, p, i]
+    lib.ts_causal_forward.restype = i
+    lib.ts_causal_backward.argtypes = [
+        i, i, i, i, i, p, p, p, p, p, f, i, f, i, p, p, p, p, p, p, p, p, i
+    ]  # fmt: skip
+    lib.ts_causal_backward.restype = i
     return lib

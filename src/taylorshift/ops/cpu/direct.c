@@ -31,6 +31,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels.h"
 #include "rows.h"
 
 typedef float vec __attribute__((vector_size(32)));
@@ -117,14 +118,16 @@ static void key_flags(const uint8_t *m, int nk, int nkp, float *km) {
 }
 
 /* Forward: y (BH, Nq, V), den (BH, Nq), count (BH, Nq) (raw: y unfinished, den and count
-   may be NULL). Work items: (head, tile of query rows). */
-void ts_direct_forward(int bh, int nq, int nk, int d, int nv, const float *q, const float *k,
+   may be NULL). Work items: (head, tile of query rows). Returns 0, or 1 when a scratch block
+   could not be allocated. */
+int ts_direct_forward(int bh, int nq, int nk, int d, int nv, const float *q, const float *k,
                        const float *v, const float *factor, const uint8_t *mask, int causal,
                        int normalize, float eps, int raw, float *y, float *den, float *count,
                        int threads) {
     const int vp = pad(nv);
     const int tiles = (nq + TILE - 1) / TILE;
     const long items = (long)bh * tiles;
+    int failed = 0;
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (long item = 0; item < items; item++) {
         const int h = (int)(item / tiles), i0 = (int)(item % tiles) * TILE;
@@ -136,6 +139,11 @@ void ts_direct_forward(int bh, int nq, int nk, int d, int nv, const float *q, co
         const size_t kt_n = (size_t)d * ldk, vv_n = (size_t)knp * vp, s_n = (size_t)TILE * ldk;
         const size_t yt_n = (size_t)TILE * vp, kp_n = (size_t)(kn > TILE ? kn : TILE) * d;
         float *kt = malloc(sizeof(float) * (kt_n + vv_n + s_n + yt_n + knp + kp_n));
+        if (!kt) {
+#pragma omp atomic write
+            failed = 1;
+            continue;
+        }
         float *vv = kt + kt_n, *s = vv + vv_n, *yt = s + s_n, *km = yt + yt_n, *xp = km + knp;
         for (int j = 0; j < kn; j++)
             scale_row(d, kh + (size_t)j * d, 1.0f, normalize, eps, xp + (size_t)j * d);
@@ -173,18 +181,20 @@ void ts_direct_forward(int bh, int nq, int nk, int d, int nv, const float *q, co
         }
         free(kt);
     }
+    return failed;
 }
 
 /* Backward: gq (BH, Nq, d), gk (BH, Nk, d), gv (BH, Nk, V) and gfactor (BH) (may be NULL),
    the gradients w.r.t. q, k, v and f_h, from g = dL/dy and the forward's y, den, count. Work
    items: heads (the key-side gradients sum over every query tile of the head, in a fixed
-   order). */
-void ts_direct_backward(int bh, int nq, int nk, int d, int nv, const float *q, const float *k,
+   order). Returns 0, or 1 when a scratch block could not be allocated. */
+int ts_direct_backward(int bh, int nq, int nk, int d, int nv, const float *q, const float *k,
                         const float *v, const float *factor, const uint8_t *mask, int causal,
                         int normalize, float eps, int raw, const float *g, const float *y,
                         const float *den, const float *count, float *gq, float *gk, float *gv,
                         float *gfactor, int threads) {
     const int nkp = pad(nk), ldn = ldim(nk), dp = pad(d), vp = pad(nv);
+    int failed = 0;
 #pragma omp parallel for num_threads(threads) schedule(dynamic, 1)
     for (int h = 0; h < bh; h++) {
         const float *kh = k + (size_t)h * nk * d, *vh = v + (size_t)h * nk * nv;
@@ -194,6 +204,11 @@ void ts_direct_backward(int bh, int nq, int nk, int d, int nv, const float *q, c
         const size_t gk_n = (size_t)nkp * dp, gv_n = (size_t)nkp * vp;
         float *kt = calloc(kt_n + kk_n + vt_n + 2 * blk + 2 * qt_n + gn_n + gk_n + gv_n + nkp,
                            sizeof(float));
+        if (!kt) {
+#pragma omp atomic write
+            failed = 1;
+            continue;
+        }
         float *kk = kt + kt_n, *vt = kk + kk_n, *w = vt + vt_n, *gs = w + blk;
         float *qt = gs + blk, *gqt = qt + qt_n, *gn = gqt + qt_n, *gkh = gn + gn_n;
         float *gvh = gkh + gk_n, *km = gvh + gv_n;
@@ -255,4 +270,5 @@ void ts_direct_backward(int bh, int nq, int nk, int d, int nv, const float *q, c
         if (gfactor) gfactor[h] = (float)gf;
         free(kt);
     }
+    return failed;
 }

@@ -25,6 +25,7 @@ from ..taylor_shift.features import NORM_EPS, split_factor
 from .build import library
 from .efficient import (
     check_kernel_inputs,
+    checked,
     factor_grad,
     flat32,
     flat_mask,
@@ -50,9 +51,9 @@ def forward_pass(
     q, k, v = flat32(query), flat32(key), flat32(value)
     mask = flat_mask(key_mask, b, h, nk)
     out, den, count = torch.empty((bh, nq, dv)), torch.empty((bh, nq)), torch.empty((bh, nq))
-    library().ts_direct_forward(bh, nq, nk, d, dv, ptr(q), ptr(k), ptr(v), ptr(factors),
+    checked(library().ts_direct_forward(bh, nq, nk, d, dv, ptr(q), ptr(k), ptr(v), ptr(factors),
                                 ptr(mask), int(is_causal), int(normalize), NORM_EPS, 0,
-                                ptr(out), ptr(den), ptr(count), kernel_threads())  # fmt: skip
+                                ptr(out), ptr(den), ptr(count), kernel_threads()))  # fmt: skip
     return out.view(b, h, nq, dv).to(value.dtype), den, count
 
 
@@ -71,39 +72,11 @@ def backward_pass(
     mask = flat_mask(key_mask, b, h, nk)
     gq, gk, gv = torch.empty((bh, nq, d)), torch.empty((bh, nk, d)), torch.empty((bh, nk, dv))
     g_factor = torch.empty(bh) if need_factor else None
-    library().ts_direct_backward(bh, nq, nk, d, dv, ptr(q), ptr(k), ptr(v), ptr(factors),
+    checked(library().ts_direct_backward(bh, nq, nk, d, dv, ptr(q), ptr(k), ptr(v), ptr(factors),
                                  ptr(mask), int(is_causal), int(normalize), NORM_EPS, 0,
                                  ptr(g_out), ptr(y32), ptr(den), ptr(count), ptr(gq), ptr(gk),
-                                 ptr(gv), ptr(g_factor), kernel_threads())  # fmt: skip
+                                 ptr(gv), ptr(g_factor), kernel_threads()))  # fmt: skip
     return (*input_grads((gq, gk, gv), (query, key, value)), g_factor)
-
-
-def block_sums(q: Tensor, k: Tensor, v: Tensor, is_causal: bool) -> Tensor:
-    """Σ_j w(q_i · k_j) v_j over the attended pairs (j <= i when causal): the kernel's raw
-    mode, for the blocks of the causal efficient form's chunks. q (B·H, Nq, d) and k
-    (B·H, Nk, d) already scaled, v (B·H, Nk, c) (the ones column and the key mask folded
-    in by the caller), all float32 and contiguous. -> (B·H, Nq, c)."""
-    bh, nq, d = q.shape
-    nk, c = k.shape[1], v.shape[2]
-    out = torch.empty((bh, nq, c))
-    library().ts_direct_forward(bh, nq, nk, d, c, ptr(q), ptr(k), ptr(v), None, None,
-                                int(is_causal), 0, NORM_EPS, 1, ptr(out), None, None,
-                                kernel_threads())  # fmt: skip
-    return out
-
-
-def block_sums_grad(
-    q: Tensor, k: Tensor, v: Tensor, grad: Tensor, is_causal: bool
-) -> tuple[Tensor, Tensor, Tensor]:
-    """Gradients (q, k, v) of Σ_i grad_i · ``block_sums(q, k, v, is_causal)``_i, each in the
-    shape of its input; ``grad`` (B·H, Nq, c) float32, contiguous."""
-    bh, nq, d = q.shape
-    nk, c = k.shape[1], v.shape[2]
-    gq, gk, gv = torch.empty((bh, nq, d)), torch.empty((bh, nk, d)), torch.empty((bh, nk, c))
-    library().ts_direct_backward(bh, nq, nk, d, c, ptr(q), ptr(k), ptr(v), None, None,
-                                 int(is_causal), 0, NORM_EPS, 1, ptr(grad), None, None, None,
-                                 ptr(gq), ptr(gk), ptr(gv), None, kernel_threads())  # fmt: skip
-    return gq, gk, gv
 
 
 class CpuDirectFunction(torch.autograd.Function):

@@ -23,6 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels.h"
 #include "rows.h"
 
 typedef float vec __attribute__((vector_size(32)));
@@ -570,15 +571,17 @@ int ts_scale_rows_grad(int bh, int n, int d, const float *x, const float *gp,
 }
 
 /* gy (BH, N, nv + 1) = the gradient w.r.t. Y' = [numerator, denominator] from g = dL/dy,
-   y = numerator f / den with f = sqrt(count[h] / d) (normalize) or 1: columns :nv are
-   g f / den, column nv is -(g.y) / den; zero rows where count[h] == 0. */
+   y = numerator f / den with f = sqrt(count / d) (normalize) or 1: columns :nv are
+   g f / den, column nv is -(g.y) / den; zero rows where count == 0. count holds one value
+   per head, count[h] (per_row 0: the non-causal form), or one per token, count[h * N + t]
+   (per_row 1: the causal form's n_i). */
 void ts_output_grad(int bh, int n, int nv, int d, const float *g, const float *y,
-                    const float *den, const float *count, int normalize, float *gy,
-                    int threads) {
+                    const float *den, const float *count, int per_row, int normalize,
+                    float *gy, int threads) {
     const long rows = (long)bh * n;
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (long r = 0; r < rows; r++) {
-        const float total = count[r / n];
+        const float total = count[per_row ? r : r / n];
         const float *gr = g + (size_t)r * nv, *yr = y + (size_t)r * nv;
         float *out = gy + (size_t)r * (nv + 1);
         const float inv = total > 0.0f ? 1.0f / den[r] : 0.0f;
@@ -651,7 +654,7 @@ int ts_efficient_backward(int bh, int nq, int nk, int d, int nv, const float *q,
     }
     ts_scale_rows(bh, nq, d, q, factor, normalize, eps, qp, threads);
     ts_scale_rows(bh, nk, d, k, NULL, normalize, eps, kp, threads);
-    ts_output_grad(bh, nq, nv, d, g, y, den, count, normalize, gy, threads);
+    ts_output_grad(bh, nq, nv, d, g, y, den, count, 0, normalize, gy, threads);
     /* R = c (.) sum_i phi(q'_i)^T gY'_i; dL/dq' through the key state */
     int failed = ts_state(bh, nq, d, qp, gy, nv + 1, 0, NULL, grad_state, 0, threads);
     failed |= ts_pair_grad(bh, nq, d, qp, gy, nv + 1, 0, NULL, state, cols, g_qp, threads);

@@ -517,16 +517,21 @@ CPU_KERNEL_PRIOR = {
 }
 # The same for causal calls (``--causal yes``; the theory's switch N = 416 / 820 / 2,402 counts
 # the chunked form's intra-chunk blocks): the causal direct kernel stops at each row's last
-# key and beats the chunked efficient form far past the counted switch, more so with a
-# backward (the direct form's backward is relatively cheaper), so ρ is kept per pass:
-# geometric means of two runs (128 heads, d = 64: one run).
-# - B·H = 4: forward N̂ = 834-898 / 1,223-1,516 / 3,185-3,614 at d = 16 / 32 / 64,
-#   forward + backward 1,065-1,220 / 1,617-1,676 / 3,730-4,499;
-# - B·H = 128: forward 593-746 / 887-1,193 / 3,391, forward + backward 665-998 /
-#   1,706-2,061 / 3,526 (a third run of d = 16, 32 had tests running beside it: dropped).
+# key and beats the chunked efficient form past the counted switch, more so with a backward
+# (the direct form's backward is relatively cheaper), so ρ is kept per pass. Refitted after
+# the causal chunk loop moved into C (sixth session, benchmarks/op_cpu/efficient-passes,
+# calibrate-causal-*.txt; chunks of 128 / 256 / 512 tokens at d = 16 / 32 / 64), geometric
+# means of two runs (128 heads, d = 64: one run):
+# - B·H = 4: forward N̂ = 196-287 / 736-957 / 2,651-2,765 at d = 16 / 32 / 64, forward +
+#   backward 454-584 / 919-1,159 / 3,454-3,621;
+# - B·H = 128: forward 325-404 / 1,444-1,693 / 2,781, forward + backward 503-773 /
+#   1,608-1,861 / 3,499.
+# (Before, with the loop in Python: forward 2.08 / 1.66 / 1.41 and 1.60 / 1.25 / 1.41,
+# forward + backward 2.74 / 2.00 / 1.70 and 1.96 / 2.29 / 1.47, benchmarks/op_cpu/
+# direct-kernel.)
 CPU_KERNEL_CAUSAL_PRIOR = {
-    FORWARD: {4: {16: 2.08, 32: 1.66, 64: 1.41}, 128: {16: 1.60, 32: 1.25, 64: 1.41}},
-    FORWARD_BACKWARD: {4: {16: 2.74, 32: 2.00, 64: 1.70}, 128: {16: 1.96, 32: 2.29, 64: 1.47}},
+    FORWARD: {4: {16: 0.57, 32: 1.03, 64: 1.12}, 128: {16: 0.87, 32: 1.90, 64: 1.16}},
+    FORWARD_BACKWARD: {4: {16: 1.24, 32: 1.26, 64: 1.47}, 128: {16: 1.50, 32: 2.11, 64: 1.46}},
 }
 CPU_KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
