@@ -12,8 +12,8 @@
    sum_p w_p f_p(q~) f_p(k~) = 1 + q.k + (q.k)^2 / 2.
 
    State layout ("packed pairs"): the pairs p = (a, b) row by row of the triangle, row a
-   holding b = a .. E-1 and starting at pair_offsets(a) = sum_{a' < a} (E - a'), D = E(E+1)/2
-   pairs in all, followed by zero pairs up to ts_state_rows(d) = D rounded up to a multiple
+   holding b = a .. E-1 and starting at off[a] = sum_{a' < a} (E - a') (row_offsets with
+   m = 1), D = E(E+1)/2 pairs in all, followed by zero pairs up to ts_state_rows(d) = D rounded up to a multiple
    of 6; each pair a row of ts_state_cols(V) floats (the V value columns padded with zeros to
    a multiple of 6). Every state here is weighted (w_p S_p).
 
