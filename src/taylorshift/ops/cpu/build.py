@@ -166,24 +166,19 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     i, p, f = ctypes.c_int, ctypes.c_void_p, ctypes.c_float
     lib.ts_state_rows.argtypes, lib.ts_state_rows.restype = [i], i
     lib.ts_state_cols.argtypes, lib.ts_state_cols.restype = [i], i
+    # the single feature products (the passes below call them in C; benchmarks time them)
     lib.ts_state.argtypes = [i, i, i, p, p, i, i, p, p, i, i]
     lib.ts_state.restype = i  # 0, or 1: out of memory
     lib.ts_readout.argtypes = [i, i, i, p, p, i, p, i, p, p, i, p, i]
     lib.ts_readout.restype = None
     lib.ts_pair_grad.argtypes = [i, i, i, p, p, i, i, p, p, i, p, i]
     lib.ts_pair_grad.restype = i
-    lib.ts_scale_rows.argtypes = [i, i, i, p, p, i, f, p, i]
-    lib.ts_scale_rows.restype = None
-    lib.ts_scale_rows_grad.argtypes = [i, i, i, p, p, p, i, f, p, p, i]
-    lib.ts_scale_rows_grad.restype = i
     lib.ts_efficient_forward.argtypes = [i, i, i, i, i, p, p, p, p, p, f, i, f, p, p, p, p, i]
     lib.ts_efficient_forward.restype = i
     lib.ts_efficient_backward.argtypes = [
         i, i, i, i, i, p, p, p, p, p, f, i, f, p, p, p, p, p, p, p, p, p, i
     ]  # fmt: skip
     lib.ts_efficient_backward.restype = i
-    lib.ts_output_grad.argtypes = [i, i, i, i, p, p, p, p, i, i, p, i]
-    lib.ts_output_grad.restype = None
     lib.ts_decode_step.argtypes = [i, i, i, p, p, p, p, f, p, i, f, p, p, p, i]
     lib.ts_decode_step.restype = None
     lib.ts_direct_forward.argtypes = [i, i, i, i, i, p, p, p, p, p, i, i, f, i, p, p, p, i]

@@ -115,17 +115,6 @@ def forward_pass(
     return y, mask, count, den, state
 
 
-def scaled_rows(x: Tensor, factors: Tensor | None, normalize: bool) -> Tensor:
-    """x' = factor · x/max(‖x‖, eps) (normalize) or factor · x, float32 (B·H, N, d), from x
-    (B, H, N, d); ``factors`` (B·H,) or None for 1 (``ts_scale_rows``)."""
-    b, h, n, d = x.shape
-    x32 = flat32(x)
-    out = torch.empty_like(x32)
-    library().ts_scale_rows(b * h, n, d, ptr(x32), ptr(factors), int(normalize), NORM_EPS,
-                            ptr(out), kernel_threads())  # fmt: skip
-    return out
-
-
 def backward_pass(
     grad_out: Tensor, query: Tensor, key: Tensor, value: Tensor, factors: Tensor | None,
     normalize: bool, saved: tuple[Tensor, ...], need_factor: bool, factor: float = 1.0,

@@ -129,9 +129,8 @@ int ts_causal_forward(int bh, int nq, int nk, int d, int nv, const float *q, con
                 }
         }
         if (i0 < nk && i1 < nq) { /* later queries attend this chunk through the state */
+            /* kc, uc hold keys [i0, min(i1, nk)) already: the chunk's block read them */
             const int j1 = i1 < nk ? i1 : nk;
-            take_rows(bh, nk, d, kp, i0, j1, kc);
-            take_rows(bh, nk, nu, u, i0, j1, uc);
             failed |= ts_state(bh, j1 - i0, d, kc, uc, nu, 0, NULL, state, have_state, threads);
             have_state = 1;
         }
@@ -192,10 +191,8 @@ int ts_causal_backward(int bh, int nq, int nk, int d, int nv, const float *q, co
                 add_rows(bh, nk, nu, g_u, i0, i0 + ck, nu, part_u, threads);
             }
         }
-        if (i0 < nk && i1 < nq) {
+        if (i0 < nk && i1 < nq) { /* kc, uc hold keys [i0, min(i1, nk)) from the block */
             const int j1 = i1 < nk ? i1 : nk;
-            take_rows(bh, nk, d, kp, i0, j1, kc);
-            take_rows(bh, nk, nu, u, i0, j1, uc);
             failed |= ts_state(bh, j1 - i0, d, kc, uc, nu, 0, NULL, state, have_state, threads);
             have_state = 1;
         }
