@@ -1,0 +1,101 @@
+"""What the efficient form's wrappers cost around their C kernels, at two revisions, in one
+process: forward + backward with every kernel call replaced by a no-op.
+
+    python benchmarks/op_cpu/efficient-passes/overhead.py --before 089e6f9 [--rounds 15]
+
+For the non-causal (``cpu_efficient_taylor_shift``) and the causal
+(``cpu_causal_efficient_taylor_shift``) kernel forms, before and after, the library object
+of every ``taylorshift.ops.cpu`` module is swapped for one whose functions return 0 at
+once, so what is timed is the Python, the torch operations and the autograd bookkeeping
+around the C calls (outputs are garbage). Beside them, the floor: an autograd.Function
+whose forward and backward only allocate their outputs. B 1, H 4, float32, 2 threads;
+medians of shuffled rounds of 50 calls, in µs per forward + backward.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "workspace"))
+from ab import install_before, shuffled_rounds  # (benchmarks/op_cpu/workspace/ab.py)
+
+MODULES = ("efficient", "efficient_causal", "direct")
+POINTS = ((16, 256), (16, 1024), (64, 1024))
+CALLS = 50
+
+
+class NoKernels:
+    """Every kernel returns 0 (success) at once."""
+
+    def __getattr__(self, name):
+        return lambda *args: 0
+
+
+class Floor(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, query, key, value):
+        return torch.empty_like(value)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return torch.empty(grad.shape), torch.empty(grad.shape), torch.empty(grad.shape)
+
+
+def forms(package: str) -> dict:
+    """The package's two kernel forms, its ops/cpu modules emptied of kernels."""
+    for name in MODULES:
+        module = importlib.import_module(f"{package}.ops.cpu.{name}")
+        module.library = NoKernels
+    efficient = importlib.import_module(f"{package}.ops.cpu.efficient")
+    causal = importlib.import_module(f"{package}.ops.cpu.efficient_causal")
+    return {
+        "non-causal": efficient.cpu_efficient_taylor_shift,
+        "causal": causal.cpu_causal_efficient_taylor_shift,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--before", required=True, help="a git revision of this repository")
+    parser.add_argument("--rounds", type=int, default=15)
+    args = parser.parse_args()
+    torch.set_num_threads(2)
+    install_before(args.before)
+    before, after = forms("taylorshift_before"), forms("taylorshift")
+    print(f"torch {torch.__version__}, 2 threads, B 1, H 4, float32, no-op kernels, µs per "
+          f"forward + backward, median of {args.rounds} rounds of {CALLS} calls")  # fmt: skip
+    print("| form | d | N | before | after | before / after | floor |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    gen = torch.Generator().manual_seed(0)
+    for d, n in POINTS:
+        q, k, v, g = (torch.randn(1, 4, n, d, generator=gen) for _ in range(4))
+        leaves = [t.requires_grad_() for t in (q, k, v)]
+
+        def loop(form, leaves=leaves, g=g):
+            for _ in range(CALLS):
+                torch.autograd.grad(form(*leaves), leaves, g)
+
+        for kind in ("non-causal", "causal"):
+            fns = {
+                "before": lambda f=before[kind]: loop(lambda *x: f(*x, None, 1.0, None, True)),
+                "after": lambda f=after[kind]: loop(lambda *x: f(*x, None, 1.0, None, True)),
+                "floor": lambda: loop(Floor.apply),
+            }
+            for fn in fns.values():
+                fn()
+            times = shuffled_rounds(fns, args.rounds)
+            us = {key: statistics.median(ts) / CALLS * 1e6 for key, ts in times.items()}
+            ratio = statistics.median(b / a for b, a in zip(times["before"], times["after"],
+                                                            strict=True))  # fmt: skip
+            print(f"| {kind} | {d} | {n} | {us['before']:.0f} | {us['after']:.0f} "
+                  f"| {ratio:.2f} | {us['floor']:.0f} |", flush=True)  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
