@@ -255,3 +255,28 @@ def check_broadcast_output_grad(form) -> None:
     dense = torch.autograd.grad(y, low, torch.ones(y.shape))
     for name, a, b in zip(["query", "key", "value", "temperature"], expanded, dense, strict=True):
         assert torch.equal(a, b), name
+
+
+def check_default_dtype(form, **kwargs) -> None:
+    """Float32 inputs while torch's default dtype is float64: the wrappers' buffers and
+    per-head factors must still be float32 (the kernels write and read float32), so outputs
+    and gradients equal those under the float32 default bitwise; with a tensor and a float
+    temperature (the float one is a scalar or a filled factor tensor, by form)."""
+    before = torch.get_default_dtype()
+    for temperature in ("tensor", "float"):
+        case = Case(1, 2, 30, 30, 16, 8, mask="padding", temperature=temperature)
+        low, _, mask, opts = make_problem(case, torch.float32, seed=8)
+        g = torch.randn(
+            case.b, case.h, case.nq, case.dv, generator=torch.Generator().manual_seed(9)
+        )
+        results = []
+        try:
+            for default in (torch.float32, torch.float64):
+                torch.set_default_dtype(default)
+                y = call_form(form, low, mask, opts, case, **kwargs)
+                results.append([y, *torch.autograd.grad(y, low, g)])
+        finally:
+            torch.set_default_dtype(before)
+        names = ["output", "query", "key", "value", "temperature"]
+        for name, a, b in zip(names, *results, strict=False):
+            assert a.dtype == torch.float32 and torch.equal(a, b), f"{name}, {temperature} τ"

@@ -141,6 +141,27 @@ def test_steps_are_bitwise_the_same_for_any_thread_count():
     assert torch.equal(results[0][1], results[1][1])
 
 
+@pytest.mark.parametrize("tau", ["float", "tensor"])
+def test_float64_default_dtype_changes_nothing(tau, kernel_calls):
+    # the step's output buffer and filled factors stay float32 (the kernel writes float32)
+    q, k, v = _qkv(1, 2, 6, 16, 8, seed=4)
+    temperature = 1.3 if tau == "float" else torch.tensor([0.8, 1.3]).view(1, 2, 1, 1)
+    _, state = taylor_shift_decode(q[:, :, :5], k[:, :, :5], v[:, :, :5])
+    before = torch.get_default_dtype()
+    results = []
+    try:
+        for default in (torch.float32, torch.float64):
+            torch.set_default_dtype(default)
+            copy = TaylorShiftState(state.sums.clone(), state.count.clone())
+            out = decode_token(q[:, :, 5:], k[:, :, 5:], v[:, :, 5:], copy, temperature)
+            results.append((out, copy.sums))
+    finally:
+        torch.set_default_dtype(before)
+    assert len(kernel_calls) == 2
+    assert results[0][0].dtype == torch.float32 and torch.equal(results[0][0], results[1][0])
+    assert torch.equal(results[0][1], results[1][1])
+
+
 def test_other_steps_stay_on_pytorch(kernel_calls, monkeypatch):
     # float64 states, head dims over 128 and a switched-off build run the PyTorch step
     q, k, v = (x.double() for x in _qkv(1, 1, 2, 4, 4))

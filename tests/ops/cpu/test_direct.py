@@ -25,6 +25,7 @@ from tests.ops.kernel_cases import (
     Case,
     check_broadcast_output_grad,
     check_compiles,
+    check_default_dtype,
     check_float32,
     check_fully_masked,
     check_low_precision,
@@ -98,6 +99,11 @@ def test_thread_counts_give_the_same_sums(causal):
     # no sum changes order. 140 queries: three tiles.
     form = CAUSAL_KERNEL if causal else KERNEL
     check_thread_counts(form, Case(1, 3, 140, 140, 24, 10, mask="padding"))
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_float64_default_dtype_changes_nothing(causal):
+    check_default_dtype(CAUSAL_KERNEL if causal else KERNEL)
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])

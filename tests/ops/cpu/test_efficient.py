@@ -28,6 +28,7 @@ from tests.ops.kernel_cases import (
     Case,
     check_broadcast_output_grad,
     check_compiles,
+    check_default_dtype,
     check_float32,
     check_fully_masked,
     check_low_precision,
@@ -88,6 +89,27 @@ def test_thread_counts_give_the_same_sums(heads, d):
 
 def test_nan_in_padded_keys_stays_out():
     check_nan_in_padded_keys(cpu_efficient_taylor_shift)
+
+
+def test_float64_default_dtype_changes_nothing():
+    check_default_dtype(cpu_efficient_taylor_shift)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("mode", ["direct", "efficient", "auto"])
+def test_public_op_under_float64_default_dtype(mode, causal):
+    # float32 inputs route to the kernels whatever torch's default dtype: the same float32
+    # result (main returned garbage here: float64 buffers filled with float32 sums)
+    q, k, v = (torch.randn(1, 2, 300, 16, generator=torch.Generator().manual_seed(s))
+               for s in range(3))  # fmt: skip
+    want = taylor_shift_attention(q, k, v, mode=mode, is_causal=causal)
+    before = torch.get_default_dtype()
+    try:
+        torch.set_default_dtype(torch.float64)
+        got = taylor_shift_attention(q, k, v, mode=mode, is_causal=causal)
+    finally:
+        torch.set_default_dtype(before)
+    assert got.dtype == torch.float32 and torch.equal(got, want)
 
 
 def test_scratch_memory_failure_is_a_memory_error(monkeypatch):

@@ -20,6 +20,7 @@ from taylorshift.ops.taylor_shift.efficient_causal import causal_efficient_taylo
 from tests.helpers import assert_rel_close
 from tests.ops.kernel_cases import (
     Case,
+    check_default_dtype,
     check_float32,
     check_fully_masked,
     check_low_precision,
@@ -76,6 +77,10 @@ def test_thread_counts_give_the_same_sums(d):
 
 def test_nan_in_padded_keys_stays_out():
     check_nan_in_padded_keys(cpu_causal_efficient_taylor_shift, chunk_size=16)
+
+
+def test_float64_default_dtype_changes_nothing():
+    check_default_dtype(cpu_causal_efficient_taylor_shift, chunk_size=16)
 
 
 def test_refuses_float64_naming_the_dtype():

@@ -21,7 +21,7 @@ from torch import Tensor
 
 from ..taylor_shift.features import NORM_EPS
 from .build import library
-from .efficient import MAX_HEAD_DIM, kernel_threads, ptr
+from .efficient import MAX_HEAD_DIM, float32_empty, kernel_threads, ptr
 
 
 def decode_step_supported(sums: Tensor, count: Tensor, query: Tensor, value: Tensor) -> bool:
@@ -63,7 +63,7 @@ def decode_step(
     factors = None if not isinstance(tau, Tensor) else _factors(tau, b, h)
     scalar = 1.0 if isinstance(tau, Tensor) else float(tau)
     real = None if key_mask is None else _real(key_mask, b, h)
-    out = torch.empty((b * h, dv))
+    out = float32_empty(b * h, dv)
     library().ts_decode_step(b * h, d, dv, ptr(q), ptr(k), ptr(v), ptr(factors), scalar,
                              ptr(real), int(normalize), NORM_EPS, ptr(sums), ptr(count),
                              ptr(out), kernel_threads())  # fmt: skip
@@ -77,7 +77,7 @@ def _rows(x: Tensor) -> Tensor:
 
 def _factors(tau: Tensor | float, b: int, h: int) -> Tensor:
     if not isinstance(tau, Tensor):
-        return torch.full((b * h,), float(tau))
+        return torch.full((b * h,), float(tau), dtype=torch.float32)
     return tau.to(torch.float32).expand(b, h, 1, 1).reshape(b * h).contiguous()
 
 
@@ -103,7 +103,7 @@ def cpu_decode_step(
     q, k, v = (_rows(x) for x in (query, key, value))
     factors = factors.to(torch.float32).contiguous()
     mask = None if real is None else real.to(torch.uint8).contiguous()
-    out = torch.empty((b * h, dv))
+    out = float32_empty(b * h, dv)
     library().ts_decode_step(b * h, d, dv, ptr(q), ptr(k), ptr(v), ptr(factors), 1.0,
                              ptr(mask), int(normalize), NORM_EPS, ptr(sums), ptr(count),
                              ptr(out), kernel_threads())  # fmt: skip

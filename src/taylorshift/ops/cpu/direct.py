@@ -24,11 +24,12 @@ from torch import Tensor
 from ..taylor_shift.features import NORM_EPS, split_factor
 from .build import library
 from .efficient import (
+    c_operand,
     check_kernel_inputs,
     checked,
     factor_grad,
-    flat32,
     flat_mask,
+    float32_empty,
     head_factors,
     input_grads,
     kernel_threads,
@@ -48,13 +49,13 @@ def forward_pass(
     nk, dv = key.shape[2], value.shape[3]
     bh = b * h
     # (every tensor whose address goes to C is held by a name until the call returns)
-    q, k, v = flat32(query), flat32(key), flat32(value)
+    q, k, v = c_operand(query), c_operand(key), c_operand(value)
     mask = flat_mask(key_mask, b, h, nk)
-    out, den, count = torch.empty((bh, nq, dv)), torch.empty((bh, nq)), torch.empty((bh, nq))
+    out, den, count = float32_empty(b, h, nq, dv), float32_empty(bh, nq), float32_empty(bh, nq)
     checked(library().ts_direct_forward(bh, nq, nk, d, dv, ptr(q), ptr(k), ptr(v), ptr(factors),
                                 ptr(mask), int(is_causal), int(normalize), NORM_EPS, 0,
                                 ptr(out), ptr(den), ptr(count), kernel_threads()))  # fmt: skip
-    return out.view(b, h, nq, dv).to(value.dtype), den, count
+    return (out if value.dtype == torch.float32 else out.to(value.dtype)), den, count
 
 
 def backward_pass(
@@ -67,11 +68,11 @@ def backward_pass(
     b, h, nq, d = query.shape
     nk, dv = key.shape[2], value.shape[3]
     bh = b * h
-    q, k, v = flat32(query), flat32(key), flat32(value)
-    g_out, y32 = flat32(grad_out), flat32(y)
+    q, k, v = c_operand(query), c_operand(key), c_operand(value)
+    g_out, y32 = c_operand(grad_out), c_operand(y)
     mask = flat_mask(key_mask, b, h, nk)
-    gq, gk, gv = torch.empty((bh, nq, d)), torch.empty((bh, nk, d)), torch.empty((bh, nk, dv))
-    g_factor = torch.empty(bh) if need_factor else None
+    gq, gk, gv = float32_empty(*query.shape), float32_empty(*key.shape), float32_empty(*value.shape)
+    g_factor = float32_empty(bh) if need_factor else None
     checked(library().ts_direct_backward(bh, nq, nk, d, dv, ptr(q), ptr(k), ptr(v), ptr(factors),
                                  ptr(mask), int(is_causal), int(normalize), NORM_EPS, 0,
                                  ptr(g_out), ptr(y32), ptr(den), ptr(count), ptr(gq), ptr(gk),

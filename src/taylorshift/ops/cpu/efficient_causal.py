@@ -29,11 +29,12 @@ from torch import Tensor
 from ..taylor_shift.features import NORM_EPS, split_factor
 from .build import library
 from .efficient import (
+    c_operand,
     check_kernel_inputs,
     checked,
     factor_grad,
-    flat32,
     flat_mask,
+    float32_empty,
     head_factors,
     input_grads,
     kernel_threads,
@@ -62,9 +63,9 @@ def causal_forward_pass(
     nk, dv = key.shape[2], value.shape[3]
     bh = b * h
     # (every tensor whose address goes to C is held by a name until the call returns)
-    q, k, v = flat32(query), flat32(key), flat32(value)
+    q, k, v = c_operand(query), c_operand(key), c_operand(value)
     mask = flat_mask(key_mask, b, h, nk)
-    out, den, count = torch.empty((b, h, nq, dv)), torch.empty((bh, nq)), torch.empty((bh, nq))
+    out, den, count = float32_empty(b, h, nq, dv), float32_empty(bh, nq), float32_empty(bh, nq)
     checked(library().ts_causal_forward(
         bh, nq, nk, d, dv, ptr(q), ptr(k), ptr(v), ptr(mask), ptr(factors), factor,
         int(normalize), NORM_EPS, chunk, ptr(out), ptr(den), ptr(count), kernel_threads(),
@@ -84,9 +85,10 @@ def causal_backward_pass(
     b, h, nq, d = query.shape
     nk, dv = key.shape[2], value.shape[3]
     bh = b * h
-    q, k, v, g, y32 = flat32(query), flat32(key), flat32(value), flat32(grad_out), flat32(y)
-    gq, gk, gv = torch.empty(query.shape), torch.empty(key.shape), torch.empty(value.shape)
-    g_factor = torch.empty(bh) if need_factor else None
+    q, k, v = c_operand(query), c_operand(key), c_operand(value)
+    g, y32 = c_operand(grad_out), c_operand(y)
+    gq, gk, gv = float32_empty(*query.shape), float32_empty(*key.shape), float32_empty(*value.shape)
+    g_factor = float32_empty(bh) if need_factor else None
     checked(library().ts_causal_backward(
         bh, nq, nk, d, dv, ptr(q), ptr(k), ptr(v), ptr(mask), ptr(factors), factor,
         int(normalize), NORM_EPS, chunk, ptr(g), ptr(y32), ptr(den), ptr(count), ptr(gq),

@@ -119,10 +119,11 @@ def attended_counts(
     (key j for query i only if j <= i) when ``is_causal``.
     """
     if nk == 0:
-        return torch.zeros((1, 1, nq, 1), device=device)
+        return torch.zeros((1, 1, nq, 1), dtype=torch.float32, device=device)
     if mask is None:
         if not is_causal:
-            return torch.full((1, 1, 1, 1), float(nk), device=device).expand(1, 1, nq, 1)
+            full = torch.full((1, 1, 1, 1), float(nk), dtype=torch.float32, device=device)
+            return full.expand(1, 1, nq, 1)
         rows = torch.arange(1, nq + 1, device=device).clamp(max=nk)
         return rows.to(torch.float32).view(1, 1, nq, 1)
     if not is_causal:
