@@ -48,6 +48,7 @@ CASES = [
     Case(1, 2, 9, 17, 64, 16, mask="padding", temperature="float"),
     Case(1, 1, 131, 300, 32, 70, mask="padding"),
     Case(1, 1, 20, 45, 128, 128),
+    Case(1, 2, 40, 48, 16, 16, mask="padding"),  # whole 8 x 8 blocks of the tile transposes
 ]
 SIXTEEN_BIT_CASES = [
     Case(2, 2, 40, 65, 16, 16, mask="padding", temperature="float"),

@@ -52,6 +52,83 @@ static inline int round_up(int n, int m) { return (n + m - 1) / m * m; }
 #define in_register(v) ((void)0)
 #endif
 
+/* 8 x 8 transposes between token rows and the feature-major tiles of the readout and the
+   pair gradient: r[j] becomes column j of the rows r[0..7], in three rounds of two-vector
+   shuffles (unpack pairs, then quads, then 128-bit halves). 24 shuffles move 64 floats that
+   one-float copies moved with 64 loads and 64 stores: at d = 16 those copies took about a
+   quarter of the pair gradient's time (docs/cpu-kernel.md). */
+#if defined(__clang__)
+#define shuffle2(a, b, ...) __builtin_shufflevector(a, b, __VA_ARGS__)
+#else
+typedef int ivec __attribute__((vector_size(32)));
+#define shuffle2(a, b, ...) __builtin_shuffle(a, b, (ivec){__VA_ARGS__})
+#endif
+static inline void transpose8(vec r[LANES]) {
+    vec t[LANES], u[LANES];
+    for (int i = 0; i < LANES; i += 2) {
+        t[i] = shuffle2(r[i], r[i + 1], 0, 8, 1, 9, 4, 12, 5, 13);
+        t[i + 1] = shuffle2(r[i], r[i + 1], 2, 10, 3, 11, 6, 14, 7, 15);
+    }
+    for (int i = 0; i < LANES; i += 4) {
+        u[i] = shuffle2(t[i], t[i + 2], 0, 1, 8, 9, 4, 5, 12, 13);
+        u[i + 1] = shuffle2(t[i], t[i + 2], 2, 3, 10, 11, 6, 7, 14, 15);
+        u[i + 2] = shuffle2(t[i + 1], t[i + 3], 0, 1, 8, 9, 4, 5, 12, 13);
+        u[i + 3] = shuffle2(t[i + 1], t[i + 3], 2, 3, 10, 11, 6, 7, 14, 15);
+    }
+    for (int i = 0; i < 4; i++) {
+        r[i] = shuffle2(u[i], u[i + 4], 0, 1, 2, 3, 8, 9, 10, 11);
+        r[i + 4] = shuffle2(u[i], u[i + 4], 4, 5, 6, 7, 12, 13, 14, 15);
+    }
+}
+
+/* The feature-major tile t[a][i] = src[i * stride + a] of nt <= READ_TILE token rows of
+   width floats, lanes past nt zero: 8 x 8 blocks transposed where 8 rows and 8 columns are
+   there, the rest one float at a time. Not inlined (nor tile_out): inlined into the kernels'
+   OpenMP bodies they slowed the pair gradient's products at d = 64 to 0.90-0.94x
+   (benchmarks/op_cpu/transposes); a call per tile of 16 tokens costs nothing measurable. */
+static __attribute__((noinline)) void tile_in(const float *src, long stride, int nt, int width,
+                                              float t[][READ_TILE]) {
+    const int wide = width - width % LANES;
+    int i0 = 0;
+    for (; i0 + LANES <= nt; i0 += LANES) {
+        for (int a0 = 0; a0 < wide; a0 += LANES) {
+            vec r[LANES];
+            for (int i = 0; i < LANES; i++) r[i] = load(src + (size_t)(i0 + i) * stride + a0);
+            transpose8(r);
+            for (int a = 0; a < LANES; a++) store(t[a0 + a] + i0, r[a]);
+        }
+        for (int a = wide; a < width; a++)
+            for (int i = i0; i < i0 + LANES; i++) t[a][i] = src[(size_t)i * stride + a];
+    }
+    for (int a = 0; a < width; a++)
+        for (int i = i0; i < READ_TILE; i++) t[a][i] = i < nt ? src[(size_t)i * stride + a] : 0.0f;
+}
+
+/* The way back: dst[i * stride + a] = t[a][i], times f[i] where f is not NULL, for the
+   first nt tokens and width columns (8 x 8 blocks as in tile_in). */
+static __attribute__((noinline)) void tile_out(float t[][READ_TILE], const float *f, int nt,
+                                               int width, float *dst, long stride) {
+    const int wide = width - width % LANES;
+    int i0 = 0;
+    for (; i0 + LANES <= nt; i0 += LANES) {
+        const vec s = f ? load(f + i0) : splat(1.0f);
+        for (int a0 = 0; a0 < wide; a0 += LANES) {
+            vec r[LANES];
+            for (int a = 0; a < LANES; a++) {
+                const vec ta = load(t[a0 + a] + i0);
+                r[a] = f ? ta * s : ta;
+            }
+            transpose8(r);
+            for (int i = 0; i < LANES; i++) store(dst + (size_t)(i0 + i) * stride + a0, r[i]);
+        }
+        for (int i = i0; i < i0 + LANES; i++)
+            for (int a = wide; a < width; a++)
+                dst[(size_t)i * stride + a] = f ? t[a][i] * f[i] : t[a][i];
+    }
+    for (int i = i0; i < nt; i++)
+        for (int a = 0; a < width; a++) dst[(size_t)i * stride + a] = f ? t[a][i] * f[i] : t[a][i];
+}
+
 /* Start of row a of the triangle when each row is padded to a multiple of m pairs (m = 1:
    packed); off[E] is the total. */
 static void row_offsets(int e, int m, long *off) {
@@ -407,11 +484,8 @@ void ts_readout(int bh, int n, int d, const float *x, const float *state, int co
         const int nt = n - t0 < READ_TILE ? n - t0 : READ_TILE;
         const float *xh = x + (size_t)h * n * d, *sh = state + (size_t)h * rows * cols;
         float xf[e][READ_TILE], yt[need][READ_TILE]; /* feature-major tile of x~, of Y */
-        memset(xf, 0, sizeof xf);
-        for (int i = 0; i < nt; i++) {
-            for (int a = 0; a < d; a++) xf[a][i] = xh[(size_t)(t0 + i) * d + a];
-            xf[d][i] = 1.0f;
-        }
+        tile_in(xh + (size_t)t0 * d, d, nt, d, xf);
+        for (int i = 0; i < READ_TILE; i++) xf[d][i] = i < nt ? 1.0f : 0.0f;
         int c0 = 0;
         for (; c0 + COLS <= need; c0 += COLS)
             readout_tile(COLS, e, xf, sh, off, cols, c0, yt);
@@ -423,19 +497,19 @@ void ts_readout(int bh, int n, int d, const float *x, const float *state, int co
         case 5: readout_tile(5, e, xf, sh, off, cols, c0, yt); break;
         default: break;
         }
-        for (int i = 0; i < nt; i++) {
-            const size_t t = (size_t)h * n + t0 + i;
-            float *out = y + t * ny;
-            if (count) {
-                const float total = count[h], dt = yt[ny][i];
-                den[t] = dt;
-                const float f = total > 0.0f
-                    ? (normalize ? sqrtf(total / (float)d) : 1.0f) / dt : 0.0f;
-                for (int c = 0; c < ny; c++) out[c] = yt[c][i] * f;
-            } else {
-                const int keep = !mask || mask[t];
-                for (int c = 0; c < ny; c++) out[c] = keep ? yt[c][i] : 0.0f;
+        const size_t t = (size_t)h * n + t0;
+        if (count) {
+            const float total = count[h], scale = normalize ? sqrtf(total / (float)d) : 1.0f;
+            float f[READ_TILE];
+            for (int i = 0; i < nt; i++) {
+                den[t + i] = yt[ny][i];
+                f[i] = total > 0.0f ? scale / yt[ny][i] : 0.0f;
             }
+            tile_out(yt, f, nt, ny, y + t * ny, ny);
+        } else {
+            tile_out(yt, NULL, nt, ny, y + t * ny, ny);
+            for (int i = 0; mask && i < nt; i++)
+                if (!mask[t + i]) memset(y + (t + i) * ny, 0, (size_t)ny * sizeof(float));
         }
     }
 }
@@ -472,16 +546,15 @@ int ts_pair_grad(int bh, int n, int d, const float *x, const float *values, int 
             const float *xh = x + (size_t)h * n * d, *vh = values + (size_t)h * n * nv;
             const float *sh = state + (size_t)h * rows * cols;
             float xf[e][READ_TILE], uf[nu][READ_TILE], g[d][READ_TILE]; /* feature-major */
-            memset(xf, 0, sizeof xf);
-            memset(uf, 0, sizeof uf);
-            for (int i = 0; i < nt; i++) {
-                const size_t t = (size_t)t0 + i;
-                for (int a = 0; a < d; a++) xf[a][i] = xh[t * d + a];
-                xf[d][i] = 1.0f;
-                if (mask && !mask[(size_t)h * n + t]) continue;
-                for (int c = 0; c < nv; c++) uf[c][i] = vh[t * nv + c];
-                if (ones) uf[nv][i] = 1.0f;
+            tile_in(xh + (size_t)t0 * d, d, nt, d, xf);
+            tile_in(vh + (size_t)t0 * nv, nv, nt, nv, uf);
+            for (int i = 0; i < READ_TILE; i++) {
+                xf[d][i] = i < nt ? 1.0f : 0.0f;
+                if (ones) uf[nv][i] = i < nt ? 1.0f : 0.0f;
             }
+            for (int i = 0; mask && i < nt; i++) /* masked tokens: u = 0 (NaN values too) */
+                if (!mask[(size_t)h * n + t0 + i])
+                    for (int c = 0; c < nu; c++) uf[c][i] = 0.0f;
             for (long p0 = 0; p0 < rows; p0 += COLS) {
                 const float *pp = sh + (size_t)p0 * cols;
                 vec w0[COLS], w1[COLS];
@@ -515,10 +588,7 @@ int ts_pair_grad(int bh, int n, int d, const float *x, const float *values, int 
                 store(g[b], g0 + h0);
                 store(g[b] + LANES, g1 + h1);
             }
-            for (int i = 0; i < nt; i++) {
-                float *out = gx + ((size_t)h * n + t0 + i) * d;
-                for (int b = 0; b < d; b++) out[b] = g[b][i];
-            }
+            tile_out(g, NULL, nt, d, gx + ((size_t)h * n + t0) * d, d);
         }
         free(w);
     }
