@@ -35,37 +35,13 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "workspace"))
-from ab import shuffled_rounds  # (benchmarks/op_cpu/workspace/ab.py)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "efficient-passes"))
+from ab import repeated, shuffled_rounds  # (benchmarks/op_cpu/workspace/ab.py)
+from overhead import MODULES, Floor, NoKernels  # (benchmarks/op_cpu/efficient-passes/)
 
 from taylorshift.ops.cpu.efficient import cpu_efficient_taylor_shift as kernels
 
-MODULES = ("efficient", "efficient_causal", "direct")
 TIMED_S = 0.02  # calls per timing: as many as the form runs in about 20 ms (warm caches)
-
-
-def repeat(fn, calls: int):
-    def calls_of_fn():
-        for _ in range(calls):
-            fn()
-
-    return calls_of_fn
-
-
-class NoKernels:
-    """Every kernel returns 0 (success) at once."""
-
-    def __getattr__(self, name):
-        return lambda *args: 0
-
-
-class Floor(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, query, key, value):
-        return torch.empty_like(value)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return torch.empty(grad.shape), torch.empty(grad.shape), torch.empty(grad.shape)
 
 
 def without_kernels(fn):
@@ -122,7 +98,7 @@ def main() -> None:
             start = time.perf_counter()
             fns["form"]()
             calls = max(1, round(TIMED_S / (time.perf_counter() - start)))
-            timed = {key: fn if key == "matmul" else repeat(fn, calls) for key, fn in fns.items()}
+            timed = {key: fn if key == "matmul" else repeated(fn, calls) for key, fn in fns.items()}
             times = {key: [t / (1 if key == "matmul" else calls) for t in ts]
                      for key, ts in shuffled_rounds(timed, args.rounds).items()}  # fmt: skip
             med = {key: statistics.median(ts) for key, ts in times.items()}

@@ -25,20 +25,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "workspace"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "efficient-passes"))
-from ab import install_before, shuffled_rounds  # (benchmarks/op_cpu/workspace/ab.py)
+from ab import install_before, repeated, shuffled_rounds  # (benchmarks/op_cpu/workspace/ab.py)
 from blas_shapes import calls  # (benchmarks/op_cpu/efficient-passes/blas_shapes.py)
 
 from taylorshift.ops.cpu.build import library
 
 KERNELS = ("readout kernel", "gradient kernel", "state kernel")
-
-
-def repeat(fn, times: int):
-    def repeated():
-        for _ in range(times):
-            fn()
-
-    return repeated
 
 
 def main() -> None:
@@ -65,7 +57,7 @@ def main() -> None:
         start = time.perf_counter()
         fns["readout kernel", "after"]()
         times = max(1, round(0.02 / (time.perf_counter() - start)))
-        timed = {key: repeat(fn, times) for key, fn in fns.items()}
+        timed = {key: repeated(fn, times) for key, fn in fns.items()}
         for fn in timed.values():
             fn()
         per_call = {key: [t / times for t in ts]

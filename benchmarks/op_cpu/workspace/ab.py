@@ -72,6 +72,16 @@ def shuffled_rounds(fns: dict, rounds: int) -> dict:
     return times
 
 
+def repeated(fn, times: int):
+    """A function that calls ``fn`` ``times`` times (one timing of a short call)."""
+
+    def calls():
+        for _ in range(times):
+            fn()
+
+    return calls
+
+
 def medians_ms(times: dict) -> dict:
     """The median of each key's seconds, in milliseconds."""
     return {key: statistics.median(ts) * 1e3 for key, ts in times.items()}

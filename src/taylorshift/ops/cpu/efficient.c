@@ -81,13 +81,13 @@ static inline void transpose8(vec r[LANES]) {
     }
 }
 
-/* The feature-major tile t[a][i] = src[i * stride + a] of nt <= READ_TILE token rows of
-   width floats, lanes past nt zero: 8 x 8 blocks transposed where 8 rows and 8 columns are
-   there, the rest one float at a time. Not inlined (nor tile_out): inlined into the kernels'
-   OpenMP bodies they slowed the pair gradient's products at d = 64 to 0.90-0.94x
-   (benchmarks/op_cpu/transposes); a call per tile of 16 tokens costs nothing measurable. */
+/* The feature-major tile t[a * tw + i] = src[i * stride + a] of nt <= tw token rows of
+   width floats, lanes nt .. tw - 1 zero: 8 x 8 blocks transposed where 8 rows and 8 columns
+   are there, the rest one float at a time. Not inlined (nor tile_out): inlined into the
+   kernels' OpenMP bodies they slowed the pair gradient's products at d = 64 to 0.90-0.94x
+   (benchmarks/op_cpu/transposes); a call per tile costs nothing measurable. */
 static __attribute__((noinline)) void tile_in(const float *src, long stride, int nt, int width,
-                                              float t[][READ_TILE]) {
+                                              float *t, int tw) {
     const int wide = width - width % LANES;
     int i0 = 0;
     for (; i0 + LANES <= nt; i0 += LANES) {
@@ -95,13 +95,15 @@ static __attribute__((noinline)) void tile_in(const float *src, long stride, int
             vec r[LANES];
             for (int i = 0; i < LANES; i++) r[i] = load(src + (size_t)(i0 + i) * stride + a0);
             transpose8(r);
-            for (int a = 0; a < LANES; a++) store(t[a0 + a] + i0, r[a]);
+            for (int a = 0; a < LANES; a++) store(t + (size_t)(a0 + a) * tw + i0, r[a]);
         }
         for (int a = wide; a < width; a++)
-            for (int i = i0; i < i0 + LANES; i++) t[a][i] = src[(size_t)i * stride + a];
+            for (int i = i0; i < i0 + LANES; i++)
+                t[(size_t)a * tw + i] = src[(size_t)i * stride + a];
     }
     for (int a = 0; a < width; a++)
-        for (int i = i0; i < READ_TILE; i++) t[a][i] = i < nt ? src[(size_t)i * stride + a] : 0.0f;
+        for (int i = i0; i < tw; i++)
+            t[(size_t)a * tw + i] = i < nt ? src[(size_t)i * stride + a] : 0.0f;
 }
 
 /* The way back: dst[i * stride + a] = t[a][i], times f[i] where f is not NULL, for the
@@ -253,16 +255,19 @@ static int state_tokens(int bh, int n, int d, const float *x, const float *value
         for (int t0 = 0; t0 < n; t0 += TOKEN_TILE) {
             const int nt = n - t0 < TOKEN_TILE ? n - t0 : TOKEN_TILE;
             const int nvec = (nt + LANES - 1) / LANES;
-            memset(xf, 0, sizeof xf);
-            memset(uf, 0, sizeof uf);
+            tile_in(xh + (size_t)t0 * d, d, nt, d, &xf[0][0], TOKEN_TILE);
+            tile_in(vh + (size_t)t0 * nv, nv, nt, nv, &uf[0][0], TOKEN_TILE);
+            memset(xf[d], 0, 2 * sizeof xf[0]); /* the ones row, the zero pair's row */
+            memset(uf[nv], 0, (size_t)(cols - nv) * sizeof uf[0]);
             for (int i = 0; i < nt; i++) {
-                if (mh && !mh[t0 + i]) continue; /* zero features and values */
-                const float *xi = xh + (size_t)(t0 + i) * d, *vi = vh + (size_t)(t0 + i) * nv;
-                for (int a = 0; a < d; a++) xf[a][i] = xi[a];
                 xf[d][i] = 1.0f;
-                for (int c = 0; c < nv; c++) uf[c][i] = vi[c];
                 if (ones) uf[nv][i] = 1.0f;
             }
+            for (int i = 0; mh && i < nt; i++) /* masked tokens: zero features and values */
+                if (!mh[t0 + i]) {
+                    for (int a = 0; a < e; a++) xf[a][i] = 0.0f;
+                    for (int c = 0; c < nu; c++) uf[c][i] = 0.0f;
+                }
             for (long p = p0; p < p1; p += 2) {
                 const float *xa = xf[pa[p]], *xb = xf[pb[p]];
                 const float *ya = xf[pa[p + 1]], *yb = xf[pb[p + 1]];
@@ -484,7 +489,7 @@ void ts_readout(int bh, int n, int d, const float *x, const float *state, int co
         const int nt = n - t0 < READ_TILE ? n - t0 : READ_TILE;
         const float *xh = x + (size_t)h * n * d, *sh = state + (size_t)h * rows * cols;
         float xf[e][READ_TILE], yt[need][READ_TILE]; /* feature-major tile of x~, of Y */
-        tile_in(xh + (size_t)t0 * d, d, nt, d, xf);
+        tile_in(xh + (size_t)t0 * d, d, nt, d, &xf[0][0], READ_TILE);
         for (int i = 0; i < READ_TILE; i++) xf[d][i] = i < nt ? 1.0f : 0.0f;
         int c0 = 0;
         for (; c0 + COLS <= need; c0 += COLS)
@@ -546,8 +551,8 @@ int ts_pair_grad(int bh, int n, int d, const float *x, const float *values, int 
             const float *xh = x + (size_t)h * n * d, *vh = values + (size_t)h * n * nv;
             const float *sh = state + (size_t)h * rows * cols;
             float xf[e][READ_TILE], uf[nu][READ_TILE], g[d][READ_TILE]; /* feature-major */
-            tile_in(xh + (size_t)t0 * d, d, nt, d, xf);
-            tile_in(vh + (size_t)t0 * nv, nv, nt, nv, uf);
+            tile_in(xh + (size_t)t0 * d, d, nt, d, &xf[0][0], READ_TILE);
+            tile_in(vh + (size_t)t0 * nv, nv, nt, nv, &uf[0][0], READ_TILE);
             for (int i = 0; i < READ_TILE; i++) {
                 xf[d][i] = i < nt ? 1.0f : 0.0f;
                 if (ones) uf[nv][i] = i < nt ? 1.0f : 0.0f;
