@@ -156,13 +156,14 @@ def check_fully_masked(form, nq: int = 5, **kwargs) -> None:
     assert (gk[1, 0, 4:] == 0).all() and (gv[1, 0, 4:] == 0).all()
 
 
-def check_nan_in_padded_keys(form, **kwargs) -> None:
+def check_nan_in_padded_keys(form, n: int = 40, **kwargs) -> None:
     """NaN in the content of padded keys and their values changes nothing the padding
     hides: outputs and the query's gradient equal those with zeros there, the values'
-    gradients are zero at padded keys and finite elsewhere."""
-    case = Case(1, 2, 40, 40, 16, 12)
+    gradients are zero at padded keys and finite elsewhere. ``n`` keys (and queries), the
+    last ``n - 25`` of head 1 padded."""
+    case = Case(1, 2, n, n, 16, 12)
     q, k, v, t = make_problem(case, torch.float32)[0]
-    key_mask = torch.ones(1, 2, 40, dtype=torch.bool)
+    key_mask = torch.ones(1, 2, n, dtype=torch.bool)
     key_mask[0, 1, 25:] = False
     results = []
     for fill in (0.0, float("nan")):

@@ -49,6 +49,7 @@ CASES = [
     Case(1, 1, 131, 300, 32, 70, mask="padding"),
     Case(1, 1, 20, 45, 128, 128),
     Case(1, 2, 40, 48, 16, 16, mask="padding"),  # whole 8 x 8 blocks of the tile transposes
+    Case(1, 2, 24, 200, 16, 16, mask="padding"),  # the key state with the tokens in the lanes
 ]
 SIXTEEN_BIT_CASES = [
     Case(2, 2, 40, 65, 16, 16, mask="padding", temperature="float"),
@@ -82,14 +83,15 @@ def test_sixteen_bit_error_within_reference_error(case, dtype):
 @pytest.mark.parametrize("heads", [1, 3], ids=lambda h: f"BH{h}")
 def test_thread_counts_give_the_same_sums(heads, d):
     # Threads split heads, then the pairs of a head's state (fewer heads than threads; two
-    # pairs at a time up to d = 20, blocks of 16 pairs up to d = 34, whole rows of the
-    # triangle above: the state's three ways) and the tokens of the readout and gradients:
-    # no sum changes order.
-    check_thread_counts(cpu_efficient_taylor_shift, Case(1, heads, 70, 90, d, 10, mask="padding"))
+    # pairs at a time up to d = 20 from 192 tokens, the 200 keys here, blocks of 16 pairs up
+    # to d = 34 or below 192 tokens, the 70 queries, whole rows of the triangle above: the
+    # state's three ways) and the tokens of the readout and gradients: no sum changes order.
+    check_thread_counts(cpu_efficient_taylor_shift, Case(1, heads, 70, 200, d, 10, mask="padding"))
 
 
-def test_nan_in_padded_keys_stays_out():
-    check_nan_in_padded_keys(cpu_efficient_taylor_shift)
+@pytest.mark.parametrize("n", [40, 200])  # the state's packed rows / tokens in the lanes
+def test_nan_in_padded_keys_stays_out(n):
+    check_nan_in_padded_keys(cpu_efficient_taylor_shift, n)
 
 
 def test_float64_default_dtype_changes_nothing():

@@ -34,7 +34,10 @@ enum {
     PACKED_MAX = 640, /* pairs (rounded up to 16) up to which the state update forms a whole
                          packed feature row per token (d <= 34); above, row by row */
     TOKEN_TILE = 128, /* tokens per tile of the state update with the tokens in the lanes */
-    TOKENS_MAX_D = 20 /* head dims up to which the state update puts the tokens in the lanes */
+    TOKENS_MAX_D = 20, /* head dims up to which the state update puts the tokens in the lanes */
+    TOKENS_MIN_N = 192 /* ... and tokens from which it does: below, its D x cols x 8 partial
+                          sums per head cost more than the packed rows' product
+                          (benchmarks/op_cpu/short-state) */
 };
 #define READ_TILE 16 /* tokens per register tile of the readout and of the gradient (2 vectors) */
 
@@ -310,17 +313,17 @@ static int state_tokens(int bh, int n, int d, const float *x, const float *value
    form's prefix state grows chunk by chunk). Work items: (head, block of pairs), the pairs
    of a head split into blocks when there are fewer heads than threads (no item shares a
    state row, so no reduction). Three ways, by d (docs/cpu-kernel.md, measured there):
-   d <= 20, the tokens in the lanes (state_tokens); d <= 34, per tile of 32 tokens each
-   token's packed feature row (D floats) formed once, then products of 16 pairs x 6 columns
-   over the tile, as in a matrix product with no padding but D's to 16; above, row a of the
-   triangle at a time, its features formed per tile (a few hundred pairs per row: the
-   padding of each row to 8 costs little). Returns 0, or 1 when its scratch memory could
-   not be allocated. */
+   d <= 20 and n >= 192, the tokens in the lanes (state_tokens); d <= 34, per tile of 32
+   tokens each token's packed feature row (D floats) formed once, then products of 16 pairs
+   x 6 columns over the tile, as in a matrix product with no padding but D's to 16; above,
+   row a of the triangle at a time, its features formed per tile (a few hundred pairs per
+   row: the padding of each row to 8 costs little). Returns 0, or 1 when its scratch memory
+   could not be allocated. */
 int ts_state(int bh, int n, int d, const float *x, const float *values, int nv, int ones,
               const uint8_t *mask, float *state, int accumulate, int threads) {
     const int e = d + 1, xs = e + 16, nu = nv + (ones != 0), cols = round_up(nu, COLS);
     const long total = (long)e * (e + 1) / 2, rows = ts_state_rows(d);
-    if (d <= TOKENS_MAX_D) {
+    if (d <= TOKENS_MAX_D && n >= TOKENS_MIN_N) {
         short pa[total + 1], pb[total + 1];
         for (int a = 0, p = 0; a < e; a++)
             for (int b = a; b < e; b++, p++) { pa[p] = (short)a; pb[p] = (short)b; }
