@@ -30,6 +30,7 @@ from .efficient import (
     factor_grad,
     flat_mask,
     float32_empty,
+    grad_buffers,
     head_factors,
     input_grads,
     kernel_threads,
@@ -71,8 +72,7 @@ def backward_pass(
     q, k, v = c_operand(query), c_operand(key), c_operand(value)
     g_out, y32 = c_operand(grad_out), c_operand(y)
     mask = flat_mask(key_mask, b, h, nk)
-    gq, gk, gv = float32_empty(*query.shape), float32_empty(*key.shape), float32_empty(*value.shape)
-    g_factor = float32_empty(bh) if need_factor else None
+    gq, gk, gv, g_factor = grad_buffers(query, key, value, need_factor)
     checked(library().ts_direct_backward(bh, nq, nk, d, dv, ptr(q), ptr(k), ptr(v), ptr(factors),
                                  ptr(mask), int(is_causal), int(normalize), NORM_EPS, 0,
                                  ptr(g_out), ptr(y32), ptr(den), ptr(count), ptr(gq), ptr(gk),

@@ -136,14 +136,27 @@ def backward_pass(
     bh = b * h
     q, k, v = c_operand(query), c_operand(key), c_operand(value)
     g, y32 = c_operand(grad_out), c_operand(y)
-    gq, gk, gv = float32_empty(*query.shape), float32_empty(*key.shape), float32_empty(*value.shape)
-    g_factor = float32_empty(bh) if need_factor else None
+    gq, gk, gv, g_factor = grad_buffers(query, key, value, need_factor)
     checked(library().ts_efficient_backward(
         bh, nq, nk, d, dv, ptr(q), ptr(k), ptr(v), ptr(mask), ptr(factors), factor,
         int(normalize), NORM_EPS, ptr(g), ptr(y32), ptr(den), ptr(count), ptr(state), ptr(gq),
         ptr(gk), ptr(gv), ptr(g_factor), kernel_threads(),
     ))  # fmt: skip
     return (*input_grads((gq, gk, gv), (query, key, value)), g_factor)
+
+
+def grad_buffers(
+    query: Tensor, key: Tensor, value: Tensor, need_factor: bool
+) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+    """The float32 buffers a backward kernel fills: gradients of query, key and value in
+    their shapes, and of the per-head factor (B·H,) or None without ``need_factor``."""
+    g_factor = float32_empty(query.shape[0] * query.shape[1]) if need_factor else None
+    return (
+        float32_empty(*query.shape),
+        float32_empty(*key.shape),
+        float32_empty(*value.shape),
+        g_factor,
+    )
 
 
 def input_grads(grads: tuple[Tensor, ...], inputs: tuple[Tensor, ...]) -> tuple[Tensor, ...]:

@@ -35,6 +35,7 @@ from .efficient import (
     factor_grad,
     flat_mask,
     float32_empty,
+    grad_buffers,
     head_factors,
     input_grads,
     kernel_threads,
@@ -87,8 +88,7 @@ def causal_backward_pass(
     bh = b * h
     q, k, v = c_operand(query), c_operand(key), c_operand(value)
     g, y32 = c_operand(grad_out), c_operand(y)
-    gq, gk, gv = float32_empty(*query.shape), float32_empty(*key.shape), float32_empty(*value.shape)
-    g_factor = float32_empty(bh) if need_factor else None
+    gq, gk, gv, g_factor = grad_buffers(query, key, value, need_factor)
     checked(library().ts_causal_backward(
         bh, nq, nk, d, dv, ptr(q), ptr(k), ptr(v), ptr(mask), ptr(factors), factor,
         int(normalize), NORM_EPS, chunk, ptr(g), ptr(y32), ptr(den), ptr(count), ptr(gq),
