@@ -15,7 +15,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from taylorshift import taylor_shift_attention
-from taylorshift.ops.cpu.efficient import state_shape
+from taylorshift.ops.cpu.wrapper import state_shape
 from taylorshift.ops.taylor_shift.efficient import CHUNK_ELEMENTS
 from taylorshift.ops.taylor_shift.features import feature_dim
 

@@ -18,7 +18,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "op_cpu" / "workspace"))
 from ab import shuffled_rounds
 
-from taylorshift.ops.cpu.efficient import CpuEfficientFunction, cpu_efficient_forward
+from taylorshift.ops.cpu.wrapper import KernelFunction, cpu_forward
 
 
 def main() -> None:
@@ -30,11 +30,11 @@ def main() -> None:
         leaves = [t.requires_grad_() for t in (q, k, v)]
 
         def function(leaves=leaves, g=g):
-            out = CpuEfficientFunction.apply(*leaves, None, 1.0, True, None)
+            out = KernelFunction.apply("efficient", 0, *leaves, None, 1.0, True, None)
             torch.autograd.grad(out, leaves, g)
 
         def custom_op(leaves=leaves, g=g):
-            out = cpu_efficient_forward(*leaves, None, factors, True)[0]
+            out = cpu_forward("efficient", 0, *leaves, None, factors, True)[0]
             torch.autograd.grad(out, leaves, g)
 
         for fn in (function, custom_op):

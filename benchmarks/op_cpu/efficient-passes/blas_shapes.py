@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 from taylorshift.ops.cpu.build import library
-from taylorshift.ops.cpu.efficient import ptr, state_shape
+from taylorshift.ops.cpu.wrapper import ptr, state_shape
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "workspace"))
 from ab import shuffled_rounds  # (benchmarks/op_cpu/workspace/ab.py)

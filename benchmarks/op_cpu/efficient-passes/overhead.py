@@ -28,7 +28,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "workspace"))
 from ab import install_before, shuffled_rounds  # (benchmarks/op_cpu/workspace/ab.py)
 
-MODULES = ("efficient", "efficient_causal", "direct")
+# the ops/cpu modules that call kernels, at any revision (wrapper.py since 2026-11-26)
+MODULES = ("efficient", "efficient_causal", "direct", "wrapper")
 POINTS = ((16, 256), (16, 1024), (64, 1024))
 CALLS = 50
 
@@ -54,8 +55,11 @@ def forms(package: str, kernels: bool) -> dict:
     """The package's kernel forms, its ops/cpu modules emptied of kernels unless
     ``kernels``."""
     for name in MODULES:
-        module = importlib.import_module(f"{package}.ops.cpu.{name}")
-        if not kernels:
+        try:
+            module = importlib.import_module(f"{package}.ops.cpu.{name}")
+        except ModuleNotFoundError:  # (a revision without it)
+            continue
+        if not kernels and hasattr(module, "library"):
             module.library = NoKernels
     efficient = importlib.import_module(f"{package}.ops.cpu.efficient")
     causal = importlib.import_module(f"{package}.ops.cpu.efficient_causal")

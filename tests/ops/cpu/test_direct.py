@@ -156,9 +156,9 @@ def test_custom_op_registration_passes_opcheck():
     q, k, v = (x.detach().requires_grad_() for x in low[:3])
     factors = torch.rand(2, requires_grad=True)
     key_mask = mask[:, :, 0, :].expand(1, 2, 7).contiguous()
-    op = torch.ops.taylorshift.cpu_direct_forward.default
-    torch.library.opcheck(op, (q, k, v, key_mask, factors, True, False))
-    torch.library.opcheck(op, (q, k, v, None, factors, False, True))
+    op = torch.ops.taylorshift.cpu_forward.default
+    torch.library.opcheck(op, ("direct", 0, q, k, v, key_mask, factors, True))
+    torch.library.opcheck(op, ("direct", 1, q, k, v, None, factors, False))
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])

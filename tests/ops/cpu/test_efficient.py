@@ -21,7 +21,8 @@ import torch
 from taylorshift import taylor_shift_attention
 from taylorshift.ops import cpu as cpu_ops
 from taylorshift.ops.cpu import build
-from taylorshift.ops.cpu.efficient import cpu_efficient_taylor_shift, state_shape
+from taylorshift.ops.cpu.efficient import cpu_efficient_taylor_shift
+from taylorshift.ops.cpu.wrapper import state_shape
 from taylorshift.ops.taylor_shift import fused
 from taylorshift.ops.taylor_shift.efficient import efficient_taylor_shift
 from tests.ops.kernel_cases import (
@@ -118,13 +119,13 @@ def test_public_op_under_float64_default_dtype(mode, causal):
 def test_scratch_memory_failure_is_a_memory_error(monkeypatch):
     # A kernel that cannot allocate its scratch memory reports status 1, which the wrapper
     # raises instead of returning garbage.
-    from taylorshift.ops.cpu import efficient
+    from taylorshift.ops.cpu import wrapper
 
     class OutOfMemory:
         def __getattr__(self, name):
             return lambda *args: 1
 
-    monkeypatch.setattr(efficient, "library", lambda: OutOfMemory())
+    monkeypatch.setattr(wrapper, "library", lambda: OutOfMemory())
     q = torch.randn(1, 1, 8, 4)
     with pytest.raises(MemoryError, match="could not allocate their scratch memory"):
         cpu_efficient_taylor_shift(q, q, q, None, 1.0, None, True)
@@ -239,8 +240,8 @@ def _op_args(case: Case):
 
 def test_custom_op_registration_passes_opcheck():
     q, k, v, key_mask, factors = _op_args(Case(1, 2, 5, 7, 16, 16, mask="padding"))
-    op = torch.ops.taylorshift.cpu_efficient_forward.default
-    torch.library.opcheck(op, (q, k, v, key_mask.contiguous(), factors, True))
+    op = torch.ops.taylorshift.cpu_forward.default
+    torch.library.opcheck(op, ("efficient", 0, q, k, v, key_mask.contiguous(), factors, True))
 
 
 def test_fake_tensor_shapes():
@@ -250,8 +251,8 @@ def test_fake_tensor_shapes():
         q, k = torch.empty(2, 3, 5, 33), torch.empty(2, 3, 7, 33)
         v = torch.empty(2, 3, 7, 20, dtype=torch.bfloat16)
         factors = torch.empty(6)
-        out, count, den, state = torch.ops.taylorshift.cpu_efficient_forward(
-            q, k, v, None, factors, True
+        out, den, count, state = torch.ops.taylorshift.cpu_forward(
+            "efficient", 0, q, k, v, None, factors, True
         )
     assert out.shape == (2, 3, 5, 20) and out.dtype == torch.bfloat16 and count.shape == (6,)
     assert den.shape == (6, 5) and state.shape == (6, *state_shape(33, 21))

@@ -125,6 +125,6 @@ def test_custom_op_registration_passes_opcheck():
     q, k, v = (x.detach().requires_grad_() for x in low[:3])
     factors = torch.rand(2, requires_grad=True)
     key_mask = mask[:, :, 0, :].expand(1, 2, 21).contiguous()
-    op = torch.ops.taylorshift.cpu_causal_efficient_forward.default
-    torch.library.opcheck(op, (q, k, v, key_mask, factors, True, 8))
-    torch.library.opcheck(op, (q, k, v, None, factors, False, 8))
+    op = torch.ops.taylorshift.cpu_forward.default
+    torch.library.opcheck(op, ("causal", 8, q, k, v, key_mask, factors, True))
+    torch.library.opcheck(op, ("causal", 8, q, k, v, None, factors, False))

@@ -173,24 +173,12 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.ts_readout.restype = None
     lib.ts_pair_grad.argtypes = [i, i, i, p, p, i, i, p, p, i, p, i]
     lib.ts_pair_grad.restype = i
-    lib.ts_efficient_forward.argtypes = [i, i, i, i, i, p, p, p, p, p, f, i, f, p, p, p, p, i]
-    lib.ts_efficient_forward.restype = i
-    lib.ts_efficient_backward.argtypes = [
-        i, i, i, i, i, p, p, p, p, p, f, i, f, p, p, p, p, p, p, p, p, p, i
-    ]  # fmt: skip
-    lib.ts_efficient_backward.restype = i
+    # the passes, one signature for the three forms (kernels.h)
+    forward = [i, i, i, i, i, p, p, p, p, p, f, i, f, i, p, p, p, p, i]
+    backward = [i, i, i, i, i, p, p, p, p, p, f, i, f, i, p, p, p, p, p, p, p, p, p, i]
+    for form in ("efficient", "causal", "direct"):
+        for name, argtypes in ((f"ts_{form}_forward", forward), (f"ts_{form}_backward", backward)):
+            getattr(lib, name).argtypes, getattr(lib, name).restype = argtypes, i
     lib.ts_decode_step.argtypes = [i, i, i, p, p, p, p, f, p, i, f, p, p, p, i]
     lib.ts_decode_step.restype = None
-    lib.ts_direct_forward.argtypes = [i, i, i, i, i, p, p, p, p, p, i, i, f, i, p, p, p, i]
-    lib.ts_direct_forward.restype = i
-    lib.ts_direct_backward.argtypes = [
-        i, i, i, i, i, p, p, p, p, p, i, i, f, i, p, p, p, p, p, p, p, p, i
-    ]  # fmt: skip
-    lib.ts_direct_backward.restype = i
-    lib.ts_causal_forward.argtypes = [i, i, i, i, i, p, p, p, p, p, f, i, f, i, p, p, p, i]
-    lib.ts_causal_forward.restype = i
-    lib.ts_causal_backward.argtypes = [
-        i, i, i, i, i, p, p, p, p, p, f, i, f, i, p, p, p, p, p, p, p, p, i
-    ]  # fmt: skip
-    lib.ts_causal_backward.restype = i
     return lib

@@ -21,7 +21,7 @@ from torch import Tensor
 
 from ..taylor_shift.features import NORM_EPS
 from .build import library
-from .efficient import MAX_HEAD_DIM, float32_empty, kernel_threads, ptr
+from .wrapper import MAX_HEAD_DIM, float32_empty, kernel_threads, ptr
 
 
 def decode_step_supported(sums: Tensor, count: Tensor, query: Tensor, value: Tensor) -> bool:

@@ -118,12 +118,12 @@ static void key_flags(const uint8_t *m, int nk, int nkp, float *km) {
 }
 
 /* Forward: y (BH, Nq, V), den (BH, Nq), count (BH, Nq) (raw: y unfinished, den and count
-   may be NULL). Work items: (head, tile of query rows). Returns 0, or 1 when a scratch block
+   may be NULL); f_h = factor[h], or the float scalar where factor is NULL. Work items: (head, tile of query rows). Returns 0, or 1 when a scratch block
    could not be allocated. */
-int ts_direct_forward(int bh, int nq, int nk, int d, int nv, const float *q, const float *k,
-                       const float *v, const float *factor, const uint8_t *mask, int causal,
-                       int normalize, float eps, int raw, float *y, float *den, float *count,
-                       int threads) {
+int direct_forward(int bh, int nq, int nk, int d, int nv, const float *q, const float *k,
+                   const float *v, const uint8_t *mask, const float *factor, float scalar,
+                   int causal, int normalize, float eps, int raw, float *y, float *den,
+                   float *count, int threads) {
     const int vp = pad(nv);
     const int tiles = (nq + TILE - 1) / TILE;
     const long items = (long)bh * tiles;
@@ -149,7 +149,7 @@ int ts_direct_forward(int bh, int nq, int nk, int d, int nv, const float *q, con
             scale_row(d, kh + (size_t)j * d, 1.0f, normalize, eps, xp + (size_t)j * d);
         copy_in(xp, kn, d, d, kt, d, ldk, 1);     /* k'^T (d, knp) */
         copy_in(vh, kn, nv, nv, vv, knp, vp, 0);  /* v (knp, vp) */
-        const float f = factor ? factor[h] : 1.0f;
+        const float f = factor ? factor[h] : scalar;
         for (int r = 0; r < nr; r++) /* q' of the tile, over k' (no longer needed) */
             scale_row(d, qh + (size_t)r * d, f, normalize, eps, xp + (size_t)r * d);
         mm(nr, knp, d, xp, d, 1, kt, ldk, s, ldk, 0);
@@ -185,14 +185,15 @@ int ts_direct_forward(int bh, int nq, int nk, int d, int nv, const float *q, con
 }
 
 /* Backward: gq (BH, Nq, d), gk (BH, Nk, d), gv (BH, Nk, V) and gfactor (BH) (may be NULL),
-   the gradients w.r.t. q, k, v and f_h, from g = dL/dy and the forward's y, den, count. Work
+   the gradients w.r.t. q, k, v and f_h (factor[h] or scalar), from g = dL/dy and the
+   forward's y, den, count. Work
    items: heads (the key-side gradients sum over every query tile of the head, in a fixed
    order). Returns 0, or 1 when a scratch block could not be allocated. */
-int ts_direct_backward(int bh, int nq, int nk, int d, int nv, const float *q, const float *k,
-                        const float *v, const float *factor, const uint8_t *mask, int causal,
-                        int normalize, float eps, int raw, const float *g, const float *y,
-                        const float *den, const float *count, float *gq, float *gk, float *gv,
-                        float *gfactor, int threads) {
+int direct_backward(int bh, int nq, int nk, int d, int nv, const float *q, const float *k,
+                    const float *v, const uint8_t *mask, const float *factor, float scalar,
+                    int causal, int normalize, float eps, int raw, const float *g,
+                    const float *y, const float *den, const float *count, float *gq, float *gk,
+                    float *gv, float *gfactor, int threads) {
     const int nkp = pad(nk), ldn = ldim(nk), dp = pad(d), vp = pad(nv);
     int failed = 0;
 #pragma omp parallel for num_threads(threads) schedule(dynamic, 1)
@@ -213,7 +214,7 @@ int ts_direct_backward(int bh, int nq, int nk, int d, int nv, const float *q, co
         float *qt = gs + blk, *gqt = qt + qt_n, *gn = gqt + qt_n, *gkh = gn + gn_n;
         float *gvh = gkh + gk_n, *km = gvh + gv_n;
         float gd[TILE];
-        const float f = factor ? factor[h] : 1.0f;
+        const float f = factor ? factor[h] : scalar;
         double gf = 0.0;
         key_flags(mh, nk, nkp, km);
         for (int j = 0; j < nk; j++) /* k' (nkp, dp) */
@@ -271,4 +272,24 @@ int ts_direct_backward(int bh, int nq, int nk, int d, int nv, const float *q, co
         free(kt);
     }
     return failed;
+}
+
+/* The passes in the signature of kernels.h: option is causal (0 or 1); state is not read. */
+int ts_direct_forward(int bh, int nq, int nk, int d, int nv, const float *q, const float *k,
+                      const float *v, const uint8_t *mask, const float *factor, float scalar,
+                      int normalize, float eps, int option, float *y, float *den, float *count,
+                      float *state, int threads) {
+    (void)state;
+    return direct_forward(bh, nq, nk, d, nv, q, k, v, mask, factor, scalar, option, normalize,
+                          eps, 0, y, den, count, threads);
+}
+
+int ts_direct_backward(int bh, int nq, int nk, int d, int nv, const float *q, const float *k,
+                       const float *v, const uint8_t *mask, const float *factor, float scalar,
+                       int normalize, float eps, int option, const float *g, const float *y,
+                       const float *den, const float *count, const float *state, float *gq,
+                       float *gk, float *gv, float *gfactor, int threads) {
+    (void)state;
+    return direct_backward(bh, nq, nk, d, nv, q, k, v, mask, factor, scalar, option, normalize,
+                           eps, 0, g, y, den, count, gq, gk, gv, gfactor, threads);
 }

@@ -671,25 +671,23 @@ void ts_output_grad(int bh, int n, int nv, int d, const float *g, const float *y
     }
 }
 
-/* The non-causal forward in one call (ops/cpu/efficient.py): q' = f_h q / max(|q|, eps) and
-   k' = k / max(|k|, eps) (normalize; else f_h q and k) with f_h = factor[h] (factor NULL:
-   the float scalar), the weighted key state, the attended-key counts and the finished
-   readout. q (BH, Nq, d), k (BH, Nk, d), v (BH, Nk, V), mask (BH, Nk) or NULL. Out: state
-   (BH, ts_state_rows(d), ts_state_cols(V + 1)), count (BH), y (BH, Nq, V), den (BH, Nq).
-   q' and k' live in scratch memory for the call. Returns 0, or 1 when scratch memory could
-   not be allocated. */
+/* The non-causal forward in one call, in the signature of kernels.h (option not read):
+   q' = f_h q / max(|q|, eps) and k' = k / max(|k|, eps) (normalize; else f_h q and k) with
+   f_h = factor[h] (factor NULL: the float scalar), the weighted key state, the attended-key
+   counts and the finished readout. q (BH, Nq, d), k (BH, Nk, d), v (BH, Nk, V), mask
+   (BH, Nk) or NULL. Out: y (BH, Nq, V), den (BH, Nq), count (BH), state
+   (BH, ts_state_rows(d), ts_state_cols(V + 1)). q' and k' live in scratch memory for the
+   call. Returns 0, or 1 when scratch memory could not be allocated. */
 int ts_efficient_forward(int bh, int nq, int nk, int d, int nv, const float *q, const float *k,
                          const float *v, const uint8_t *mask, const float *factor,
-                         float scalar, int normalize, float eps, float *state, float *count,
-                         float *y, float *den, int threads) {
+                         float scalar, int normalize, float eps, int option, float *y,
+                         float *den, float *count, float *state, int threads) {
+    (void)option;
     const size_t nqd = (size_t)bh * nq * d, nkd = (size_t)bh * nk * d;
     float *qp = malloc(sizeof(float) * (nqd + nkd + (bh > 0 ? bh : 1)));
     if (!qp) return 1;
-    float *kp = qp + nqd, *heads = kp + nkd;
-    if (!factor) { /* the scalar as a per-head factor */
-        for (int h = 0; h < bh; h++) heads[h] = scalar;
-        factor = heads;
-    }
+    float *kp = qp + nqd;
+    factor = head_factors(bh, factor, scalar, kp + nkd);
     ts_scale_rows(bh, nq, d, q, factor, normalize, eps, qp, threads);
     ts_scale_rows(bh, nk, d, k, NULL, normalize, eps, kp, threads);
     int failed = ts_state(bh, nk, d, kp, v, nv, 1, mask, state, 0, threads);
@@ -708,28 +706,26 @@ int ts_efficient_forward(int bh, int nq, int nk, int d, int nv, const float *q, 
     return failed;
 }
 
-/* The non-causal backward in one call: from g = dL/dy and the forward's y, den, count and
-   state, the gradients gq (BH, Nq, d), gk (BH, Nk, d), gv (BH, Nk, V) and, where gfactor is
+/* The non-causal backward in one call, in the signature of kernels.h (option not read):
+   from g = dL/dy and the forward's y, den, count and state, the gradients gq (BH, Nq, d), gk (BH, Nk, d), gv (BH, Nk, V) and, where gfactor is
    not NULL, the per-head factor's gfactor (BH). The passes of ops/cpu/efficient.py's
    docstring, their operands (q', k', gY', the query state R, dL/dq', dL/dk') in scratch
    memory. Returns 0, or 1 when scratch memory could not be allocated. */
 int ts_efficient_backward(int bh, int nq, int nk, int d, int nv, const float *q,
                           const float *k, const float *v, const uint8_t *mask,
                           const float *factor, float scalar, int normalize, float eps,
-                          const float *g, const float *y, const float *den,
+                          int option, const float *g, const float *y, const float *den,
                           const float *count, const float *state, float *gq, float *gk,
                           float *gv, float *gfactor, int threads) {
+    (void)option;
     const int rows = ts_state_rows(d), cols = ts_state_cols(nv + 1);
     const size_t nqd = (size_t)bh * nq * d, nkd = (size_t)bh * nk * d;
     const size_t ngy = (size_t)bh * nq * (nv + 1), nr = (size_t)bh * rows * cols;
     float *qp = malloc(sizeof(float) * (2 * nqd + 2 * nkd + ngy + nr + (bh > 0 ? bh : 1)));
     if (!qp) return 1;
     float *kp = qp + nqd, *gy = kp + nkd, *grad_state = gy + ngy, *g_qp = grad_state + nr;
-    float *g_kp = g_qp + nqd, *heads = g_kp + nkd;
-    if (!factor) {
-        for (int h = 0; h < bh; h++) heads[h] = scalar;
-        factor = heads;
-    }
+    float *g_kp = g_qp + nqd;
+    factor = head_factors(bh, factor, scalar, g_kp + nkd);
     ts_scale_rows(bh, nq, d, q, factor, normalize, eps, qp, threads);
     ts_scale_rows(bh, nk, d, k, NULL, normalize, eps, kp, threads);
     ts_output_grad(bh, nq, nv, d, g, y, den, count, 0, normalize, gy, threads);

@@ -26,6 +26,7 @@
 #include <string.h>
 
 #include "kernels.h"
+#include "rows.h"
 
 /* dst (BH, i1 - i0, w) = rows [i0, i1) of every head of x (BH, n, w). */
 static void take_rows(int bh, int n, int w, const float *x, int i0, int i1, float *dst) {
@@ -76,19 +77,14 @@ static void operands(int bh, int nq, int nk, int d, int nv, const float *q, cons
     }
 }
 
-/* The query factors: factor itself, or heads[h] = scalar. */
-static const float *factors(int bh, const float *factor, float scalar, float *heads) {
-    if (factor) return factor;
-    for (int h = 0; h < bh; h++) heads[h] = scalar;
-    return heads;
-}
-
-/* Forward: y (BH, Nq, V), den (BH, Nq) = Y'[V], count (BH, Nq) = n_i. Returns 0, or 1 when
-   scratch memory could not be allocated. */
+/* Forward, in the signature of kernels.h (option: tokens per chunk; state not read: the
+   prefix state lives in scratch memory): y (BH, Nq, V), den (BH, Nq) = Y'[V], count
+   (BH, Nq) = n_i. Returns 0, or 1 when scratch memory could not be allocated. */
 int ts_causal_forward(int bh, int nq, int nk, int d, int nv, const float *q, const float *k,
                       const float *v, const uint8_t *mask, const float *factor, float scalar,
                       int normalize, float eps, int chunk, float *y, float *den, float *count,
-                      int threads) {
+                      float *state_out, int threads) {
+    (void)state_out;
     const int nu = nv + 1, rows = ts_state_rows(d), cols = ts_state_cols(nu);
     const int span = nq > nk ? nq : nk, c = chunk < span ? chunk : (span > 0 ? span : 1);
     const size_t nqd = (size_t)bh * nq * d, nkd = (size_t)bh * nk * d;
@@ -98,8 +94,8 @@ int ts_causal_forward(int bh, int nq, int nk, int d, int nv, const float *q, con
     if (!qp) return 1;
     float *kp = qp + nqd, *u = kp + nkd, *state = u + nku, *qc = state + ns, *kc = qc + cd;
     float *uc = kc + cd, *yc = uc + cu, *block = yc + cu, *heads = block + cu;
-    operands(bh, nq, nk, d, nv, q, k, v, mask, factors(bh, factor, scalar, heads), normalize,
-             eps, qp, kp, u, threads);
+    const float *f = head_factors(bh, factor, scalar, heads);
+    operands(bh, nq, nk, d, nv, q, k, v, mask, f, normalize, eps, qp, kp, u, threads);
     causal_counts(bh, nq, nk, mask, count);
     int failed = 0, have_state = 0;
     for (int i0 = 0; i0 < span && !failed; i0 += c) {
@@ -114,8 +110,8 @@ int ts_causal_forward(int bh, int nq, int nk, int d, int nv, const float *q, con
                 const int ck = (q1 < nk ? q1 : nk) - i0;
                 take_rows(bh, nk, d, kp, i0, i0 + ck, kc);
                 take_rows(bh, nk, nu, u, i0, i0 + ck, uc);
-                failed |= ts_direct_forward(bh, m, ck, d, nu, qc, kc, uc, NULL, NULL, 1, 0, eps,
-                                            1, block, NULL, NULL, threads);
+                failed |= direct_forward(bh, m, ck, d, nu, qc, kc, uc, NULL, NULL, 1.0f, 1, 0,
+                                         eps, 1, block, NULL, NULL, threads);
                 for (size_t e = 0; e < (size_t)bh * m * nu; e++) yc[e] += block[e];
             }
             for (int h = 0; h < bh; h++)
@@ -139,14 +135,16 @@ int ts_causal_forward(int bh, int nq, int nk, int d, int nv, const float *q, con
     return failed;
 }
 
-/* Backward: gq (BH, Nq, d), gk (BH, Nk, d), gv (BH, Nk, V) and, where gfactor is not NULL,
-   gfactor (BH), from g = dL/dy and the forward's y, den, count. Returns 0, or 1 when scratch
-   memory could not be allocated. */
+/* Backward, in the signature of kernels.h (option: tokens per chunk; state not read):
+   gq (BH, Nq, d), gk (BH, Nk, d), gv (BH, Nk, V) and, where gfactor is not NULL, gfactor
+   (BH), from g = dL/dy and the forward's y, den, count. Returns 0, or 1 when scratch memory
+   could not be allocated. */
 int ts_causal_backward(int bh, int nq, int nk, int d, int nv, const float *q, const float *k,
                        const float *v, const uint8_t *mask, const float *factor, float scalar,
                        int normalize, float eps, int chunk, const float *g, const float *y,
-                       const float *den, const float *count, float *gq, float *gk, float *gv,
-                       float *gfactor, int threads) {
+                       const float *den, const float *count, const float *state_in, float *gq,
+                       float *gk, float *gv, float *gfactor, int threads) {
+    (void)state_in;
     const int nu = nv + 1, rows = ts_state_rows(d), cols = ts_state_cols(nu);
     const int span = nq > nk ? nq : nk, c = chunk < span ? chunk : (span > 0 ? span : 1);
     const size_t nqd = (size_t)bh * nq * d, nkd = (size_t)bh * nk * d;
@@ -160,7 +158,7 @@ int ts_causal_backward(int bh, int nq, int nk, int d, int nv, const float *q, co
     float *g_u = g_kp + nkd, *state = g_u + nku, *grad_state = state + ns;
     float *qc = grad_state + ns, *kc = qc + cd, *part_q = kc + cd, *part_k = part_q + cd;
     float *gc = part_k + cd, *uc = gc + cu, *part_u = uc + cu, *heads = part_u + cu;
-    const float *f = factors(bh, factor, scalar, heads);
+    const float *f = head_factors(bh, factor, scalar, heads);
     operands(bh, nq, nk, d, nv, q, k, v, mask, f, normalize, eps, qp, kp, u, threads);
     ts_output_grad(bh, nq, nv, d, g, y, den, count, 1, normalize, gy, threads);
     memset(g_qp, 0, sizeof(float) * (nqd + nkd + nku)); /* g_qp, g_kp, g_u */
@@ -183,9 +181,9 @@ int ts_causal_backward(int bh, int nq, int nk, int d, int nv, const float *q, co
                 const int ck = (q1 < nk ? q1 : nk) - i0;
                 take_rows(bh, nk, d, kp, i0, i0 + ck, kc);
                 take_rows(bh, nk, nu, u, i0, i0 + ck, uc);
-                failed |= ts_direct_backward(bh, m, ck, d, nu, qc, kc, uc, NULL, NULL, 1, 0, eps,
-                                             1, gc, NULL, NULL, NULL, part_q, part_k, part_u,
-                                             NULL, threads);
+                failed |= direct_backward(bh, m, ck, d, nu, qc, kc, uc, NULL, NULL, 1.0f, 1, 0,
+                                          eps, 1, gc, NULL, NULL, NULL, part_q, part_k,
+                                          part_u, NULL, threads);
                 add_rows(bh, nq, d, g_qp, i0, q1, d, part_q, threads);
                 add_rows(bh, nk, d, g_kp, i0, i0 + ck, d, part_k, threads);
                 add_rows(bh, nk, nu, g_u, i0, i0 + ck, nu, part_u, threads);

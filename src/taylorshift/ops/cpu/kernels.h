@@ -24,14 +24,43 @@ void ts_output_grad(int bh, int n, int nv, int d, const float *g, const float *y
                     const float *den, const float *count, int per_row, int normalize,
                     float *gy, int threads);
 
-/* direct.c */
-int ts_direct_forward(int bh, int nq, int nk, int d, int nv, const float *q, const float *k,
-                      const float *v, const float *factor, const uint8_t *mask, int causal,
-                      int normalize, float eps, int raw, float *y, float *den, float *count,
-                      int threads);
-int ts_direct_backward(int bh, int nq, int nk, int d, int nv, const float *q, const float *k,
-                       const float *v, const float *factor, const uint8_t *mask, int causal,
-                       int normalize, float eps, int raw, const float *g, const float *y,
-                       const float *den, const float *count, float *gq, float *gk, float *gv,
-                       float *gfactor, int threads);
+/* direct.c: the direct form's tiles; raw: the causal efficient form's intra-chunk block */
+int direct_forward(int bh, int nq, int nk, int d, int nv, const float *q, const float *k,
+                   const float *v, const uint8_t *mask, const float *factor, float scalar,
+                   int causal, int normalize, float eps, int raw, float *y, float *den,
+                   float *count, int threads);
+int direct_backward(int bh, int nq, int nk, int d, int nv, const float *q, const float *k,
+                    const float *v, const uint8_t *mask, const float *factor, float scalar,
+                    int causal, int normalize, float eps, int raw, const float *g,
+                    const float *y, const float *den, const float *count, float *gq, float *gk,
+                    float *gv, float *gfactor, int threads);
+
+/* The passes Python calls (ops/cpu/wrapper.py), one signature for the three forms: ts_X_forward
+   and ts_X_backward with X = efficient (efficient.c), causal (efficient_causal.c), direct
+   (direct.c). Heads flattened, float32, contiguous: q (BH, Nq, d), k (BH, Nk, d),
+   v (BH, Nk, V); mask (BH, Nk) uint8 or NULL; factor (BH), the query's factor per head, or
+   NULL for the float scalar; option, the form's one integer (causal: tokens per chunk;
+   direct: causal 0 or 1; efficient: not read). The forward writes y (BH, Nq, V), den
+   (BH, Nq), count ((BH) for the efficient form, else (BH, Nq)) and, efficient form only,
+   the key state (BH, ts_state_rows(d), ts_state_cols(V + 1)) (the others do not read
+   state). The backward reads g = dL/dy and the forward's outputs and writes gq, gk, gv in
+   the inputs' shapes and, where gfactor is not NULL, gfactor (BH). Each returns 0, or 1 when
+   scratch memory could not be allocated. */
+#define TS_FORWARD(name)                                                                      \
+    int name(int bh, int nq, int nk, int d, int nv, const float *q, const float *k,           \
+             const float *v, const uint8_t *mask, const float *factor, float scalar,          \
+             int normalize, float eps, int option, float *y, float *den, float *count,        \
+             float *state, int threads)
+#define TS_BACKWARD(name)                                                                     \
+    int name(int bh, int nq, int nk, int d, int nv, const float *q, const float *k,           \
+             const float *v, const uint8_t *mask, const float *factor, float scalar,          \
+             int normalize, float eps, int option, const float *g, const float *y,            \
+             const float *den, const float *count, const float *state, float *gq, float *gk,  \
+             float *gv, float *gfactor, int threads)
+TS_FORWARD(ts_efficient_forward);
+TS_BACKWARD(ts_efficient_backward);
+TS_FORWARD(ts_causal_forward);
+TS_BACKWARD(ts_causal_backward);
+TS_FORWARD(ts_direct_forward);
+TS_BACKWARD(ts_direct_backward);
 #endif

@@ -1,8 +1,17 @@
 /* The map x -> x' of one row in front of the feature products (s = q'.k') and its backward,
-   shared by efficient.c and direct.c: x' = f x / max(|x|, eps) (normalize) or f x. */
+   shared by the C files: x' = f x / max(|x|, eps) (normalize) or f x. */
 #ifndef TAYLORSHIFT_ROWS_H
 #define TAYLORSHIFT_ROWS_H
 #include <math.h>
+
+/* The query factors per head: factor (BH) itself, or heads[h] = scalar where factor is NULL
+   (heads: BH floats of the caller's scratch memory). */
+static inline const float *head_factors(int bh, const float *factor, float scalar,
+                                        float *heads) {
+    if (factor) return factor;
+    for (int h = 0; h < bh; h++) heads[h] = scalar;
+    return heads;
+}
 
 /* out (d) = x', f the row's factor (the temperature per head, or 1). */
 static inline void scale_row(int d, const float *x, float f, int normalize, float eps,
