@@ -2,7 +2,7 @@
    it beats the efficient form (docs/cpu-kernel.md, "The direct form").
 
    Built with efficient.c by taylorshift/ops/cpu/build.py and called through ctypes by
-   taylorshift/ops/cpu/direct.py, which holds the autograd wiring. Per head and tile of up
+   taylorshift/ops/cpu/wrapper.py, which holds the autograd wiring. Per head and tile of up
    to TILE query rows, the scores, weights and their gradients live in two (TILE, keys)
    scratch blocks of the thread (the (Nq, Nk) matrix never exists); every product is one
    register-tiled loop (mm below) over zero-padded operands, so no edge case reaches it.
@@ -118,8 +118,9 @@ static void key_flags(const uint8_t *m, int nk, int nkp, float *km) {
 }
 
 /* Forward: y (BH, Nq, V), den (BH, Nq), count (BH, Nq) (raw: y unfinished, den and count
-   may be NULL); f_h = factor[h], or the float scalar where factor is NULL. Work items: (head, tile of query rows). Returns 0, or 1 when a scratch block
-   could not be allocated. */
+   may be NULL); f_h = factor[h], or the float scalar where factor is NULL. Work items:
+   (head, tile of query rows). Returns 0, or 1 when a scratch block could not be
+   allocated. */
 int direct_forward(int bh, int nq, int nk, int d, int nv, const float *q, const float *k,
                    const float *v, const uint8_t *mask, const float *factor, float scalar,
                    int causal, int normalize, float eps, int raw, float *y, float *den,
@@ -186,9 +187,9 @@ int direct_forward(int bh, int nq, int nk, int d, int nv, const float *q, const 
 
 /* Backward: gq (BH, Nq, d), gk (BH, Nk, d), gv (BH, Nk, V) and gfactor (BH) (may be NULL),
    the gradients w.r.t. q, k, v and f_h (factor[h] or scalar), from g = dL/dy and the
-   forward's y, den, count. Work
-   items: heads (the key-side gradients sum over every query tile of the head, in a fixed
-   order). Returns 0, or 1 when a scratch block could not be allocated. */
+   forward's y, den, count. Work items: heads (the key-side gradients sum over every query
+   tile of the head, in a fixed order). Returns 0, or 1 when a scratch block could not be
+   allocated. */
 int direct_backward(int bh, int nq, int nk, int d, int nv, const float *q, const float *k,
                     const float *v, const uint8_t *mask, const float *factor, float scalar,
                     int causal, int normalize, float eps, int raw, const float *g,

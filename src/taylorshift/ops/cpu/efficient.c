@@ -2,9 +2,10 @@
    formed inside the products (docs/cpu-kernel.md): no (N, D) feature block is ever stored.
 
    Built on first use by taylorshift/ops/cpu/build.py (the C compiler, -O3 -march=native,
-   OpenMP) and called through ctypes by taylorshift/ops/cpu/efficient.py, which holds the
-   autograd wiring and the plain description of every argument. Portable C: GCC/Clang vector
-   extensions of 8 floats, which the compiler maps to AVX2 + FMA, AVX-512, NEON or SSE.
+   OpenMP) and called through ctypes by taylorshift/ops/cpu/wrapper.py, which holds the
+   autograd wiring of the three kernel forms (the passes' arguments: kernels.h). Portable C:
+   GCC/Clang vector extensions of 8 floats, which the compiler maps to AVX2 + FMA, AVX-512,
+   NEON or SSE.
 
    Notation. x~ = [x, 1] has E = d + 1 entries; the pairs p = (a, b), a <= b < E, of x~ x~^T
    give every feature at once: f_p = x_a x_b (a, b < d), x_a (b = d), 1 (a = b = d). The
@@ -707,8 +708,9 @@ int ts_efficient_forward(int bh, int nq, int nk, int d, int nv, const float *q, 
 }
 
 /* The non-causal backward in one call, in the signature of kernels.h (option not read):
-   from g = dL/dy and the forward's y, den, count and state, the gradients gq (BH, Nq, d), gk (BH, Nk, d), gv (BH, Nk, V) and, where gfactor is
-   not NULL, the per-head factor's gfactor (BH). The passes of ops/cpu/efficient.py's
+   from g = dL/dy and the forward's y, den, count and state, the gradients gq (BH, Nq, d),
+   gk (BH, Nk, d), gv (BH, Nk, V) and, where gfactor is not NULL, the per-head factor's
+   gfactor (BH). The passes of ops/cpu/efficient.py's
    docstring, their operands (q', k', gY', the query state R, dL/dq', dL/dk') in scratch
    memory. Returns 0, or 1 when scratch memory could not be allocated. */
 int ts_efficient_backward(int bh, int nq, int nk, int d, int nv, const float *q,

@@ -1,5 +1,6 @@
 /* The causal efficient form's chunk loop on the CPU, forward and backward, each in one call
-   (taylorshift/ops/cpu/efficient_causal.py holds the autograd wiring; docs/cpu-kernel.md).
+   (called through ctypes by taylorshift/ops/cpu/wrapper.py, the autograd wiring of the three
+   kernel forms; docs/cpu-kernel.md).
 
    Chunk by chunk of C tokens (SPEC 2.3), with q', k' the scaled rows and u = [v m, m]:
        Y'  = phi(q') S_<i0                     keys before the chunk: ts_readout
