@@ -110,16 +110,17 @@ def forward_pass(
     b, h, nq, d = query.shape
     nk, dv = key.shape[2], value.shape[3]
     bh = b * h
-    # (every tensor whose address goes to C is held by a name until the call returns)
+    # (every tensor whose address goes to C is held by a name until the call returns; the
+    # addresses of tensors that are never None taken directly: ``ptr`` costs a Python call)
     q, k, v = c_operand(query), c_operand(key), c_operand(value)
     count_shape, state_shape_ = saved_shapes(form, b, h, nq, d, dv)
     out, den = float32_empty(b, h, nq, dv), float32_empty(bh, nq)
     count = float32_empty(*count_shape)
     state = float32_empty(*state_shape_) if form == "efficient" else None
     checked(getattr(library(), PASSES[form][0])(
-        bh, nq, nk, d, dv, ptr(q), ptr(k), ptr(v), ptr(mask), ptr(factors), factor,
-        int(normalize), NORM_EPS, option, ptr(out), ptr(den), ptr(count), ptr(state),
-        kernel_threads(),
+        bh, nq, nk, d, dv, q.data_ptr(), k.data_ptr(), v.data_ptr(), ptr(mask), ptr(factors),
+        factor, int(normalize), NORM_EPS, option, out.data_ptr(), den.data_ptr(),
+        count.data_ptr(), ptr(state), kernel_threads(),
     ))  # fmt: skip
     y = out if value.dtype == torch.float32 else out.to(value.dtype)
     return y, den, count, state
@@ -142,9 +143,10 @@ def backward_pass(
     gv = float32_empty(*value.shape)
     g_factor = float32_empty(b * h) if need_factor else None
     checked(getattr(library(), PASSES[form][1])(
-        b * h, nq, nk, d, dv, ptr(q), ptr(k), ptr(v), ptr(mask), ptr(factors), factor,
-        int(normalize), NORM_EPS, option, ptr(g), ptr(y32), ptr(den), ptr(count), ptr(state),
-        ptr(gq), ptr(gk), ptr(gv), ptr(g_factor), kernel_threads(),
+        b * h, nq, nk, d, dv, q.data_ptr(), k.data_ptr(), v.data_ptr(), ptr(mask),
+        ptr(factors), factor, int(normalize), NORM_EPS, option, g.data_ptr(), y32.data_ptr(),
+        den.data_ptr(), count.data_ptr(), ptr(state), gq.data_ptr(), gk.data_ptr(),
+        gv.data_ptr(), ptr(g_factor), kernel_threads(),
     ))  # fmt: skip
     pairs = zip((gq, gk, gv), (query, key, value), strict=True)
     grads = tuple(g if x.dtype == torch.float32 else g.to(x.dtype) for g, x in pairs)
@@ -300,16 +302,19 @@ def run(
 def check_kernel_inputs(query: Tensor, value: Tensor, torch_form: str) -> None:
     """Refuse float64, tensors off the CPU and head dims over ``MAX_HEAD_DIM``;
     ``torch_form`` names the PyTorch form to use instead."""
-    for name, size in (("query", query.shape[-1]), ("value", value.shape[-1])):
-        if size > MAX_HEAD_DIM:
-            raise ValueError(
-                f"{name}'s last dimension must be at most {MAX_HEAD_DIM} for the CPU kernels; "
-                f"got {size} (use the torch {torch_form})"
-            )
+    # (per call: each check here costs a fraction of a microsecond, a tuple loop several)
+    if query.shape[-1] > MAX_HEAD_DIM or value.shape[-1] > MAX_HEAD_DIM:
+        name, size = ("query", query.shape[-1])
+        if size <= MAX_HEAD_DIM:
+            name, size = ("value", value.shape[-1])
+        raise ValueError(
+            f"{name}'s last dimension must be at most {MAX_HEAD_DIM} for the CPU kernels; "
+            f"got {size} (use the torch {torch_form})"
+        )
     if query.dtype == torch.float64:
         raise TypeError(
             "query must be float16, bfloat16 or float32 for the CPU kernels (they accumulate "
             f"in float32); got torch.float64 (use the torch {torch_form})"
         )
-    if query.device.type != "cpu":
+    if not query.is_cpu:
         raise ValueError(f"query must be on the CPU for the CPU kernels; got device {query.device}")
