@@ -244,6 +244,12 @@ def test_custom_op_registration_passes_opcheck():
     torch.library.opcheck(op, ("efficient", 0, q, k, v, key_mask.contiguous(), factors, True))
 
 
+def test_custom_op_refuses_an_unknown_form():
+    q = torch.randn(1, 1, 4, 8)
+    with pytest.raises(ValueError, match=r"form must be one of efficient, causal, direct .*'fast'"):
+        torch.ops.taylorshift.cpu_forward("fast", 0, q, q, q, None, torch.ones(1), True)
+
+
 def test_fake_tensor_shapes():
     from torch._subclasses.fake_tensor import FakeTensorMode
 

@@ -56,6 +56,15 @@ def saved_shapes(form: str, b: int, h: int, nq: int, d: int, dv: int) -> tuple[t
     return (b * h, nq), (0,)
 
 
+def c_passes(form: str) -> tuple[str, str]:
+    """The names of ``form``'s forward and backward C passes."""
+    passes = PASSES.get(form)
+    if passes is None:
+        forms = ", ".join(FORMS)
+        raise ValueError(f"form must be one of {forms} for the CPU kernels; got {form!r}")
+    return passes
+
+
 def ptr(t: Tensor | None) -> int | None:
     """The address C reads (None: a NULL pointer). The tensor must stay referenced by a name
     until the call returns: a temporary (``ptr(x.contiguous())``) can be freed first."""
@@ -100,13 +109,13 @@ def kernel_threads() -> int:
 def forward_pass(
     form: str, option: int, query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None,
     factors: Tensor | None, factor: float, normalize: bool,
-) -> tuple[Tensor, Tensor, Tensor, Tensor]:  # fmt: skip
+) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:  # fmt: skip
     """One C call ``ts_<form>_forward``: (y (B, H, Nq, dv) in value's dtype, the denominators
     (B·H, Nq), the counts, the state or None) in the shapes of ``saved_shapes``, float32.
-    ``mask``
-    (B·H, Nk) uint8 (``flat_mask``) or None; ``factors`` (B·H,) float32, the query's factor
-    per head, or None for the float ``factor``. What the efficient forms form inside (q', k')
-    lives in the call's scratch memory and is recomputed by the backward (O(N d))."""
+    ``mask`` (B·H, Nk) uint8 (``flat_mask``) or None; ``factors`` (B·H,) float32, the
+    query's factor per head, or None for the float ``factor``. What the efficient forms form
+    inside (q', k') lives in the call's scratch memory and is recomputed by the backward
+    (O(N d))."""
     b, h, nq, d = query.shape
     nk, dv = key.shape[2], value.shape[3]
     bh = b * h
@@ -117,7 +126,7 @@ def forward_pass(
     out, den = float32_empty(b, h, nq, dv), float32_empty(bh, nq)
     count = float32_empty(*count_shape)
     state = float32_empty(*state_shape_) if form == "efficient" else None
-    checked(getattr(library(), PASSES[form][0])(
+    checked(getattr(library(), c_passes(form)[0])(
         bh, nq, nk, d, dv, q.data_ptr(), k.data_ptr(), v.data_ptr(), ptr(mask), ptr(factors),
         factor, int(normalize), NORM_EPS, option, out.data_ptr(), den.data_ptr(),
         count.data_ptr(), ptr(state), kernel_threads(),
@@ -142,7 +151,7 @@ def backward_pass(
     gq, gk = float32_empty(*query.shape), float32_empty(*key.shape)
     gv = float32_empty(*value.shape)
     g_factor = float32_empty(b * h) if need_factor else None
-    checked(getattr(library(), PASSES[form][1])(
+    checked(getattr(library(), c_passes(form)[1])(
         b * h, nq, nk, d, dv, q.data_ptr(), k.data_ptr(), v.data_ptr(), ptr(mask),
         ptr(factors), factor, int(normalize), NORM_EPS, option, g.data_ptr(), y32.data_ptr(),
         den.data_ptr(), count.data_ptr(), ptr(state), gq.data_ptr(), gk.data_ptr(),
