@@ -37,9 +37,22 @@ def test_cpu_tensors_go_to_the_cpu_kernels_not_triton_by_default(triton_installe
     assert fused.fused_form(q, problem_for(q, k, v), "efficient", False, 2) is None
 
 
+@pytest.mark.parametrize("mode", ["efficient", "direct"])
+def test_an_empty_batch_stays_on_pytorch_on_the_cpu(mode, monkeypatch):
+    from taylorshift.ops.cpu import build
+
+    monkeypatch.delenv(fused.TRITON_ENV, raising=False)
+    monkeypatch.delenv(build.ENV, raising=False)
+    q, k, v = (x[:0] for x in qkv())  # B = 0
+    assert fused.fused_form(q, problem_for(q, k, v, mode=mode), mode, False, 2) is None
+    q, k, v = qkv()  # positive control: one sample is routed (where the kernels build)
+    routed = fused.fused_form(q, problem_for(q, k, v, mode=mode), mode, False, 2)
+    assert (routed is not None) == build.is_available()
+
+
 @pytest.mark.parametrize(
     "case",
-    ["off", "float64", "order4", "varying-mask", "wide-head", "empty"],
+    ["off", "float64", "order4", "varying-mask", "wide-head", "empty", "empty-batch"],
 )
 def test_calls_without_a_kernel_stay_on_pytorch(case, triton_installed, monkeypatch):
     monkeypatch.setenv("TAYLORSHIFT_CPU_KERNELS", "off")  # the Triton kernels' conditions
@@ -48,6 +61,8 @@ def test_calls_without_a_kernel_stay_on_pytorch(case, triton_installed, monkeypa
     d = fused.MAX_HEAD_DIM + 1 if case == "wide-head" else 4
     n = 0 if case == "empty" else 8
     q, k, v = qkv(n, d, dtype)
+    if case == "empty-batch":  # B = 0: the Triton kernels divided by zero (ZeroDivisionError)
+        q, k, v = (x[:0] for x in (q, k, v))
     mode, causal, order, mask = "efficient", False, 2, None
     if case == "order4":
         mode, order = "direct", 4

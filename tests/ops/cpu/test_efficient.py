@@ -21,7 +21,9 @@ import torch
 from taylorshift import taylor_shift_attention
 from taylorshift.ops import cpu as cpu_ops
 from taylorshift.ops.cpu import build
+from taylorshift.ops.cpu.direct import cpu_direct_taylor_shift
 from taylorshift.ops.cpu.efficient import cpu_efficient_taylor_shift
+from taylorshift.ops.cpu.efficient_causal import cpu_causal_efficient_taylor_shift
 from taylorshift.ops.cpu.wrapper import state_shape
 from taylorshift.ops.taylor_shift import fused
 from taylorshift.ops.taylor_shift.efficient import efficient_taylor_shift
@@ -114,6 +116,35 @@ def test_public_op_under_float64_default_dtype(mode, causal):
     finally:
         torch.set_default_dtype(before)
     assert got.dtype == torch.float32 and torch.equal(got, want)
+
+
+@pytest.mark.parametrize("shape", [(0, 2, 300, 16), (2, 0, 40, 16)], ids=["B0-N300", "H0-N40"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("mode", ["direct", "efficient", "auto"])
+def test_empty_batch_gives_empty_outputs_and_gradients(mode, causal, shape):
+    # No heads at all (B or H = 0): main before 2026-11-26 sent them to the kernels, whose
+    # state update divided by the head count, and the process died of SIGFPE (efficient and
+    # auto modes; N = 300 takes the tokens-in-lanes update, N = 40 the other).
+    q = torch.randn(*shape, requires_grad=True)
+    y = taylor_shift_attention(q, q, q, mode=mode, is_causal=causal)
+    (grad,) = torch.autograd.grad(y.sum(), q)
+    assert y.shape == shape and grad.shape == shape
+
+
+@pytest.mark.parametrize("n", [40, 300])
+@pytest.mark.parametrize("form", ["efficient", "causal", "direct"])
+def test_kernel_forms_take_no_heads(form, n):
+    # The public op keeps empty batches on the PyTorch forms (fused.is_empty); the kernels
+    # themselves must not fault on them either (ts_state divided by the head count).
+    q = torch.randn(0, 2, n, 16, requires_grad=True)
+    if form == "direct":
+        y = cpu_direct_taylor_shift(q, q, q, None, False, 1.0, None, True)
+    elif form == "causal":
+        y = cpu_causal_efficient_taylor_shift(q, q, q, None, 1.0, None, True)
+    else:
+        y = cpu_efficient_taylor_shift(q, q, q, None, 1.0, None, True)
+    (grad,) = torch.autograd.grad(y.sum(), q)
+    assert y.shape == q.shape and grad.shape == q.shape
 
 
 def test_scratch_memory_failure_is_a_memory_error(monkeypatch):

@@ -319,9 +319,11 @@ static int state_tokens(int bh, int n, int d, const float *x, const float *value
    x 6 columns over the tile, as in a matrix product with no padding but D's to 16; above,
    row a of the triangle at a time, its features formed per tile (a few hundred pairs per
    row: the padding of each row to 8 costs little). Returns 0, or 1 when its scratch memory
-   could not be allocated. */
+   could not be allocated. No heads (bh = 0, an empty batch): nothing to do (the split
+   below divides by bh). */
 int ts_state(int bh, int n, int d, const float *x, const float *values, int nv, int ones,
               const uint8_t *mask, float *state, int accumulate, int threads) {
+    if (bh <= 0) return 0;
     const int e = d + 1, xs = e + 16, nu = nv + (ones != 0), cols = round_up(nu, COLS);
     const long total = (long)e * (e + 1) / 2, rows = ts_state_rows(d);
     if (d <= TOKENS_MAX_D && n >= TOKENS_MIN_N) {

@@ -66,8 +66,9 @@ def _taylor_(s: Tensor, order: int) -> Tensor:
 
 def _blocks(b: int, h: int, nq: int, nk: int) -> list[tuple[int, int, int, int]]:
     """(b0, b1, i0, i1) blocks covering (B, Nq), each at most BLOCK_ENTRIES scores (or one
-    query row of one batch entry)."""
-    per_row = h * max(nk, 1)
+    query row of one batch entry). No heads (h = 0) or keys: blocks of the same count as
+    with one, holding nothing."""
+    per_row = max(h, 1) * max(nk, 1)
     rows = max(1, min(nq, BLOCK_ENTRIES // per_row))
     batches = max(1, min(b, BLOCK_ENTRIES // (per_row * nq))) if rows == nq else 1
     return [

@@ -5,9 +5,9 @@ The public op computes the same function either way; this only picks who compute
 A CPU call goes to the CPU kernels when it is the direct form or the efficient form
 (non-causal, or causal without an initial or final state), order 2, of float32,
 float16 or bfloat16 tensors with no mask or a key-padding mask, 1 <= d, dv <=
-``MAX_HEAD_DIM``, and the kernels are available (``TAYLORSHIFT_CPU_KERNELS`` not ``off``,
-a C compiler that built them: ``taylorshift.ops.cpu.unavailable_reason()``; warned once
-when they cannot build). A call goes to a Triton kernel when all of these hold, else it
+``MAX_HEAD_DIM``, B·H, Nq, Nk >= 1, and the kernels are available
+(``TAYLORSHIFT_CPU_KERNELS`` not ``off``, a C compiler that built them:
+``taylorshift.ops.cpu.unavailable_reason()``; warned once when they cannot build). A call goes to a Triton kernel when all of these hold, else it
 stays on the PyTorch forms:
 
 - the tensors are on a CUDA device (or ``TAYLORSHIFT_TRITON=interpret``, which also routes
@@ -15,7 +15,8 @@ stays on the PyTorch forms:
   before Triton is imported), Triton is installed, and
   ``TAYLORSHIFT_TRITON`` is not ``off``;
 - dtype float32, float16 or bfloat16 (float64 stays in PyTorch), order 2,
-  1 <= d, dv <= ``MAX_HEAD_DIM``, Nq, Nk >= 1;
+  1 <= d, dv <= ``MAX_HEAD_DIM``, B·H, Nq, Nk >= 1 (an empty batch or sequence: nothing
+  to launch);
 - the form has a kernel: efficient or direct (causal or not) with no mask or a key-padding
   mask. Masks that vary over queries stay on the PyTorch path;
 - causal efficient only: its first version keeps every chunk's prefix state at once (about
@@ -214,7 +215,7 @@ def fused_form(
         return None
     if not (1 <= problem.head_dim <= MAX_HEAD_DIM and 1 <= problem.value_dim <= MAX_HEAD_DIM):
         return None
-    if problem.n_query == 0 or problem.n_key == 0 or problem.mask_varies_over_queries:
+    if is_empty(problem) or problem.mask_varies_over_queries:
         return None
     kernel = kernel_name(mode, is_causal)
     if kernel is None:
@@ -229,6 +230,12 @@ def fused_form(
     return load_kernel(kernel)
 
 
+def is_empty(problem: Problem) -> bool:
+    """No heads (an empty batch: B or H = 0) or no tokens: the PyTorch forms return the
+    empty result; the kernels are never launched for it."""
+    return problem.batch * problem.heads == 0 or problem.n_query == 0 or problem.n_key == 0
+
+
 def _cpu_form(
     query: Tensor, problem: Problem, mode: str, is_causal: bool, order: int
 ) -> Callable[..., Tensor] | None:
@@ -236,7 +243,7 @@ def _cpu_form(
         return None
     if not (1 <= problem.head_dim <= MAX_HEAD_DIM and 1 <= problem.value_dim <= MAX_HEAD_DIM):
         return None
-    if problem.n_query == 0 or problem.n_key == 0 or problem.mask_varies_over_queries:
+    if is_empty(problem) or problem.mask_varies_over_queries:
         return None
     kernel = kernel_name(mode, is_causal, query.device)
     if shape_class(kernel, query, problem, is_causal) in FAILED or not cpu_kernels_ready():
