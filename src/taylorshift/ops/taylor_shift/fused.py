@@ -7,8 +7,8 @@ A CPU call goes to the CPU kernels when it is the direct form or the efficient f
 float16 or bfloat16 tensors with no mask or a key-padding mask, 1 <= d, dv <=
 ``MAX_HEAD_DIM``, B·H, Nq, Nk >= 1, and the kernels are available
 (``TAYLORSHIFT_CPU_KERNELS`` not ``off``, a C compiler that built them:
-``taylorshift.ops.cpu.unavailable_reason()``; warned once when they cannot build). A call goes to a Triton kernel when all of these hold, else it
-stays on the PyTorch forms:
+``taylorshift.ops.cpu.unavailable_reason()``; warned once when they cannot build). A call
+goes to a Triton kernel when all of these hold, else it stays on the PyTorch forms:
 
 - the tensors are on a CUDA device (or ``TAYLORSHIFT_TRITON=interpret``, which also routes
   CPU tensors, for Triton's interpreter in tests: ``TRITON_INTERPRET=1`` must then be set
