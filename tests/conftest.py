@@ -26,15 +26,35 @@ if _workers > 1:
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // _workers))
 
 
+@pytest.fixture(scope="session")
+def shared_kernel_builds(tmp_path_factory):
+    """One folder of built CPU kernels for the whole run, all xdist workers included.
+
+    A build takes 6-10 s of a core (gcc -O3 of ops/cpu/*.c). In a test's own empty cache
+    every process that calls a CPU kernel would build again: the xdist workers, and each
+    CLI run, rank and memory worker the tests start (the suite did 9 builds in tests/train
+    alone). Builds are atomic (a temporary file renamed into place), so the workers may share
+    the folder. Tests of the build itself point the cache elsewhere (``fresh_build``).
+    """
+    base = tmp_path_factory.getbasetemp()
+    root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    folder = root / "shared-cpu-kernels"
+    folder.mkdir(exist_ok=True)
+    return folder
+
+
 @pytest.fixture(autouse=True)
-def isolated_cache_dir(tmp_path, monkeypatch):
+def isolated_cache_dir(tmp_path_factory, monkeypatch, shared_kernel_builds):
     """Every test sees an empty cache directory of its own, never the user's calibration.
 
     ``mode="auto"`` reads the calibration once per process: the test starts with nothing read
     (the next auto call reads the test's directory) and the state before it comes back after.
-    Returns the directory (created by whatever writes into it).
+    The built CPU kernels are the one thing shared (``cpu-kernels``, a link to
+    ``shared_kernel_builds``). Returns the directory, which is not under ``tmp_path``: tests
+    that check that a refused call wrote nothing find ``tmp_path`` empty.
     """
-    cache = tmp_path / "taylorshift-cache"
+    cache = tmp_path_factory.mktemp("taylorshift-cache")
+    (cache / "cpu-kernels").symlink_to(shared_kernel_builds, target_is_directory=True)
     monkeypatch.setenv(dispatch.CACHE_DIR_ENV, str(cache))
     monkeypatch.delenv(dispatch.CALIBRATION_ENV, raising=False)
     monkeypatch.setattr(dispatch, "_loaded", dispatch._UNSET)
