@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import multiprocessing
 
 import torch
 
@@ -101,3 +102,26 @@ def forget_what_dynamo_saw() -> None:
         if type(table).__name__ == "FunctionIdSet":
             table.function_ids = table.function_names = None
     torch._dynamo.reset()
+
+
+# What the test processes' fork server imports before it forks any child: each child then
+# starts with torch and the package loaded (a fresh interpreter spends 3-4 s on them, more
+# on a loaded 2-core machine).
+FORKSERVER_PRELOAD = [
+    "torch",
+    "torch._dynamo",
+    "taylorshift.cli",
+    "taylorshift.train",
+    "tests.train.forked",
+    "tests.distributed.spawn",
+]
+
+
+def forkserver():
+    """multiprocessing's ``forkserver`` context, its server preloading FORKSERVER_PRELOAD
+    (set before the server starts; one server per test process). The server is forked from
+    nothing but imports, so no OpenMP or other thread pool is alive in it (those do not
+    survive a fork)."""
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(FORKSERVER_PRELOAD)
+    return context

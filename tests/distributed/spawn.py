@@ -1,8 +1,10 @@
 """Run a function on P processes joined in a gloo group on the CPU, collect what each returns.
 
 One spawn per world size runs many cases (starting processes costs seconds, a case
-milliseconds). Each process writes its result (JSON) to a file; the parent waits with a
-deadline, ends the processes it started if they overrun, and returns the results by rank.
+milliseconds); the processes are forked from a server that has imported torch
+(``tests.helpers.forkserver``), which saves each its import. Each process writes its result
+(JSON) to a file; the parent waits with a deadline, ends the processes it started if they
+overrun, and returns the results by rank.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+
+from ..helpers import forkserver
 
 # A collective that waits longer than this raises (a rank that failed leaves the others
 # waiting): a bug shows as an error in seconds, not as a hung test.
@@ -67,7 +71,10 @@ def run_spawned(target: str, world_size: int, workdir: Path) -> list:
     ``world_size`` processes; returns the JSON-able results, by rank."""
     workdir.mkdir(parents=True, exist_ok=True)
     args = (world_size, str(workdir / "store"), str(workdir), target)
-    context = mp.start_processes(_entry, args=args, nprocs=world_size, join=False)
+    forkserver()  # its preload: the processes start with torch imported
+    context = mp.start_processes(
+        _entry, args=args, nprocs=world_size, join=False, start_method="forkserver"
+    )
     deadline = time.monotonic() + DEADLINE_S
     try:
         while not context.join(timeout=max(0.0, deadline - time.monotonic())):

@@ -12,7 +12,7 @@ import torch
 
 from taylorshift.train import TrainConfig, resolve_config
 
-from .forked import fork_cli
+from .forked import fork_cli, fork_ranks
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 
@@ -54,13 +54,22 @@ def cli_env() -> dict[str, str]:
     }
 
 
-def run_cli(argv: list[str], env: dict[str, str] | None = None, module: list[str] | None = None):
+def run_cli(
+    argv: list[str],
+    env: dict[str, str] | None = None,
+    module: list[str] | None = None,
+    ranks: int | None = None,
+):
     """Run ``python -m taylorshift ARGV`` (or ``python -m MODULE... -m taylorshift ARGV``).
 
     Without ``module``, in a process forked from a server with torch imported
-    (``tests/train/forked.py``: the same entry point, seconds sooner).
+    (``tests/train/forked.py``: the same entry point, seconds sooner); with ``ranks``, as
+    ``torchrun --standalone --nproc-per-node=RANKS`` would run it, the ranks forked the
+    same way (``fork_ranks``).
     """
     environ = {**cli_env(), **(env or {})}
+    if ranks is not None:
+        return fork_ranks(argv, environ, ranks)
     if not module:
         return fork_cli(argv, environ)
     command = [sys.executable, "-m", *module, "-m", "taylorshift", *argv]

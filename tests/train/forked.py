@@ -1,37 +1,27 @@
 """``python -m taylorshift`` in a process forked from a server that has imported torch and
 the package already (the ``forkserver`` start method of multiprocessing, with preloaded
-modules).
+modules: ``tests.helpers.forkserver``).
 
 A fresh interpreter spends about 4 s here before the CLI runs (torch, then ``torch._dynamo``,
 which the first optimizer imports); a kill-and-resume test starts six. The forked process
 is a process of its own all the same: SIGKILL ends it at the test's kill points, it writes
 its own files and draws its own random numbers, and ``taylorshift.cli.main`` is the entry
 point ``python -m taylorshift`` calls (tests/test_cli.py runs that one as a subprocess).
-The server is forked from nothing but imports, so no OpenMP or other thread pool is alive
-in it (those do not survive a fork).
 """
 
 from __future__ import annotations
 
-import multiprocessing
+import multiprocessing.connection
 import os
+import socket
 import subprocess
 import sys
 import tempfile
+import time
 import traceback
 from pathlib import Path
 
-PRELOAD = ["torch", "torch._dynamo", "taylorshift.cli", "taylorshift.train", __name__]
-
-_context = None
-
-
-def _server():
-    global _context
-    if _context is None:
-        _context = multiprocessing.get_context("forkserver")
-        _context.set_forkserver_preload(PRELOAD)
-    return _context
+from ..helpers import forkserver
 
 
 def _main(argv: list[str], env: dict[str, str], out: str, err: str) -> None:
@@ -68,7 +58,7 @@ def fork_cli(argv: list[str], env: dict[str, str], timeout: float = 300):
     capture_output=True, text=True)`` returns (returncode: the exit status, or -signal)."""
     with tempfile.TemporaryDirectory() as tmp:
         out, err = Path(tmp, "stdout"), Path(tmp, "stderr")
-        process = _server().Process(target=_main, args=(argv, env, str(out), str(err)))
+        process = forkserver().Process(target=_main, args=(argv, env, str(out), str(err)))
         process.start()
         process.join(timeout)
         if process.is_alive():
@@ -76,3 +66,73 @@ def fork_cli(argv: list[str], env: dict[str, str], timeout: float = 300):
             process.join()
             raise subprocess.TimeoutExpired(argv, timeout)
         return subprocess.CompletedProcess(argv, process.exitcode, out.read_text(), err.read_text())
+
+
+def fork_ranks(argv: list[str], env: dict[str, str], nproc: int, timeout: float = 300):
+    """What ``torchrun --standalone --nproc-per-node=NPROC -m taylorshift ARGV`` returns, with
+    the ranks forked from the server instead of started fresh by a launcher process.
+
+    Each rank gets the environment torchrun gives its workers (``RANK``, ``LOCAL_RANK``,
+    ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR``/``MASTER_PORT`` of a free local
+    port, ``OMP_NUM_THREADS=1``), and, as torchrun does, the other ranks are stopped
+    (SIGTERM, then SIGKILL after 5 s) as soon as one fails. returncode: 0, or the status of
+    the first rank that failed; stdout and stderr: the ranks' own, in rank order. Saves a
+    torch import per rank and the launcher's (seconds each on two cores); the launcher itself
+    is tested by the runs that use torchrun (tests/train/test_distributed.py).
+    """
+    with socket.socket() as probe:  # a free port for rank 0's store
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    with tempfile.TemporaryDirectory() as tmp:
+        streams = [(Path(tmp, f"out{r}"), Path(tmp, f"err{r}")) for r in range(nproc)]
+        processes = []
+        for rank, (out, err) in enumerate(streams):
+            rank_env = {
+                **env,
+                "RANK": str(rank),
+                "LOCAL_RANK": str(rank),
+                "GROUP_RANK": "0",
+                "WORLD_SIZE": str(nproc),
+                "LOCAL_WORLD_SIZE": str(nproc),
+                "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": str(port),
+                "OMP_NUM_THREADS": "1",
+            }
+            process = forkserver().Process(target=_main, args=(argv, rank_env, str(out), str(err)))
+            process.start()
+            processes.append(process)
+        deadline = time.monotonic() + timeout
+        status = 0
+        try:
+            while any(p.is_alive() for p in processes):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise subprocess.TimeoutExpired(argv, timeout)
+                alive = [p.sentinel for p in processes if p.is_alive()]
+                multiprocessing.connection.wait(alive, timeout=min(left, 1.0))
+                failed = [p.exitcode for p in processes if p.exitcode not in (None, 0)]
+                if failed and not status:
+                    status = failed[0]
+                    _stop([p for p in processes if p.is_alive()])
+        finally:
+            _stop([p for p in processes if p.is_alive()], grace=0.0)
+        if not status:
+            status = next((p.exitcode for p in processes if p.exitcode), 0)
+        return subprocess.CompletedProcess(
+            argv,
+            status,
+            "".join(out.read_text() for out, _ in streams),
+            "".join(err.read_text() for _, err in streams),
+        )
+
+
+def _stop(processes, grace: float = 5.0) -> None:
+    """SIGTERM, then SIGKILL what still runs after ``grace`` seconds; reaps them."""
+    for process in processes:
+        process.terminate()
+    end = time.monotonic() + grace
+    for process in processes:
+        process.join(max(0.0, end - time.monotonic()))
+        if process.is_alive():
+            process.kill()
+            process.join()

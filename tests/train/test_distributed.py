@@ -1,5 +1,7 @@
 """Two processes (torchrun, gloo on CPU) train like one process with the same global batch,
-write one set of metrics and checkpoints, resume together, and evaluate every sample once."""
+write one set of metrics and checkpoints, resume together, and evaluate every sample once;
+a rank that hangs is named. Runs that only need two ranks, not the launcher, fork them with
+torchrun's environment (``forked.fork_ranks``)."""
 
 from __future__ import annotations
 
@@ -22,7 +24,9 @@ def test_two_processes_match_one_and_resume_together(tmp_path):
 
     out = tmp_path / "two"
     argv = tiny_argv(out, *(a for k, v in SETTINGS.items() for a in ("--set", f"{k}={v}")))
-    killed = run_cli(argv, env={KILL_ENV: "step:6"}, module=TORCHRUN)
+    # killed at step 6: the ranks forked as torchrun starts them (fork_ranks, seconds
+    # sooner); the resumed run under torchrun itself, the launcher users run
+    killed = run_cli(argv, env={KILL_ENV: "step:6"}, ranks=2)
     assert killed.returncode != 0
     assert latest_checkpoint(out).name == "step-00000004"
     run = run_cli([*argv, "--resume"], module=TORCHRUN)
@@ -55,7 +59,7 @@ def test_a_rank_that_stops_answering_is_named_within_the_timeout(tmp_path):
     # minutes in silence: after run.collective_timeout_s it stops, naming rank 1.
     out = tmp_path / "run"
     argv = tiny_argv(out, "--set", "run.collective_timeout_s=4", "--set", "optim.epochs=3")
-    run = run_cli(argv, env={KILL_ENV: "step:3@1/freeze:60"}, module=TORCHRUN)
+    run = run_cli(argv, env={KILL_ENV: "step:3@1/freeze:60"}, ranks=2)
     assert run.returncode != 0
     errors = [line for line in run.stderr.splitlines() if "collective_timeout_s=4" in line]
     assert errors, run.stderr[-3000:]

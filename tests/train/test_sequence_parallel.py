@@ -81,8 +81,8 @@ def reference(tmp_path_factory, text_file):
 @pytest.mark.parametrize(("procs", "sp"), [(2, 2), (4, 2)], ids=["sp2", "dp2xsp2"])
 def test_sequence_parallel_training_matches_one_process(tmp_path, text_file, reference, procs, sp):
     out = tmp_path / "many"
-    torchrun = ["torch.distributed.run", "--standalone", f"--nproc-per-node={procs}"]
-    run = run_cli(_argv(out, text_file, **{"run.sequence_parallel": sp}), module=torchrun)
+    # the ranks as torchrun starts them, forked (tests/train/forked.py: fork_ranks)
+    run = run_cli(_argv(out, text_file, **{"run.sequence_parallel": sp}), ranks=procs)
     assert run.returncode == 0, run.stderr[-3000:]
     starts = [r for r in read_metrics(out) if r["event"] == "start"]
     assert starts[0]["world_size"] == procs
