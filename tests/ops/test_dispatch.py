@@ -161,7 +161,6 @@ def test_calibration_without_device_or_when_switched_off_is_not_used(
     ids=["malformed", "not-json"],
 )
 def test_corrupt_calibration_warns_once_and_falls_back(isolated_cache_dir, caplog, content):
-    isolated_cache_dir.mkdir(parents=True, exist_ok=True)
     (isolated_cache_dir / "calibration.json").write_text(content)
     q, k, v = (torch.randn(1, 1, 600, 4, dtype=torch.float64) for _ in range(3))
     with pytest.warns(RuntimeWarning, match="ignoring the calibration file .*calibration.json"):

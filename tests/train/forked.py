@@ -116,8 +116,6 @@ def fork_ranks(argv: list[str], env: dict[str, str], nproc: int, timeout: float 
                     _stop([p for p in processes if p.is_alive()])
         finally:
             _stop([p for p in processes if p.is_alive()], grace=0.0)
-        if not status:
-            status = next((p.exitcode for p in processes if p.exitcode), 0)
         return subprocess.CompletedProcess(
             argv,
             status,
