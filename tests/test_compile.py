@@ -12,9 +12,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from taylorshift import taylor_shift_attention
+from taylorshift import naive_taylor_shift_attention, taylor_shift_attention
 from taylorshift.models import create_model
 from taylorshift.nn import Attention, TaylorShiftAttention
+from taylorshift.ops.taylor_shift.dispatch import choose_mode, switch_length
 from tests.helpers import assert_rel_close, forget_what_dynamo_saw, key_padding
 
 B, H, N, D = 2, 3, 37, 8
@@ -60,12 +61,76 @@ def test_op_compiles_whole_and_matches_eager(mode, causal):
         assert_rel_close(got, want, 1e-5, name, atol=1e-7)
 
 
-def test_op_with_plain_scores_compiles():
+@pytest.mark.parametrize(
+    "mode, causal", [("direct", True), ("efficient", False), ("auto", True), ("auto", False)]
+)
+def test_op_compiles_whole_with_dynamic_shapes(mode, causal):
+    # dynamic=True: batch and length are symbols from the first trace (a float check of
+    # the arguments, math.isfinite, and auto's choice of form had broken the graph)
+    tau = torch.full((1, H, 1, 1), 1.7, requires_grad=True)
+
+    def op(q, k, v, mask, t):
+        return taylor_shift_attention(q, k, v, mask, causal, temperature=t, mode=mode)
+
+    compiled = torch.compile(op, backend="aot_eager", fullgraph=True, dynamic=True)
+    for batch, n in [(2, 37), (3, 21)]:
+        g = torch.Generator().manual_seed(n)
+        tensors = [torch.randn(batch, H, n, D, generator=g, requires_grad=True) for _ in "qkv"]
+        mask = key_padding(batch, n)
+
+        def call(fn, *tensors, _mask=mask):
+            out = fn(*tensors[:3], _mask, tensors[3])
+            return (out, *torch.autograd.grad(out.square().sum(), tensors))
+
+        got, want = call(compiled, *tensors, tau), call(op, *tensors, tau)
+        for name, a, e in zip(["out", "dq", "dk", "dv", "dtau"], got, want, strict=True):
+            assert_rel_close(a, e, 1e-5, f"{name} B={batch} N={n}", atol=1e-7)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_auto_with_dynamic_shapes_compiles_once_each_side_of_its_switch(causal):
+    # A graph traced at symbolic lengths serves every length on its side of the switch of
+    # dispatch.switch_length (one compilation for two lengths), and a length past it
+    # compiles again and runs the other form, as eager auto does. (float32 on the CPU: the
+    # kernels, whose custom op names its form in the graph.)
+    kw = dict(causal=causal, order=2, mask_varies=False, device=torch.device("cpu"))
+    kw.update(dtype=torch.float32, backward=False, batch_heads=2)
+    switch = switch_length(8, 8, **kw)
+    assert choose_mode(switch - 1, switch - 1, 8, 8, **kw) == "direct"
+    assert choose_mode(switch, switch, 8, 8, **kw) == "efficient"
+    graphs = []
+
+    def counting_backend(graph, example_inputs):
+        graphs.append(graph)
+        return graph.forward
+
     def op(q, k, v):
-        return taylor_shift_attention(q, k, v, is_causal=True, normalize=False, mode="efficient")
+        return taylor_shift_attention(q, k, v, is_causal=causal)
+
+    compiled = torch.compile(op, backend=counting_backend, fullgraph=True, dynamic=True)
+    for n in [switch - 9, switch - 1, switch, switch + 40]:
+        q, k, v = (torch.randn(1, 2, n, 8) for _ in "qkv")
+        want = naive_taylor_shift_attention(q, k, v, is_causal=causal)
+        assert_rel_close(compiled(q, k, v), want, 1e-5, f"N={n}", atol=1e-7)
+    forms = [
+        node.args[0]
+        for graph in graphs
+        for node in graph.graph.nodes
+        if node.target is torch.ops.taylorshift.cpu_forward.default
+    ]
+    assert forms == ["direct", "causal" if causal else "efficient"]
+    assert len(graphs) == 2
+
+
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
+def test_op_with_plain_scores_compiles(dynamic):
+    def op(q, k, v):
+        return taylor_shift_attention(
+            q, k, v, is_causal=True, normalize=False, scale=0.3, mode="efficient"
+        )
 
     tensors = _inputs(1)
-    compiled = torch.compile(op, backend="aot_eager", fullgraph=True)
+    compiled = torch.compile(op, backend="aot_eager", fullgraph=True, dynamic=dynamic)
     for got, want in zip(_grads(compiled, tensors), _grads(op, tensors), strict=True):
         assert_rel_close(got, want, 1e-5, atol=1e-7)
 
@@ -139,6 +204,22 @@ def test_models_compile_whole_forward_and_backward(name, settings):
     g_want = torch.autograd.grad(want.square().mean(), params)
     for a, e in zip(g_got, g_want, strict=True):
         assert_rel_close(a, e, 1e-4, atol=1e-7)
+
+
+def test_model_compiles_whole_for_batches_of_other_shapes():
+    # torch.compile's default: a second shape compiles again with the sizes that changed
+    # as symbols; this had broken the graph of every model whose attention picks its form
+    # (its backward with symbolic sizes: test_op_compiles_whole_with_dynamic_shapes)
+    torch.manual_seed(0)
+    model = create_model("listops-small").eval()
+    compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
+    with torch.no_grad():
+        for batch, n in [(2, 33), (3, 41)]:
+            tokens = torch.randint(0, 20, (batch, n))
+            mask = torch.ones(batch, n, dtype=torch.bool)
+            mask[0, n - 6 :] = False
+            got, want = compiled(tokens, mask), model(tokens, mask)
+            assert_rel_close(got, want, 1e-5, f"B={batch} N={n}", atol=1e-7)
 
 
 @pytest.mark.slow

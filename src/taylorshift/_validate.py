@@ -38,6 +38,13 @@ class _NumberBounds(TypedDict, total=False):
 _MAX_SHOWN = 80  # characters of a refused value's repr in the message
 
 
+def is_finite(x: float) -> bool:
+    """``math.isfinite(x)`` for a float, spelt as comparisons (NaN fails both): under
+    ``torch.compile(dynamic=True)`` Dynamo cannot trace ``math.isfinite`` or ``math.isnan``,
+    even of a constant, and a check of the op's arguments must not break its graph."""
+    return -math.inf < x < math.inf
+
+
 def _show(value: object) -> str:
     text = repr(value)
     return text if len(text) <= _MAX_SHOWN else text[: _MAX_SHOWN - 3] + "..."
@@ -134,9 +141,9 @@ def check_number(
         raise _refuse(TypeError, name, expected, value)
     number = float(value)
     bounded = (gt is not None or ge is not None) and (lt is not None or le is not None)
-    if finite and not bounded and not math.isfinite(number):
+    if finite and not bounded and not is_finite(number):
         raise _refuse(ValueError, name, expected.replace("a number", "a finite number"), value)
-    if math.isnan(number) or not _within(number, gt, ge, lt, le):
+    if number != number or not _within(number, gt, ge, lt, le):  # (NaN: see is_finite)
         raise _refuse(ValueError, name, expected, value)
     return number
 

@@ -14,7 +14,12 @@ import torch
 
 from taylorshift import taylor_shift_attention, theory
 from taylorshift.ops.taylor_shift import dispatch, interface
-from taylorshift.ops.taylor_shift.dispatch import Decision, choose_mode, decide_mode
+from taylorshift.ops.taylor_shift.dispatch import (
+    Decision,
+    choose_mode,
+    decide_mode,
+    switch_length,
+)
 from taylorshift.ops.taylor_shift.efficient_causal import DEFAULT_CAUSAL_CHUNK
 from tests.helpers import write_calibration
 
@@ -41,6 +46,29 @@ def test_auto_crossover_follows_the_operation_counts(d, switch):
     kw = dict(causal=False, order=2, mask_varies=False)
     assert choose_mode(switch - 1, switch - 1, d, d, **kw) == "direct"
     assert choose_mode(switch, switch, d, d, **kw) == "efficient"
+
+
+@pytest.mark.parametrize(("d", "switch"), THEORY_SWITCH.items(), ids=lambda x: str(x))
+def test_switch_length_is_the_hand_worked_switch(d, switch):
+    # the length that graphs traced with symbolic sizes compare with (interface.py)
+    assert switch_length(d, d, causal=False, order=2, mask_varies=False) == switch
+
+
+@pytest.mark.parametrize("backward", [False, True], ids=["fwd", "fwd+bwd"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_switch_length_is_where_the_cpu_priors_change_form(causal, backward):
+    for d, heads in [(8, 2), (16, 4), (32, 64), (64, 256)]:
+        kw = dict(causal=causal, order=2, mask_varies=False, device="cpu", backward=backward)
+        kw.update(dtype=torch.float32, batch_heads=heads)
+        switch = switch_length(d, d, **kw)
+        assert choose_mode(switch - 1, switch - 1, d, d, **kw) == "direct", (d, heads)
+        assert choose_mode(switch, switch, d, d, **kw) == "efficient", (d, heads)
+
+
+def test_switch_length_is_none_where_auto_never_runs_efficient():
+    assert switch_length(8, 8, causal=False, order=4, mask_varies=False) is None
+    assert switch_length(8, 8, causal=False, order=2, mask_varies=True) is None
+    assert switch_length(8, 8, causal=False, order=2, mask_varies=False) == THEORY_SWITCH[8]
 
 
 def test_auto_uses_direct_when_efficient_cannot():

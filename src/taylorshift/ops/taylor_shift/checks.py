@@ -6,14 +6,13 @@ call without reading our code.
 
 from __future__ import annotations
 
-import math
 import numbers
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
-from ..._validate import check_bool, check_choice, check_int, check_number
+from ..._validate import check_bool, check_choice, check_int, check_number, is_finite
 from ..masks import key_padding_of
 
 MODES = ("auto", "direct", "efficient")
@@ -183,7 +182,7 @@ def _check_temperature_and_scale(
         raise TypeError(
             f"temperature must be a float or a tensor; got {type(temperature).__name__}"
         )
-    elif not math.isfinite(float(temperature)):
+    elif not is_finite(float(temperature)):
         raise ValueError(f"temperature must be finite; got {temperature}")
 
     if check_number("scale", scale, allow_none=True) is not None and normalize:

@@ -67,6 +67,7 @@ __all__ = [
     "load_calibration",
     "parse_calibration",
     "reload_calibration",
+    "switch_length",
     "upgrade_entries",
     "working_set_bytes",
 ]
@@ -357,6 +358,34 @@ def choose_mode(nq: int, nk: int, d: int, dv: int, **options: Any) -> str:
     """'direct' or 'efficient' for ``mode="auto"``: the mode of
     ``decide_mode(nq, nk, d, dv, **options)`` (its keyword-only options)."""
     return decide_mode(nq, nk, d, dv, **options).mode
+
+
+# The longest sequence switch_length looks for (16M tokens).
+SWITCH_SEARCH_LIMIT = 1 << 24
+
+
+def switch_length(d: int, dv: int, **options: Any) -> int | None:
+    """The shortest length L from which ``choose_mode(L, L, d, dv, **options)`` picks the
+    efficient form, found by bisection over [1, 2^24] (below L it picks direct: the forms'
+    costs cross once); None where it picks direct throughout.
+
+    For calls whose sequence lengths are symbols (``torch.compile`` with dynamic shapes):
+    ``mode="auto"`` compares the call's ``2·Nq·Nk/(Nq + Nk)`` with L, which guards the
+    graph on the side of the switch where the traced call lies; a call past it compiles
+    again and takes the other form. For Nq = Nk this is the decision of ``choose_mode``
+    itself, and the rule of every calibrated or prior decision for any Nq, Nk.
+    """
+
+    def efficient(n: int) -> bool:
+        return choose_mode(n, n, d, dv, **options) == "efficient"
+
+    if not efficient(SWITCH_SEARCH_LIMIT):
+        return None
+    low, high = 0, SWITCH_SEARCH_LIMIT  # direct at low (or low = 0), efficient at high
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (low, middle) if efficient(middle) else (middle, high)
+    return high
 
 
 def decide_mode(

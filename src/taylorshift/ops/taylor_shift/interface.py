@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import math
+import operator
 import sys
 
 import torch
 from torch import Tensor
 
 from ..._validate import check_bool
-from .checks import check_inputs
+from .checks import Problem, check_inputs
 from .direct import direct_taylor_shift
-from .dispatch import choose_mode
+from .dispatch import choose_mode, switch_length
 from .efficient import efficient_taylor_shift
 from .efficient_causal import causal_efficient_taylor_shift
 from .features import backward_follows, compute_dtype, drop_masked_content
@@ -92,18 +93,14 @@ def taylor_shift_attention(
     )
     requested = mode
     if mode == "auto" and initial_state is None and not output_final_state:
-        mode = _choose_mode(
-            problem.n_query,
-            problem.n_key,
-            problem.head_dim,
-            problem.value_dim,
+        mode = _auto_mode(
+            problem,
             causal=is_causal,
             order=order,
             mask_varies=problem.mask_varies_over_queries,
             device=query.device,
             dtype=query.dtype,
             backward=backward_follows(query, key, value, temperature),
-            batch_heads=problem.batch * problem.heads,
         )
     # A masked key's content must not matter (a NaN in padding would poison the sums):
     # keys no query attends become zeros before any form sees them.
@@ -164,10 +161,44 @@ def mark_constant(fn):
     return fn
 
 
-# torch.compile runs the choice once while tracing and keeps its answer in the graph (it
-# depends on shapes, dtype and device only, which the graph is specialised on anyway), so
-# the calibration file is read outside the traced code.
-_choose_mode = assume_constant_result(choose_mode)
+# Traced by torch.compile, the choice is made once, at the trace, from constants (head
+# sizes, dtype, device, the band of B·H) and kept in the graph with the guards of
+# _symbolic_auto_mode: the calibration file is read outside the traced code.
+_switch_length = assume_constant_result(switch_length)
+
+
+def _auto_mode(problem: Problem, **options: object) -> str:
+    """``mode="auto"``'s form for a checked call (``options``: choose_mode's keywords)."""
+    nq, nk, d, dv = problem.n_query, problem.n_key, problem.head_dim, problem.value_dim
+    batch_heads = problem.batch * problem.heads
+    # (Dynamo shows a symbolic size as an int, so every traced call takes the symbolic way)
+    if torch.compiler.is_compiling() or any(
+        isinstance(n, torch.SymInt) for n in (nq, nk, d, dv, batch_heads)
+    ):
+        return _symbolic_auto_mode(nq, nk, d, dv, batch_heads, **options)
+    return choose_mode(nq, nk, d, dv, batch_heads=batch_heads, **options)
+
+
+def _symbolic_auto_mode(nq, nk, d, dv, batch_heads, **options) -> str:
+    """The form for a call that torch.compile traces, whose sizes may be symbols (dynamic
+    shapes).
+
+    The choice cannot read a symbol's value, only compare it, and each comparison becomes
+    a guard of the graph. So the head sizes are fixed (a model's are constants); B·H is
+    placed between two powers of two and the choice made for the upper one (a graph serves
+    batches down to half that size; the forms' costs scale alike with B·H, so the switch
+    moves little); the lengths are compared with ``dispatch.switch_length``. A call on the
+    other side of the switch, or in another band of B·H, compiles again. Both forms compute
+    the same attention: these guards decide only which of them runs.
+    """
+    d, dv = operator.index(d), operator.index(dv)  # (Dynamo specialises here; not on int())
+    heads_band = 1
+    while heads_band < batch_heads:
+        heads_band *= 2
+    switch = _switch_length(d, dv, batch_heads=heads_band, **options)
+    if switch is None:
+        return "direct"
+    return "efficient" if 2 * nq * nk >= switch * (nq + nk) else "direct"
 
 
 def check_plain_score_range(
