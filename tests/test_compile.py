@@ -222,6 +222,27 @@ def test_model_compiles_whole_for_batches_of_other_shapes():
             assert_rel_close(got, want, 1e-5, f"B={batch} N={n}", atol=1e-7)
 
 
+@pytest.mark.parametrize("mode, causal", [("efficient", True), ("direct", False)])
+def test_module_exports_with_dynamic_batch_and_length(mode, causal):
+    # torch.export with symbolic batch and length (auto would add guards on both: see
+    # docs/calibration.md), run at other shapes than the example's
+    torch.manual_seed(0)
+    module = TaylorShiftAttention(16, 4, mode=mode).eval()
+    x, pad = torch.randn(2, 50, 16), torch.ones(2, 50, dtype=torch.bool)
+    sizes = {0: torch.export.Dim("batch", max=64), 1: torch.export.Dim("length", max=4096)}
+    program = torch.export.export(
+        module,
+        (x,),
+        {"attn_mask": pad, "is_causal": causal},
+        dynamic_shapes={"x": sizes, "attn_mask": sizes, "is_causal": None},
+    )
+    for batch, n in [(3, 17), (4, 300)]:
+        x, pad = torch.randn(batch, n, 16), torch.ones(batch, n, dtype=torch.bool)
+        pad[0, n // 2 :] = False
+        got = program.module()(x, attn_mask=pad, is_causal=causal)
+        assert_rel_close(got, module(x, attn_mask=pad, is_causal=causal), 1e-6, atol=1e-7)
+
+
 @pytest.mark.slow
 def test_inductor_compiles_the_efficient_form_end_to_end():
     q, k, v = _inputs(3)
