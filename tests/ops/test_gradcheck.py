@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from taylorshift import taylor_shift_attention
+from taylorshift import naive_taylor_shift_attention, taylor_shift_attention
 from taylorshift.ops.taylor_shift.efficient import efficient_taylor_shift
 from taylorshift.ops.taylor_shift.efficient_causal import causal_efficient_taylor_shift
 from tests.helpers import key_padding, random_qkv
@@ -45,3 +45,21 @@ def test_gradcheck_cross_attention(causal):
     assert torch.autograd.gradcheck(fn, (q, k, v), eps=1e-6, atol=1e-6)
     q, k, v = random_qkv(1, 2, 9, 5, 4, 2, seed=6)
     assert torch.autograd.gradcheck(fn, (q, k, v), eps=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["torch", "kernels"])
+@pytest.mark.parametrize("mode", ["direct", "efficient"])
+def test_second_derivatives_raise_and_the_reference_has_them(mode, dtype, causal):
+    # The forms' backward passes are first-order (as FlashAttention's): differentiating a
+    # gradient again raises instead of returning a wrong (zero) second derivative. The
+    # plain reference is twice differentiable, the way to a gradient penalty.
+    q, k, v = random_qkv(1, 2, 9, 9, 4, 3, dtype=dtype, seed=7)
+    out = taylor_shift_attention(q, k, v, is_causal=causal, mode=mode)
+    (dq,) = torch.autograd.grad(out.square().sum(), q, create_graph=True)
+    with pytest.raises(RuntimeError, match="differentiate twice"):
+        dq.square().sum().backward()
+    out = naive_taylor_shift_attention(q, k, v, is_causal=causal)
+    (dq,) = torch.autograd.grad(out.square().sum(), q, create_graph=True)
+    dq.square().sum().backward()
+    assert all(t.grad is not None and t.grad.abs().sum() > 0 for t in (q, k, v))

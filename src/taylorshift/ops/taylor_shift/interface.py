@@ -87,6 +87,11 @@ def taylor_shift_attention(
         TypeError, ValueError: for bad input, naming the argument, the expected and the
         actual value; with ``normalize=False``, also when the scores are so large that the
         Taylor sums would overflow the compute dtype (``check_plain_score_range``).
+
+    Gradients are first-order: the forms' backward passes are not differentiable again (as
+    FlashAttention's), and differentiating a gradient raises autograd's "differentiate
+    twice" RuntimeError. For second derivatives (a gradient penalty, Hessian-vector
+    products) use ``naive_taylor_shift_attention``, plain autograd throughout.
     """
     problem = check_inputs(
         query, key, value, attn_mask, is_causal, temperature, scale, normalize, order, mode
