@@ -62,15 +62,70 @@ def test_a_failing_kernel_falls_back_once_with_one_warning(failing_kernel, caplo
     assert len(failing_kernel) == 2
 
 
-def test_out_of_memory_is_not_a_kernel_failure(monkeypatch):
+@pytest.mark.parametrize(
+    "error",
+    [torch.OutOfMemoryError("CUDA out of memory"), MemoryError("the CPU kernels could not")],
+    ids=["cuda", "cpu-scratch"],
+)
+def test_out_of_memory_is_not_a_kernel_failure(monkeypatch, error):
     monkeypatch.setattr(fused, "FAILED", {})
 
     def oom():
-        raise torch.OutOfMemoryError("CUDA out of memory")
+        raise error
 
-    with pytest.raises(torch.OutOfMemoryError):
+    with pytest.raises(type(error)):
         fused.run_guarded(("k",) * 7, oom)
     assert fused.FAILED == {}
+
+
+@pytest.mark.parametrize("reentrant", [False, True], ids=["non-reentrant", "reentrant"])
+@pytest.mark.parametrize(
+    "mode, causal", [("direct", True), ("efficient", False), ("efficient", True)]
+)
+def test_activation_checkpointing_recomputes_through_the_kernels(
+    monkeypatch, caplog, mode, causal, reentrant
+):
+    # torch.utils.checkpoint runs the forward again in the backward; non-reentrant, it stops
+    # that run by raising from its saved-tensor hook once it has what the backward needs.
+    # When the op saves the region's last tensors (attention checkpointed alone, as in
+    # selective recomputation), that stop once passed for a failing kernel: the PyTorch
+    # form ran instead, checkpoint raised an AssertionError, and the kernel was off for the
+    # process. (A whole checkpointed transformer layer ends with other saves: it worked.)
+    monkeypatch.setattr(fused, "FAILED", {})
+    runs = []
+    load = fused.load_kernel
+
+    def spied_load(name):
+        kernel = load(name)
+
+        def run(*args, **kwargs):
+            runs.append(name)
+            return kernel(*args, **kwargs)
+
+        return run
+
+    monkeypatch.setattr(fused, "load_kernel", spied_load)
+    g = torch.Generator().manual_seed(3)
+    inputs = [torch.randn(2, 3, 40, 8, generator=g) for _ in "qkv"]
+
+    def gradients(checkpointed: bool) -> list[torch.Tensor]:
+        q, k, v = (t.clone().requires_grad_() for t in inputs)
+
+        def attend(q, k, v):
+            return taylor_shift_attention(q, k, v, is_causal=causal, mode=mode)
+
+        if checkpointed:
+            out = torch.utils.checkpoint.checkpoint(attend, q, k, v, use_reentrant=reentrant)
+        else:
+            out = attend(q, k, v)
+        out.square().sum().backward()
+        return [out, q.grad, k.grad, v.grad]
+
+    with caplog.at_level(logging.WARNING, logger="taylorshift.dispatch"):
+        for got, want in zip(gradients(True), gradients(False), strict=True):
+            assert torch.equal(got, want)  # the same kernel's answer, bitwise
+    assert len(runs) == 3 and runs[0].startswith("cpu")  # forward, its re-run, the plain run
+    assert fused.FAILED == {} and not caplog.records
 
 
 def test_a_backward_kernel_that_fails_is_found_by_the_probe(monkeypatch, caplog):

@@ -33,7 +33,8 @@ class then stays on PyTorch for the rest of the process. On a GPU, the first cal
 class that autograd records also runs the kernel's backward once on a tiny input
 (``probe_backward``), so that a backward kernel that cannot compile is found while the
 forward can still fall back. A real out-of-memory error is not a kernel failure and is
-raised as usual.
+raised as usual, and so is ``torch.utils.checkpoint``'s control flow
+(``_not_kernel_failures``).
 """
 
 from __future__ import annotations
@@ -111,10 +112,26 @@ def _debug(message: str, *args: object) -> None:
         logger.debug(message, *args)
 
 
+def _not_kernel_failures() -> tuple[type[BaseException], ...]:
+    """Exceptions a kernel call can raise that are not the kernel failing: out of memory (the
+    PyTorch form would need memory too), a bad argument of the caller's, and the control flow
+    of ``torch.utils.checkpoint``, raised by its saved-tensor hook inside the call: non-reentrant
+    checkpointing stops its recomputation with ``_StopRecomputationError`` once it has every
+    tensor the backward needs. Caught as a kernel failure, that stop had turned into a fall-back
+    to the PyTorch form (which saves other tensors: checkpoint's AssertionError) and disabled
+    the kernel for the rest of the process."""
+    from torch.utils import checkpoint
+
+    flow = (
+        getattr(checkpoint, name, None) for name in ("_StopRecomputationError", "CheckpointError")
+    )
+    return (torch.OutOfMemoryError, MemoryError, TypeError, *(e for e in flow if e is not None))
+
+
 def kernel_failure(err: BaseException) -> bool:
-    """Whether ``err`` is a kernel that could not compile or launch (not an out-of-memory
-    error, not a bad argument of the caller's)."""
-    return isinstance(err, Exception) and not isinstance(err, (torch.OutOfMemoryError, TypeError))
+    """Whether ``err`` is a kernel that could not compile or launch (see
+    ``_not_kernel_failures`` for what is not)."""
+    return isinstance(err, Exception) and not isinstance(err, _not_kernel_failures())
 
 
 def disable(key: tuple, err: BaseException) -> None:
