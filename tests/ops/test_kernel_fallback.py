@@ -152,3 +152,23 @@ def test_a_backward_kernel_that_fails_is_found_by_the_probe(monkeypatch, caplog)
         assert fused.probe_backward(key, kernel, "efficient", gpu_like) is False  # remembered
     assert "backward" in fused.FAILED[key]
     assert sum(r.levelno == logging.WARNING for r in caplog.records) == 1
+
+
+def test_the_backward_probe_saves_nothing_through_the_callers_hooks(monkeypatch):
+    # The GPU probe may run inside a region torch.utils.checkpoint records (its pack hook
+    # counts the region's saved tensors); the probe's own saves must not reach that hook.
+    monkeypatch.setattr(fused, "FAILED", {})
+    monkeypatch.setattr(fused, "_PROBED", set())
+
+    def kernel(q, k, v, mask, temperature, scale, normalize):
+        return (q @ k.transpose(-2, -1)).square() @ v  # saves tensors for its backward
+
+    gpu_like = types.SimpleNamespace(is_cuda=True, device=torch.device("cpu"), dtype=torch.float32)
+    key = ("triton efficient (non-causal)", "cuda:0", "float32", 4, 4, False, False)
+    packed = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda x: packed.append(x) or x, lambda x: x):
+        q = torch.randn(3, 4, requires_grad=True)
+        (q * q).sum()  # positive control: the hook sees the caller's saves
+        assert len(packed) == 2
+        assert fused.probe_backward(key, kernel, "efficient", gpu_like) is True
+    assert len(packed) == 2 and fused.FAILED == {}

@@ -169,7 +169,10 @@ def probe_backward(key: tuple, fused: Callable[..., Tensor], mode: str, query: T
     _, _, _, d, dv, causal, masked = key
     n = 17
     shape = (1, 1, n)
-    with torch.enable_grad():
+    # Its own graph, shielded from the caller's saved-tensor hooks: inside a region that
+    # torch.utils.checkpoint records, the probe's saves would count as the region's and the
+    # recomputation, which probes no more, would save fewer tensors (a CheckpointError).
+    with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(_as_is, _as_is):
         q, k = (torch.randn(*shape, d, device=query.device, dtype=query.dtype) for _ in range(2))
         v = torch.randn(*shape, dv, device=query.device, dtype=query.dtype)
         for t in (q, k, v):
@@ -186,6 +189,10 @@ def probe_backward(key: tuple, fused: Callable[..., Tensor], mode: str, query: T
             return out
 
         return run_guarded(key, call) is not None
+
+
+def _as_is(x: Tensor) -> Tensor:
+    return x
 
 
 def cpu_kernels_ready() -> bool:
