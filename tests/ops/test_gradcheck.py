@@ -63,3 +63,25 @@ def test_second_derivatives_raise_and_the_reference_has_them(mode, dtype, causal
     (dq,) = torch.autograd.grad(out.square().sum(), q, create_graph=True)
     dq.square().sum().backward()
     assert all(t.grad is not None and t.grad.abs().sum() > 0 for t in (q, k, v))
+
+
+@pytest.mark.parametrize("mode", ["direct", "efficient"])
+def test_torch_func_transforms_raise_and_the_reference_takes_them(mode):
+    # what the README says: the forms refuse torch.func (autograd.Functions without
+    # setup_context); the reference runs under grad and vmap
+    q, k, v = random_qkv(2, 2, 7, 7, 4, 3, dtype=torch.float32, seed=8, requires_grad=False)
+
+    def loss(fn, q):
+        return fn(q, k, v).square().sum()
+
+    op = lambda q, k, v: taylor_shift_attention(q, k, v, mode=mode)  # noqa: E731
+    with pytest.raises(RuntimeError, match="setup_context"):
+        torch.func.grad(lambda q: loss(op, q))(q)
+    with pytest.raises(RuntimeError, match="setup_context"):
+        torch.vmap(op)(q[None], k[None], v[None])
+    got = torch.func.grad(lambda q: loss(naive_taylor_shift_attention, q))(q)
+    q.requires_grad_()
+    (want,) = torch.autograd.grad(loss(naive_taylor_shift_attention, q), q)
+    torch.testing.assert_close(got, want)
+    batched = torch.vmap(naive_taylor_shift_attention)(q[None], k[None], v[None])
+    torch.testing.assert_close(batched[0], naive_taylor_shift_attention(q, k, v))

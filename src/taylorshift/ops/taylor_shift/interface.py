@@ -90,8 +90,9 @@ def taylor_shift_attention(
 
     Gradients are first-order: the forms' backward passes are not differentiable again (as
     FlashAttention's), and differentiating a gradient raises autograd's "differentiate
-    twice" RuntimeError. For second derivatives (a gradient penalty, Hessian-vector
-    products) use ``naive_taylor_shift_attention``, plain autograd throughout.
+    twice" RuntimeError; ``torch.func`` transforms (``grad``, ``vmap``) are refused too. For
+    second derivatives (a gradient penalty, Hessian-vector products) or ``torch.func`` use
+    ``naive_taylor_shift_attention``, plain autograd throughout.
     """
     problem = check_inputs(
         query, key, value, attn_mask, is_causal, temperature, scale, normalize, order, mode
