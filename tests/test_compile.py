@@ -61,12 +61,13 @@ def test_op_compiles_whole_and_matches_eager(mode, causal):
         assert_rel_close(got, want, 1e-5, name, atol=1e-7)
 
 
-@pytest.mark.parametrize(
-    "mode, causal", [("direct", True), ("efficient", False), ("auto", True), ("auto", False)]
-)
-def test_op_compiles_whole_with_dynamic_shapes(mode, causal):
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_op_compiles_whole_with_dynamic_shapes(causal):
     # dynamic=True: batch and length are symbols from the first trace (a float check of
-    # the arguments, math.isfinite, and auto's choice of form had broken the graph)
+    # the arguments, math.isfinite, and auto's choice of form had broken the graph). Not
+    # causal, auto runs the direct kernel at N = 21 and the efficient one at 37 (its
+    # switch is at 26 for d = 8), causal the direct kernel at both.
+    mode = "auto"
     tau = torch.full((1, H, 1, 1), 1.7, requires_grad=True)
 
     def op(q, k, v, mask, t):
