@@ -417,6 +417,21 @@ def test_gradients_equal_the_reference_models():
     assert model.model.layers[0].self_attn.q_proj.weight.grad.abs().sum() > 0
 
 
+def test_decoder_compiles_whole_for_batches_of_other_shapes():
+    # torch.compile(fullgraph=True), float32 (the CPU kernels): the mask builder must not
+    # read the mask's values (a graph break; a mask with no padding is then kept, not
+    # dropped), and at the second shape transformers' is_causal (`causal and Nq > 1`) is a
+    # symbol, which auto's choice of form must fix before its constant look-up
+    config = _llama_config()
+    config.num_hidden_layers = 1  # (Dynamo alone, one layer: the trace takes seconds)
+    model = _model(config).float()
+    compiled = torch.compile(model, backend="eager", fullgraph=True)
+    for n, lengths in [(9, (9, 6, 2)), (12, (12, 12, 12))]:
+        ids, mask = _ids(n=n), _padding(n=n, lengths=lengths, left=True)
+        want = _decoder_out(model, ids, mask)
+        assert_rel_close(_decoder_out(compiled, ids, mask), want, 1e-5, f"N={n}", atol=1e-6)
+
+
 def test_a_learnable_temperature_on_the_module_is_used_and_trained():
     model = _model(_bert_config(), causal_lm=False).train()
     ids, mask = _ids(), _padding()

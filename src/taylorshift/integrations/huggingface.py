@@ -307,7 +307,7 @@ def taylorshift_mask(
     if (causal or bidirectional) and kwargs.get("local_size") is None:
         padding = _key_padding(attention_mask, batch_size, kv_length, kv_offset)
         if bidirectional:
-            if padding is None or (allow_is_bidirectional_skip and bool(padding.all())):
+            if padding is None or (allow_is_bidirectional_skip and _all_kept(padding)):
                 if allow_is_bidirectional_skip:
                     return None
                 padding = torch.ones(batch_size, 1, 1, kv_length, dtype=torch.bool, device=device)
@@ -317,7 +317,7 @@ def taylorshift_mask(
         upper_left = q_start == kv_start
         decoding = q_length == 1 and q_start - kv_start == kv_length - 1  # the query is last
         if allow_is_causal_skip and (upper_left or decoding):
-            if padding is None or bool(padding.all()):
+            if padding is None or _all_kept(padding):
                 return None
             return padding
     return masking.sdpa_mask(
@@ -332,6 +332,13 @@ def taylorshift_mask(
         allow_is_bidirectional_skip=allow_is_bidirectional_skip,
         **kwargs,
     )
+
+
+def _all_kept(padding: Tensor) -> bool:
+    """Whether no key is padded, so that the mask can be dropped. Under torch.compile the
+    answer would need the mask's values (a graph break): there the mask is kept, which
+    computes the same attention."""
+    return not torch.compiler.is_compiling() and bool(padding.all())
 
 
 def _key_padding(

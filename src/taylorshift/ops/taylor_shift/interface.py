@@ -201,7 +201,10 @@ def _symbolic_auto_mode(nq, nk, d, dv, batch_heads, **options) -> str:
     heads_band = 1
     while heads_band < batch_heads:
         heads_band *= 2
-    switch = _switch_length(d, dv, batch_heads=heads_band, **options)
+    # Flags that come from comparisons of sizes are symbols too (transformers' is_causal is
+    # `causal and Nq > 1`); a branch on one fixes it, with a guard (bool() would not).
+    flags = {name: True if options[name] else False for name in ("causal", "mask_varies")}  # noqa: SIM210
+    switch = _switch_length(d, dv, batch_heads=heads_band, **{**options, **flags})
     if switch is None:
         return "direct"
     return "efficient" if 2 * nq * nk >= switch * (nq + nk) else "direct"
