@@ -215,7 +215,7 @@ def test_model_compiles_whole_for_batches_of_other_shapes():
     # (its backward with symbolic sizes: test_op_compiles_whole_with_dynamic_shapes)
     torch.manual_seed(0)
     model = create_model("listops-small").eval()
-    compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
+    compiled = torch.compile(model, backend="eager", fullgraph=True)  # (Dynamo's part)
     with torch.no_grad():
         for batch, n in [(2, 33), (3, 41)]:
             tokens = torch.randint(0, 20, (batch, n))
