@@ -171,6 +171,8 @@ def test_modules_compile_whole(short_conv):
     ]
     if not short_conv:  # a local head (sliding-window softmax, tiled) beside two Taylor heads
         modules.append(TaylorShiftAttention(12, 3, local_heads=1, window=4))
+        # linear attention: its feature map's backward had failed traced (linear.py)
+        modules.append(Attention(12, 3, attn_kernel="linear"))
     for module in modules:
         compiled = torch.compile(module, backend="aot_eager", fullgraph=True)
         for causal in (False, True):
