@@ -96,11 +96,20 @@ def test_every_mistake_is_one_error_line_with_exit_code_2(tmp_path):
         assert "Traceback" not in result["stderr"], where
 
 
+_WITH_CTRL_C = (
+    "import runpy, signal; signal.signal(signal.SIGINT, signal.default_int_handler); "
+    "runpy.run_module('taylorshift', run_name='__main__', alter_sys=True)"
+)
+
+
 def test_ctrl_c_in_train_says_what_was_saved_and_how_to_resume(tmp_path):
     out = tmp_path / "run"
     argv = tiny_argv(out, "--set", "optim.epochs=200", "--set", "run.checkpoint_every=1")
+    # `python -m taylorshift`, but with Ctrl-C's usual handler installed first: a process
+    # started as a shell's background job (`nohup pytest ... &`) ignores SIGINT, and its
+    # children inherit that, so the signal would never arrive
     run = subprocess.Popen(
-        [sys.executable, "-m", "taylorshift", *argv],
+        [sys.executable, "-c", _WITH_CTRL_C, *argv],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cli_env(),
     )  # fmt: skip
     try:
