@@ -1,7 +1,8 @@
 """Direct, efficient and the plain reference agree in float64, outputs and gradients.
 
-The grid crosses chunk boundaries (chunk 64 against N = 63, 64, 65, 257) for every
-combination of normalisation and masking the efficient form supports (SPEC §8).
+The grid crosses chunk boundaries (chunk 64 against N = 63, 64, 65, 257; N = 257 up to
+d = 33) for every combination of normalisation and masking the efficient form supports
+(SPEC §8).
 """
 
 from __future__ import annotations
@@ -16,6 +17,9 @@ from tests.helpers import assert_rel_close, key_padding, random_qkv
 
 DIMS = [1, 2, 3, 5, 8, 16, 33, 64]
 LENGTHS = [1, 2, 7, 63, 64, 65, 257]
+# every pair but d = 64 at N = 257 (a fifth of the grid's time): d = 64 crosses the chunk
+# boundary at N = 63 … 65, and N = 257 crosses four of them at d <= 33
+SIZES = [(d, n) for d in DIMS for n in LENGTHS if (d, n) != (64, 257)]
 # (name, causal, key padding, query-varying mask, Nk - Nq, dv - d)
 VARIANTS = {
     "plain": (False, False, False, 0, 0),
@@ -51,8 +55,7 @@ def _grads(y, inputs, g):
 
 @pytest.mark.parametrize("normalize", [True, False], ids=["norm", "plain-scores"])
 @pytest.mark.parametrize("variant", list(VARIANTS))
-@pytest.mark.parametrize("n", LENGTHS, ids=lambda n: f"N{n}")
-@pytest.mark.parametrize("d", DIMS, ids=lambda d: f"D{d}")
+@pytest.mark.parametrize(("d", "n"), [pytest.param(d, n, id=f"D{d}-N{n}") for d, n in SIZES])
 def test_forms_agree_with_reference_fp64(d, n, variant, normalize):
     q, k, v, mask, causal, temperature = _problem(variant, n, d, normalize)
     kwargs = dict(temperature=temperature, normalize=normalize)
