@@ -558,6 +558,48 @@ def test_unsupported_attention_arguments_raise():
         forward(_Module(), q, k, v, torch.ones(2, 1, 1, 6, dtype=torch.bool))
 
 
+# --- check_model: does the model's attention reach TaylorShift? ----------------------------
+
+
+def test_check_model_counts_one_call_per_attention_layer_and_forward():
+    decoder = _model(_llama_config())
+    assert hf.check_model(decoder, _ids()) == decoder.config.num_hidden_layers
+    encoder = _model(_bert_config(), causal_lm=False)
+    assert hf.check_model(encoder, _ids(), attention_mask=_padding()) == 2
+    assert _tf().AttentionInterface._global_mapping[NAME] is not None  # still registered
+
+
+class _OwnAttention(nn.Module):
+    """A model that accepts the name in its config but computes softmax attention itself
+    (as BLOOM does in transformers 5)."""
+
+    def __init__(self, fail=False):
+        super().__init__()
+        self.config = types.SimpleNamespace(_attn_implementation=NAME)
+        self.fail = fail
+
+    def forward(self, x):
+        if self.fail:
+            raise RuntimeError("the model failed")
+        return torch.nn.functional.scaled_dot_product_attention(x, x, x)
+
+
+def test_check_model_refuses_a_model_whose_attention_never_reaches_taylorshift():
+    inner = _tf().AttentionInterface._global_mapping[NAME]
+    x = torch.randn(1, 2, 5, 4)
+    with pytest.raises(ValueError, match=r"model: _OwnAttention computes its attention without"):
+        hf.check_model(_OwnAttention(), x)
+    with pytest.raises(RuntimeError, match="the model failed"):
+        hf.check_model(_OwnAttention(fail=True), x)
+    assert _tf().AttentionInterface._global_mapping[NAME] is inner  # restored either way
+
+
+def test_check_model_refuses_a_model_set_to_another_attention():
+    model = _model(_llama_config(), attn="sdpa")
+    with pytest.raises(ValueError, match=r"attn_implementation must be one registered .*'sdpa'"):
+        hf.check_model(model, _ids())
+
+
 # --- without transformers ------------------------------------------------------------------
 
 

@@ -43,6 +43,10 @@ key-side state is not dropout on attention weights), so a module that asks for i
 with a nonzero attention dropout in its config) gets a ValueError unless
 ``ignore_dropout=True``, which skips it.
 
+Only models whose attention modules call ``AttentionInterface`` run TaylorShift; others
+accept the name and keep their own attention. ``check_model(model, inputs)`` runs one
+forward pass and says which kind a model is.
+
 ``transformers`` is imported only when a function needs it; without it they raise ImportError
 saying to ``pip install "taylorshift[hf]"``.
 """
@@ -205,6 +209,55 @@ def unregister(name: str = "taylorshift") -> None:
     del _REGISTERED[name]
     transformers.AttentionInterface._global_mapping.pop(name, None)
     transformers.AttentionMaskInterface._global_mapping.pop(name, None)
+
+
+def check_model(model: nn.Module, *args: Any, **kwargs: Any) -> int:
+    """Run ``model(*args, **kwargs)`` once without gradients; return how many attention calls
+    went through TaylorShift, or raise ValueError if none did.
+
+    ``transformers`` accepts ``attn_implementation="taylorshift"`` for every model, but only
+    models whose attention modules call its ``AttentionInterface`` use it. Others keep their
+    own softmax attention without a word (BLOOM, with ALiBi) or fail while being built
+    (Falcon, GPT-Neo: ``KeyError: 'taylorshift'``, from ``transformers``). This check tells
+    the first kind apart; compare the count with the model's attention layers (one call per
+    layer and forward, self- and cross-attention each).
+
+    Raises:
+        ValueError: the model's ``config._attn_implementation`` is not a name ``register``
+            added, or no attention call reached TaylorShift.
+    """
+    transformers = import_transformers()
+    impl = getattr(getattr(model, "config", None), "_attn_implementation", None)
+    if impl not in _REGISTERED:
+        raise ValueError(
+            f"model: its attn_implementation must be one registered by register(), "
+            f"{sorted(_REGISTERED)}; got {impl!r} (pass attn_implementation=... when building "
+            "it, or call model.set_attn_implementation(...))"
+        )
+    mapping = transformers.AttentionInterface._global_mapping
+    inner = mapping[impl]
+    calls = 0
+
+    def counting(*call_args: Any, **call_kwargs: Any) -> tuple[Tensor, None]:
+        nonlocal calls
+        calls += 1
+        return inner(*call_args, **call_kwargs)
+
+    mapping[impl] = counting
+    try:
+        with torch.no_grad():
+            model(*args, **kwargs)
+    finally:
+        mapping[impl] = inner
+    if calls == 0:
+        raise ValueError(
+            f"model: {type(model).__name__} computes its attention without transformers' "
+            f"AttentionInterface, so attn_implementation={impl!r} has no effect: no attention "
+            "call went through TaylorShift (the model keeps its own attention). TaylorShift "
+            "runs in models whose attention modules call the interface (Llama, GPT-2, BERT "
+            "and most current ones)"
+        )
+    return calls
 
 
 def make_attention_function(**options: Any) -> Callable[..., tuple[Tensor, None]]:
