@@ -233,6 +233,21 @@ def test_a_failing_compiler_is_reported_and_the_call_falls_back(fresh_build, mon
     assert torch.equal(y, efficient_taylor_shift(q, k, v, None, 1.0, None, True))
 
 
+def test_a_cache_that_cannot_be_written_names_the_setting_and_tries_once(
+    fresh_build, monkeypatch, tmp_path
+):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    monkeypatch.setenv("TAYLORSHIFT_CACHE_DIR", str(blocker / "cache"))  # under a file
+    tries = []
+    real = build._build
+    monkeypatch.setattr(build, "_build", lambda *args: tries.append(args) or real(*args))
+    reason = cpu_ops.unavailable_reason()
+    assert reason is not None and f"cannot write to {blocker / 'cache'}" in reason
+    assert "set TAYLORSHIFT_CACHE_DIR to a writable folder" in reason
+    assert len(tries) == 1  # other compiler flags would not help
+
+
 def test_a_missing_compiler_and_the_switch_are_named(fresh_build, monkeypatch):
     monkeypatch.setenv("CC", os.path.join(str(fresh_build), "no-such-cc"))
     assert "does not run" in cpu_ops.unavailable_reason()

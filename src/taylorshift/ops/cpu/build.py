@@ -48,6 +48,10 @@ class BuildError(RuntimeError):
     """The kernels could not be built or loaded here; the message says why."""
 
 
+class CacheNotWritableError(BuildError):
+    """The cache folder cannot be written: no compiler flags would help."""
+
+
 def setting() -> str:
     """``$TAYLORSHIFT_CPU_KERNELS``: ``auto`` (the default: use them when they build) or
     ``off``."""
@@ -96,6 +100,8 @@ def library() -> ctypes.CDLL:
         if not path.exists():
             try:
                 _build(cc, flags, path)
+            except CacheNotWritableError as err:
+                raise BuildError(f"the CPU kernels cannot be built: {err}") from err
             except BuildError as err:
                 errors.append(f"{' '.join(flags)}: {err}")
                 continue
@@ -144,7 +150,9 @@ def _build(cc: str, flags: tuple[str, ...], path: Path) -> None:
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".build-", suffix=".so")
         os.close(fd)
     except OSError as err:
-        raise BuildError(f"cannot write to {path.parent}: {err}") from err
+        raise CacheNotWritableError(
+            f"cannot write to {path.parent}: {err} (set TAYLORSHIFT_CACHE_DIR to a writable folder)"
+        ) from err
     try:
         command = [cc, *flags, *COMMON_FLAGS, "-o", tmp, *map(str, SOURCES), "-lm"]
         try:
