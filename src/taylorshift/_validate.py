@@ -45,6 +45,17 @@ def is_finite(x: float) -> bool:
     return -math.inf < x < math.inf
 
 
+def values_readable() -> bool:
+    """Whether a check may read tensor values (``int(t.max())``): not while torch.compile
+    traces (a graph cannot branch on values) nor inside torch.func transforms (``vmap``
+    cannot read them); such checks then leave the error to the operation itself."""
+    import torch
+
+    if torch.compiler.is_compiling():
+        return False
+    return not torch._C._are_functorch_transforms_active()
+
+
 def _show(value: object) -> str:
     text = repr(value)
     return text if len(text) <= _MAX_SHOWN else text[: _MAX_SHOWN - 3] + "..."

@@ -83,3 +83,26 @@ def test_the_modes_really_differ_in_form():
     assert isinstance(direct, TransformerClassifier)
     assert direct.blocks[0].attn.kernel.mode == "direct"
     assert efficient.blocks[0].attn.kernel.mode == "efficient"
+
+
+@pytest.mark.parametrize("name", ["lm-tiny", "listops-small"])
+def test_per_sample_gradients_through_torch_func_equal_a_loop(name):
+    # vmap(grad) over a batch (model ensembling, differential privacy): the attention runs
+    # the reference under torch.func, and the models' token checks do not read values there
+    from taylorshift.models import create_model
+
+    torch.manual_seed(0)
+    model = create_model(name).double().eval()
+    params = {n: p.detach() for n, p in model.named_parameters()}
+    tokens = torch.randint(1, 10, (3, 12))
+
+    def loss(params, sample):
+        out = torch.func.functional_call(model, params, (sample[None],))
+        return out.square().mean()
+
+    per_sample = torch.vmap(torch.func.grad(loss), in_dims=(None, 0))(params, tokens)
+    for i in range(3):
+        model.zero_grad()
+        loss(dict(model.named_parameters()), tokens[i]).backward()
+        for n, p in model.named_parameters():
+            assert_rel_close(per_sample[n][i], p.grad, 1e-9, f"sample {i}, {n}")

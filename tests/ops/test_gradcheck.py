@@ -8,7 +8,7 @@ import torch
 from taylorshift import naive_taylor_shift_attention, taylor_shift_attention
 from taylorshift.ops.taylor_shift.efficient import efficient_taylor_shift
 from taylorshift.ops.taylor_shift.efficient_causal import causal_efficient_taylor_shift
-from tests.helpers import key_padding, random_qkv
+from tests.helpers import assert_rel_close, key_padding, random_qkv
 
 
 @pytest.mark.parametrize("normalize", [True, False], ids=["norm", "plain-scores"])
@@ -65,23 +65,71 @@ def test_second_derivatives_raise_and_the_reference_has_them(mode, dtype, causal
     assert all(t.grad is not None and t.grad.abs().sum() > 0 for t in (q, k, v))
 
 
+def _func_problem(causal):
+    q, k, v = random_qkv(2, 2, 7, 7, 4, 3, seed=8, requires_grad=False)
+    mask = key_padding(2, 7, seed=3)
+    temperature = torch.tensor([[[[0.7]], [[1.3]]]], dtype=torch.float64)  # (1, H, 1, 1)
+    return q, k, v, mask, temperature
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("mode", ["direct", "efficient", "auto"])
+def test_torch_func_grad_and_vmap_equal_autograd_and_a_loop(mode, causal):
+    # Under torch.func the op runs the reference's plain ops; compared here with the forms
+    # run eagerly (autograd for the gradient, one call per sample for vmap)
+    q, k, v, mask, temperature = _func_problem(causal)
+
+    def op(q, k, v, t, mask=mask):
+        return taylor_shift_attention(q, k, v, mask, causal, temperature=t, mode=mode)
+
+    def loss(q, k, v, t):
+        return op(q, k, v, t).square().sum()
+
+    got = torch.func.grad(loss, argnums=(0, 1, 2, 3))(q, k, v, temperature)
+    leaves = [x.clone().requires_grad_() for x in (q, k, v, temperature)]
+    want = torch.autograd.grad(loss(*leaves), leaves)
+    for name, a, e in zip("qkvt", got, want, strict=True):
+        assert_rel_close(a, e, 1e-10, f"torch.func.grad of {name}")
+
+    # each sample one (1, H, N, d) problem: vmap over a new leading dim
+    samples = (x[:, None] for x in (q, k, v))
+    batched = torch.vmap(op, in_dims=(0, 0, 0, None, 0))(*samples, temperature, mask[:, None])
+    for i in range(2):
+        looped = op(q[i : i + 1], k[i : i + 1], v[i : i + 1], temperature, mask[i : i + 1])
+        assert_rel_close(batched[i], looped, 1e-10, f"vmap sample {i}")
+
+
 @pytest.mark.parametrize("mode", ["direct", "efficient"])
-def test_torch_func_transforms_raise_and_the_reference_takes_them(mode):
-    # what the README says: the forms refuse torch.func (autograd.Functions without
-    # setup_context); the reference runs under grad and vmap
-    q, k, v = random_qkv(2, 2, 7, 7, 4, 3, dtype=torch.float32, seed=8, requires_grad=False)
+def test_torch_func_hessian_equals_differences_of_the_forms_gradients(mode):
+    # second derivatives through torch.func against central differences of the gradient
+    # that the forms' own backward computes (eager autograd)
+    q, k, v, mask, _ = _func_problem(True)
+    q = q[:1, :1, :4, :]
+    k, v, mask = k[:1, :1, :4], v[:1, :1, :4], mask[:1, ..., :4]
 
-    def loss(fn, q):
-        return fn(q, k, v).square().sum()
+    def loss(x):
+        out = taylor_shift_attention(x, k, v, mask, True, temperature=0.9, mode=mode)
+        return out.square().sum()
 
-    op = lambda q, k, v: taylor_shift_attention(q, k, v, mode=mode)  # noqa: E731
-    with pytest.raises(RuntimeError, match="setup_context"):
-        torch.func.grad(lambda q: loss(op, q))(q)
-    with pytest.raises(RuntimeError, match="setup_context"):
-        torch.vmap(op)(q[None], k[None], v[None])
-    got = torch.func.grad(lambda q: loss(naive_taylor_shift_attention, q))(q)
-    q.requires_grad_()
-    (want,) = torch.autograd.grad(loss(naive_taylor_shift_attention, q), q)
-    torch.testing.assert_close(got, want)
-    batched = torch.vmap(naive_taylor_shift_attention)(q[None], k[None], v[None])
-    torch.testing.assert_close(batched[0], naive_taylor_shift_attention(q, k, v))
+    hessian = torch.func.hessian(loss)(q).reshape(q.numel(), q.numel())
+
+    def eager_grad(x):
+        x = x.clone().requires_grad_()
+        return torch.autograd.grad(loss(x), x)[0].flatten()
+
+    h = 1e-5
+    for i in range(q.numel()):
+        step = torch.zeros(q.numel(), dtype=q.dtype)
+        step[i] = h
+        column = (eager_grad(q + step.view_as(q)) - eager_grad(q - step.view_as(q))) / (2 * h)
+        torch.testing.assert_close(hessian[:, i], column, rtol=1e-6, atol=1e-8)
+
+
+def test_torch_func_refuses_the_state_arguments():
+    q = _func_problem(True)[0][:, None]  # vmapped over a leading dim: (1, H, N, d) each
+
+    def stateful(q):
+        return taylor_shift_attention(q, q, q, None, True, output_final_state=True)
+
+    with pytest.raises(ValueError, match="initial_state, output_final_state: not supported under"):
+        torch.vmap(stateful)(q)

@@ -19,7 +19,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 
-from .._validate import check_bool, check_int, check_number
+from .._validate import check_bool, check_int, check_number, values_readable
 from ..nn import CACHE_KINDS
 from .encoder import (
     TrunkConfig,
@@ -136,7 +136,7 @@ class CausalLM(nn.Module):
         # a compiled graph fails in the embedding instead)
         if (
             tokens.numel()
-            and not torch.compiler.is_compiling()
+            and values_readable()
             and (int(tokens.min()) < 0 or int(tokens.max()) >= self.config.vocab_size)
         ):
             raise ValueError(

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from .._validate import check_choice, check_int, check_number
+from .._validate import check_choice, check_int, check_number, values_readable
 from .embedding import ConvTokenEmbedding
 from .encoder import EncoderClassifier, EncoderConfig, check_padding_mask
 from .registry import register_model_class
@@ -140,7 +140,7 @@ class TransformerClassifier(EncoderClassifier):
             inputs = inputs.masked_fill(~keep, 0)
         # (on accelerators an out-of-range id trips a device-side assert instead of a sync;
         # a graph traced by torch.compile cannot branch on values and leaves it to the lookup)
-        checked = inputs.device.type == "cpu" and not torch.compiler.is_compiling()
+        checked = inputs.device.type == "cpu" and values_readable()
         if self.config.vocab_size is not None and checked and inputs.numel():
             low, high = int(inputs.min()), int(inputs.max())
             if low < 0 or high >= self.config.vocab_size:

@@ -17,6 +17,7 @@ from .efficient import efficient_taylor_shift
 from .efficient_causal import causal_efficient_taylor_shift
 from .features import backward_follows, compute_dtype, drop_masked_content
 from .fused import fused_form, kernel_name, probe_backward, run_guarded, shape_class
+from .naive import naive_taylor_shift_attention
 from .state import TaylorShiftState, check_state
 
 
@@ -88,11 +89,14 @@ def taylor_shift_attention(
         actual value; with ``normalize=False``, also when the scores are so large that the
         Taylor sums would overflow the compute dtype (``check_plain_score_range``).
 
-    Gradients are first-order: the forms' backward passes are not differentiable again (as
-    FlashAttention's), and differentiating a gradient raises autograd's "differentiate
-    twice" RuntimeError; ``torch.func`` transforms (``grad``, ``vmap``) are refused too. For
-    second derivatives (a gradient penalty, Hessian-vector products) or ``torch.func`` use
-    ``naive_taylor_shift_attention``, plain autograd throughout.
+    Gradients through autograd are first-order: the forms' backward passes are not
+    differentiable again (as FlashAttention's), and differentiating a gradient
+    (``create_graph=True``) raises autograd's "differentiate twice" RuntimeError. Under
+    ``torch.func`` transforms (``grad``, ``vmap``, ``jacrev``, ``jvp``, ``hessian``) the op
+    computes through ``naive_taylor_shift_attention``'s plain torch ops instead (the
+    (Nq, Nk) weights in memory, no fused kernel, float16/bfloat16 in float32), which every
+    transform and every derivative order takes; ``initial_state`` and
+    ``output_final_state`` are refused there.
     """
     problem = check_inputs(
         query, key, value, attn_mask, is_causal, temperature, scale, normalize, order, mode
@@ -114,6 +118,19 @@ def taylor_shift_attention(
         key, value = drop_masked_content(key, value, problem.key_mask)
     elif problem.mask is not None:
         key, value = drop_masked_content(key, value, problem.mask.any(-2))
+    if _torch_func_active():
+        # torch.func cannot look inside the forms' autograd Functions: the reference's plain
+        # torch ops instead, which every transform takes (no score-range check: it reads
+        # values, which vmap does not allow)
+        if initial_state is not None or output_final_state:
+            raise ValueError(
+                "initial_state, output_final_state: not supported under torch.func transforms "
+                f"(grad, vmap, ...); expected None and False, got "
+                f"{type(initial_state).__name__} and {output_final_state}"
+            )
+        return _reference_form(
+            query, key, value, problem, is_causal, temperature, scale, normalize, order
+        )
     if not normalize:
         check_plain_score_range(query, key, value, scale, order)
     stateful = initial_state is not None or output_final_state
@@ -149,6 +166,38 @@ def taylor_shift_attention(
             if out is not None:
                 return out
     return form(*args)
+
+
+def _torch_func_active() -> bool:
+    """Inside a torch.func transform (grad, vmap, jacrev, jvp, hessian, ...), eagerly."""
+    if torch.compiler.is_compiling():
+        return False
+    return torch._C._are_functorch_transforms_active()
+
+
+def _reference_form(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    problem: Problem,
+    is_causal: bool,
+    temperature: Tensor | float,
+    scale: float | None,
+    normalize: bool,
+    order: int,
+) -> Tensor:
+    """The op through ``naive_taylor_shift_attention``: plain torch ops, (Nq, Nk) weights,
+    float16/bfloat16 computed in float32 as the forms do (key and value already have the
+    content of keys no query attends dropped)."""
+    mask = problem.mask if problem.key_mask is None else problem.key_mask.unsqueeze(2)
+    cd = compute_dtype(query.dtype)
+    if isinstance(temperature, Tensor):
+        temperature = temperature.to(cd)
+    out = naive_taylor_shift_attention(
+        query.to(cd), key.to(cd), value.to(cd), mask, is_causal,
+        temperature=temperature, scale=scale, normalize=normalize, order=order,
+    )  # fmt: skip
+    return out.to(query.dtype)
 
 
 def assume_constant_result(fn):
