@@ -47,22 +47,50 @@ def test_gradcheck_cross_attention(causal):
     assert torch.autograd.gradcheck(fn, (q, k, v), eps=1e-6, atol=1e-6)
 
 
+@pytest.mark.parametrize("normalize", [True, False], ids=["norm", "plain-scores"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["torch", "kernels"])
 @pytest.mark.parametrize("mode", ["direct", "efficient"])
-def test_second_derivatives_raise_and_the_reference_has_them(mode, dtype, causal):
-    # The forms' backward passes are first-order (as FlashAttention's): differentiating a
-    # gradient again raises instead of returning a wrong (zero) second derivative. The
-    # plain reference is twice differentiable, the way to a gradient penalty.
-    q, k, v = random_qkv(1, 2, 9, 9, 4, 3, dtype=dtype, seed=7)
-    out = taylor_shift_attention(q, k, v, is_causal=causal, mode=mode)
-    (dq,) = torch.autograd.grad(out.square().sum(), q, create_graph=True)
-    with pytest.raises(RuntimeError, match="differentiate twice"):
-        dq.square().sum().backward()
-    out = naive_taylor_shift_attention(q, k, v, is_causal=causal)
-    (dq,) = torch.autograd.grad(out.square().sum(), q, create_graph=True)
-    dq.square().sum().backward()
-    assert all(t.grad is not None and t.grad.abs().sum() > 0 for t in (q, k, v))
+def test_gradients_asked_as_a_graph_differentiate_again(mode, dtype, causal, normalize):
+    # create_graph=True (a gradient penalty): the forms' backward passes recompute through
+    # the reference. The gradient itself must equal the forms' own first-order one, and the
+    # penalty's gradient the reference's.
+    q, k, v = random_qkv(2, 2, 9, 9, 4, 3, dtype=dtype, seed=7)
+    mask = key_padding(2, 9, seed=2)
+    tau = torch.tensor([[[[0.8]], [[1.2]]]], dtype=dtype, requires_grad=True)
+    score = {"temperature": tau} if normalize else {"normalize": False, "scale": 0.6}
+    leaves = (q, k, v, tau) if normalize else (q, k, v)
+
+    def op(*xs):
+        return taylor_shift_attention(*xs[:3], mask, causal, mode=mode, **score)
+
+    def penalty_grads(fn):
+        grads = torch.autograd.grad(fn(*leaves).square().sum(), leaves, create_graph=True)
+        penalty = sum(g.square().sum() for g in grads)
+        return grads, torch.autograd.grad(penalty, leaves)
+
+    first_order = torch.autograd.grad(op(*leaves).square().sum(), leaves)
+    grads, second = penalty_grads(op)
+
+    def reference(*xs):
+        return naive_taylor_shift_attention(*xs[:3], mask, causal, **score)
+
+    _, want = penalty_grads(reference)
+    rtol = 1e-10 if dtype == torch.float64 else 1e-5
+    for name, a, e in zip("qkvt", grads, first_order, strict=False):
+        assert_rel_close(a, e, rtol, f"gradient of {name} as a graph")
+    for name, a, e in zip("qkvt", second, want, strict=False):
+        assert_rel_close(a, e, rtol, f"penalty's gradient of {name}")
+
+
+def test_a_continued_causal_state_refuses_gradients_asked_as_a_graph():
+    q, k, v = random_qkv(1, 2, 6, 6, 4, 3, seed=9)
+    _, state = taylor_shift_attention(q[:, :, :3], k[:, :, :3], v[:, :, :3], None, True,
+                                      output_final_state=True)  # fmt: skip
+    out = taylor_shift_attention(q[:, :, 3:], k[:, :, 3:], v[:, :, 3:], None, True,
+                                 initial_state=state)  # fmt: skip
+    with pytest.raises(RuntimeError, match="initial_state: a call that continues a causal"):
+        torch.autograd.grad(out.sum(), q, create_graph=True)
 
 
 def _func_problem(causal):

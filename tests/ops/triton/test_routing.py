@@ -55,6 +55,18 @@ def test_public_op_runs_the_kernel_and_matches_pytorch(routed, monkeypatch, mode
         torch.testing.assert_close(g, r, rtol=1e-4, atol=1e-4)
 
 
+def test_gradients_asked_as_a_graph_are_refused_with_what_to_do(routed):
+    # the Triton backward passes are first-order only: a clear error, not autograd's own
+    g = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(1, 1, 5, 16, generator=g, requires_grad=True) for _ in range(3))
+    for mode, causal, kernel in (("efficient", False, "efficient"), ("efficient", True,
+                                 "causal efficient"), ("direct", True, "direct")):  # fmt: skip
+        out = taylor_shift_attention(q, k, v, None, causal, mode=mode)
+        with pytest.raises(RuntimeError, match=rf"create_graph=True: the Triton {kernel} kern"):
+            torch.autograd.grad(out.sum(), q, create_graph=True)
+        assert torch.autograd.grad(out.sum(), q)[0].shape == q.shape  # first order works
+
+
 def test_general_masks_stay_on_pytorch(routed):
     (q, k, v), _ = inputs(requires_grad=False)
     general = torch.rand(2, 1, 37, 37) > 0.3

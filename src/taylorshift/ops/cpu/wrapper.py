@@ -27,6 +27,7 @@ import torch
 from torch import Tensor
 
 from ..taylor_shift.features import NORM_EPS, split_factor
+from ..taylor_shift.second_order import reference_grads, wants_graph
 from .build import library
 
 FORMS = ("efficient", "causal", "direct")
@@ -180,12 +181,20 @@ class KernelFunction(torch.autograd.Function):
         ctx.save_for_backward(query, key, value, temperature, factors, *saved)
         ctx.form, ctx.option, ctx.factor, ctx.normalize = form, option, factor, normalize
         ctx.mask = mask  # never differentiated
+        ctx.key_mask = key_mask  # for gradients asked as a graph (create_graph=True)
         return saved[0]
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
     def backward(ctx, grad_out):
         query, key, value, temperature, factors, *saved = ctx.saved_tensors
+        if wants_graph():  # create_graph=True: gradients that differentiate again
+            mask = None if ctx.key_mask is None else ctx.key_mask.unsqueeze(2)
+            causal = ctx.form == "causal" or (ctx.form == "direct" and ctx.option == 1)
+            grads = reference_grads(
+                grad_out, (query, key, value, temperature), ctx.needs_input_grad[2:6], mask,
+                causal, ctx.factor, ctx.normalize,
+            )  # fmt: skip
+            return (None, None, *grads, None, None, None)
         need_t = ctx.needs_input_grad[5]
         gq, gk, gv, g_factor = backward_pass(
             ctx.form, ctx.option, grad_out, query, key, value, ctx.mask, factors, ctx.factor,

@@ -26,6 +26,7 @@ from .features import (
     scaled_query,
     split_factor,
 )
+from .second_order import reference_grads, wants_graph
 
 # Entries of one block's (b, H, rows, keys) score matrix: 2^18 float32 values are 1 MiB,
 # so a block's scores, weights and their gradient stay in a core's L2 cache.
@@ -222,9 +223,15 @@ class _DirectAttention(torch.autograd.Function):
         return out.to(query.dtype)
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
     def backward(ctx, grad_out):
         query, key, value, temperature, q, k, mask, count, out, den = ctx.saved_tensors
+        if wants_graph():  # create_graph=True: gradients that differentiate again
+            grads = reference_grads(
+                grad_out, (query, key, value, temperature), ctx.needs_input_grad[:4], mask,
+                ctx.is_causal, ctx.factor, ctx.normalize, ctx.order,
+            )  # fmt: skip
+            ctx.kept = None
+            return (*grads, None, None, None, None, None, None, None)
         normalize = ctx.normalize
         cd = q.dtype
         g = grad_outputs(grad_out.to(cd), out, den, count, normalize, q.shape[-1])

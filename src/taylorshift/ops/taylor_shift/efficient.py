@@ -30,6 +30,7 @@ from .features import (
     symmetric_state,
     values_with_ones,
 )
+from .second_order import reference_grads, wants_graph
 
 # Elements of one chunk of features, (B, H, C, D), that the default chunk size aims at
 # (32 MiB in float32; benchmarks/op_cpu/workspace/chunk.md has 2^22 to 2^24 side by side).
@@ -151,10 +152,16 @@ class EfficientTaylorShiftFunction(torch.autograd.Function):
         return out
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
     def backward(ctx, grad_out):
         query, key, value, temperature, key_mask, state, ksum, kk, out, den = ctx.saved_tensors
         need_q, need_k, need_v, need_t = ctx.needs_input_grad[:4]
+        if wants_graph():  # create_graph=True: gradients that differentiate again
+            mask = None if key_mask is None else key_mask.unsqueeze(2)
+            grads = reference_grads(
+                grad_out, (query, key, value, temperature), ctx.needs_input_grad[:4], mask,
+                False, ctx.factor, ctx.normalize,
+            )  # fmt: skip
+            return (*grads, None, None, None, None)
         normalize, chunk = ctx.normalize, ctx.chunk
         b, h, nq, d = query.shape
         nk, dv = key.shape[2], value.shape[3]

@@ -43,6 +43,7 @@ from .features import (
     state_weights,
     values_with_ones,
 )
+from .second_order import reference_grads, wants_graph
 from .state import TaylorShiftState, real_keys
 
 DEFAULT_CAUSAL_CHUNK = 256
@@ -167,10 +168,22 @@ class CausalEfficientTaylorShiftFunction(torch.autograd.Function):
         return out
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
     def backward(ctx, grad_out):
         query, key, value, temperature, key_mask, out, den, count, initial = ctx.saved_tensors
         need_q, need_k, need_v, need_t = ctx.needs_input_grad[:4]
+        if wants_graph():  # create_graph=True: gradients that differentiate again
+            if initial is not None:
+                raise RuntimeError(
+                    "initial_state: a call that continues a causal state has first-order "
+                    "gradients only; differentiating its gradient again (create_graph=True) "
+                    "is not supported"
+                )
+            mask = None if key_mask is None else key_mask.unsqueeze(2)
+            grads = reference_grads(
+                grad_out, (query, key, value, temperature), ctx.needs_input_grad[:4], mask,
+                True, ctx.factor, ctx.normalize,
+            )  # fmt: skip
+            return (*grads, None, None, None, None, None, None)
         need_s = ctx.needs_input_grad[8]
         normalize, chunk = ctx.normalize, ctx.chunk
         b, h, nq, d = query.shape

@@ -89,14 +89,14 @@ def taylor_shift_attention(
         actual value; with ``normalize=False``, also when the scores are so large that the
         Taylor sums would overflow the compute dtype (``check_plain_score_range``).
 
-    Gradients through autograd are first-order: the forms' backward passes are not
-    differentiable again (as FlashAttention's), and differentiating a gradient
-    (``create_graph=True``) raises autograd's "differentiate twice" RuntimeError. Under
-    ``torch.func`` transforms (``grad``, ``vmap``, ``jacrev``, ``jvp``, ``hessian``) the op
-    computes through ``naive_taylor_shift_attention``'s plain torch ops instead (the
-    (Nq, Nk) weights in memory, no fused kernel, float16/bfloat16 in float32), which every
-    transform and every derivative order takes; ``initial_state`` and
-    ``output_final_state`` are refused there.
+    Higher derivatives: the forms' backward passes are hand-written and first-order (as
+    FlashAttention's). Asked for a gradient as a graph (``create_graph=True``), they
+    recompute it through ``naive_taylor_shift_attention``'s plain torch ops, which
+    differentiate to any order (``second_order.py``; the Triton kernels refuse, saying what
+    to do; a call continuing an ``initial_state`` refuses too). Under ``torch.func``
+    transforms (``grad``, ``vmap``, ``jacrev``, ``jvp``, ``hessian``) the op computes
+    through those plain ops directly; ``initial_state`` and ``output_final_state`` are
+    refused there. Both hold the (Nq, Nk) weights in memory (float16/bfloat16 in float32).
     """
     problem = check_inputs(
         query, key, value, attn_mask, is_causal, temperature, scale, normalize, order, mode

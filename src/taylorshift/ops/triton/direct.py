@@ -24,6 +24,7 @@ import triton.language as tl
 from torch import Tensor
 
 from ..taylor_shift.features import compute_dtype, scaled_key, scaled_query, score_factor
+from ..taylor_shift.second_order import refuse_graph
 
 
 @triton.jit
@@ -465,6 +466,7 @@ def _setup_context(ctx, inputs, output):
 
 def _backward_autograd(ctx, grad_out, grad_rinv):
     # rinv is an internal statistic (never returned to users): its gradient is ignored.
+    refuse_graph("the Triton direct kernels")
     query, key, value, row_factor, key_mask, out, rinv = ctx.saved_tensors
     dq, dk, dv = _backward_op(
         grad_out, query, key, value, row_factor, key_mask, out, rinv, ctx.is_causal

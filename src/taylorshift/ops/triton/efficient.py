@@ -28,6 +28,7 @@ from torch import Tensor
 
 from ..taylor_shift.efficient import grad_outputs, key_count
 from ..taylor_shift.features import scaled_key, scaled_query, score_factor
+from ..taylor_shift.second_order import refuse_graph
 from .layout import TILE, Layout, layout
 
 # How the kernels multiply (the DOT constexpr): float32 inputs keep exact float32 products
@@ -551,6 +552,7 @@ def _setup_context(ctx, inputs, output):
 
 
 def _backward(ctx, grad_out, _grad_den, _grad_state):
+    refuse_graph("the Triton efficient kernels")
     qp, kp, value, key_mask, out, den, state = ctx.saved_tensors
     gq, gk, gv = triton_efficient_backward(
         grad_out.contiguous(), qp, kp, value, key_mask, out, den, state, ctx.normalize

@@ -30,6 +30,7 @@ from ..taylor_shift.efficient import finish_outputs
 from ..taylor_shift.efficient_causal import causal_count
 from ..taylor_shift.features import taylor_weight
 from ..taylor_shift.fused import CAUSAL_CHUNK
+from ..taylor_shift.second_order import refuse_graph
 from ..taylor_shift.state import TaylorShiftState
 from .efficient import (
     _apply,
@@ -180,6 +181,7 @@ def _setup_causal(ctx, inputs, output):
 
 
 def _backward_causal(ctx, grad):
+    refuse_graph("the Triton causal efficient kernels")
     q, k, u = ctx.saved_tensors
     gq, gk, gu = triton_causal_backward(grad.contiguous(), q, k, u, ctx.chunk, ctx.dot)
     return gq, gk, gu, None, None
