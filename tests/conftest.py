@@ -17,7 +17,7 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from taylorshift.ops.taylor_shift import dispatch
+from taylorshift.ops.taylor_shift import calibration, dispatch
 
 # Under pytest-xdist (the default, -n auto) the workers share the cores: each takes its
 # share of torch's threads instead of all of them.
@@ -57,5 +57,5 @@ def isolated_cache_dir(tmp_path_factory, monkeypatch, shared_kernel_builds):
     (cache / "cpu-kernels").symlink_to(shared_kernel_builds, target_is_directory=True)
     monkeypatch.setenv(dispatch.CACHE_DIR_ENV, str(cache))
     monkeypatch.delenv(dispatch.CALIBRATION_ENV, raising=False)
-    monkeypatch.setattr(dispatch, "_loaded", dispatch._UNSET)
+    monkeypatch.setattr(calibration, "_loaded", calibration._UNSET)
     return cache

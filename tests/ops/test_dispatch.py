@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from taylorshift import taylor_shift_attention, theory
-from taylorshift.ops.taylor_shift import dispatch, interface
+from taylorshift.ops.taylor_shift import calibration, dispatch, interface
 from taylorshift.ops.taylor_shift.dispatch import (
     Decision,
     choose_mode,
@@ -282,9 +282,9 @@ def test_calibration_is_read_once_per_process(isolated_cache_dir, monkeypatch):
     # (its speed per decision is a benchmark's matter; here: no file access per call)
     write_calibration(isolated_cache_dir, {4: 100, 16: 400})
     reads = []
-    real = dispatch._read_calibration
+    real = calibration._read_calibration
     monkeypatch.setattr(
-        dispatch, "_read_calibration", lambda path: reads.append(path) or real(path)
+        calibration, "_read_calibration", lambda path: reads.append(path) or real(path)
     )
     for _ in range(100):
         choose_mode(600, 600, 8, 8, **FULL, **CPU64)

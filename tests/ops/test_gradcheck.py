@@ -93,6 +93,11 @@ def test_a_continued_causal_state_refuses_gradients_asked_as_a_graph():
         torch.autograd.grad(out.sum(), q, create_graph=True)
 
 
+# torch.func's transforms script helpers of their own with torch.jit, which warns of its
+# deprecation (torch's matter, not ours)
+JIT_WARNING = pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated")
+
+
 def _func_problem(causal):
     q, k, v = random_qkv(2, 2, 7, 7, 4, 3, seed=8, requires_grad=False)
     mask = key_padding(2, 7, seed=3)
@@ -100,6 +105,7 @@ def _func_problem(causal):
     return q, k, v, mask, temperature
 
 
+@JIT_WARNING
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("mode", ["direct", "efficient", "auto"])
 def test_torch_func_grad_and_vmap_equal_autograd_and_a_loop(mode, causal):
@@ -127,6 +133,7 @@ def test_torch_func_grad_and_vmap_equal_autograd_and_a_loop(mode, causal):
         assert_rel_close(batched[i], looped, 1e-10, f"vmap sample {i}")
 
 
+@JIT_WARNING
 @pytest.mark.parametrize("mode", ["direct", "efficient"])
 def test_torch_func_hessian_equals_differences_of_the_forms_gradients(mode):
     # second derivatives through torch.func against central differences of the gradient
@@ -153,6 +160,7 @@ def test_torch_func_hessian_equals_differences_of_the_forms_gradients(mode):
         torch.testing.assert_close(hessian[:, i], column, rtol=1e-6, atol=1e-8)
 
 
+@JIT_WARNING
 def test_torch_func_refuses_the_state_arguments():
     q = _func_problem(True)[0][:, None]  # vmapped over a leading dim: (1, H, N, d) each
 

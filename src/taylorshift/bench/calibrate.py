@@ -6,7 +6,7 @@ and v too) and head dim d, both forms of ``taylor_shift_attention`` are timed
 N around the op-count crossover, walking up the grid and stopping once the efficient form has
 won twice in a row;
 ``crossover.find_crossover`` interpolates the crossover N̂. The results go into
-``calibration.json`` in the cache directory (see ``taylorshift.ops.taylor_shift.dispatch``),
+``calibration.json`` in the cache directory (see ``taylorshift.ops.taylor_shift.calibration``),
 keyed by the device (CPU model or GPU name, torch and CUDA versions), and ``mode="auto"``
 uses them from then on. docs/calibration.md explains the rule.
 """
@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from ..cliargs import format_table, positive_float, positive_int
-from ..ops.taylor_shift import dispatch
+from ..ops.taylor_shift import calibration, dispatch
 from ..ops.taylor_shift.efficient_causal import DEFAULT_CAUSAL_CHUNK
 from ..ops.taylor_shift.interface import taylor_shift_attention
 from ..theory import impl_crossover
@@ -126,8 +126,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def empty_calibration() -> dict:
     return {
-        "format": dispatch.CALIBRATION_FORMAT,
-        "version": dispatch.CALIBRATION_VERSION,
+        "format": calibration.CALIBRATION_FORMAT,
+        "version": calibration.CALIBRATION_VERSION,
         "devices": {},
     }
 
@@ -141,13 +141,14 @@ def read_file(path: Path) -> tuple[dict | None, str]:
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
         return None, f"unreadable ({err})"
     try:
-        parsed = dispatch.parse_calibration(data, str(path))
-    except dispatch.CalibrationError as err:
+        parsed = calibration.parse_calibration(data, str(path))
+    except calibration.CalibrationError as err:
         return None, f"not a calibration ({err})"
     if parsed is None:
-        return None, f"format version {data.get('version')!r}, not {dispatch.CALIBRATION_VERSION}"
+        version = calibration.CALIBRATION_VERSION
+        return None, f"format version {data.get('version')!r}, not {version}"
     for device in data["devices"].values():  # a file written before: its entries renamed
-        device["entries"] = dispatch.upgrade_entries(device["entries"])
+        device["entries"] = calibration.upgrade_entries(device["entries"])
     return data, ""
 
 
@@ -355,7 +356,7 @@ def clear(path: Path) -> int:
     except FileNotFoundError:
         print(f"No calibration at {path}.")
         return 0
-    dispatch.reload_calibration()
+    calibration.reload_calibration()
     print(f"Removed {path}.")
     return 0
 
@@ -368,7 +369,7 @@ def _parse_device(text: str, parser: argparse.ArgumentParser) -> torch.device:
 
 
 def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    path = dispatch.calibration_path(args.cache_dir)
+    path = calibration.calibration_path(args.cache_dir)
     if args.clear:
         return clear(path)
     if args.show:
@@ -388,7 +389,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         for passes in PASS_CHOICES[args.passes]
         for d in sorted(set(ds))
     ]
-    key = dispatch.device_key(device)
+    key = calibration.device_key(device)
     print(f"Calibrating {key}: {len(cases)} cases, budget {budget:g} s, {heads} heads")
     start = time.perf_counter()
     entries = {}
@@ -411,7 +412,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             log=print,
         )
         print(f"  crossover {_measured_text(entry)} (theory {entry['theory_n']:.0f})")
-        entries[dispatch.entry_key(dtype, causal, passes, d)] = entry
+        entries[calibration.entry_key(dtype, causal, passes, d)] = entry
     data, why = read_file(path)
     if data is None:
         if why != "missing":
@@ -422,7 +423,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     data["command"] = machine.command_line()
     merge_entries(data, key, {"device": device.type, "machine": info}, entries)
     files.write_json(path, data)
-    dispatch.reload_calibration()
+    calibration.reload_calibration()
     print()
     print(f"Stored in {path} ({time.perf_counter() - start:.0f} s)")
     print(format_table(SUMMARY_HEADERS, summary_rows(_sorted_entries(entries.values()))))

@@ -20,7 +20,7 @@ import torch
 
 import taylorshift
 from taylorshift.bench.core import GIB
-from taylorshift.ops.taylor_shift.dispatch import cpu_model, device_key
+from taylorshift.ops.taylor_shift.calibration import cpu_model, device_key
 
 __all__ = [
     "command_line",

@@ -134,7 +134,7 @@ def _cpu_flags() -> str:
 
 
 def _library_path(cc: str, version: str, flags: tuple[str, ...]) -> Path:
-    from ..taylor_shift.dispatch import cache_dir
+    from ..taylor_shift.calibration import cache_dir
 
     digest = hashlib.sha256()
     sources = [source.read_bytes().decode() for source in (*SOURCES, *HEADERS)]
