@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
+import tempfile
 
 import pytest
 import torch
@@ -233,19 +235,61 @@ def test_a_failing_compiler_is_reported_and_the_call_falls_back(fresh_build, mon
     assert torch.equal(y, efficient_taylor_shift(q, k, v, None, 1.0, None, True))
 
 
-def test_a_cache_that_cannot_be_written_names_the_setting_and_tries_once(
-    fresh_build, monkeypatch, tmp_path
-):
+def _unwritable_cache(monkeypatch, tmp_path, shared_kernel_builds):
+    """The cache folder under a regular file, the temporary directory under tmp_path; builds
+    copy the suite's shared build of the same name instead of compiling (seconds each)."""
+    shared = tmp_path / "shared"
+    (shared / "cpu-kernels").parent.mkdir()
+    (shared / "cpu-kernels").symlink_to(shared_kernel_builds, target_is_directory=True)
+    monkeypatch.setenv("TAYLORSHIFT_CACHE_DIR", str(shared))
+    build.library.cache_clear()
+    build.library()  # the suite's shared build exists now (built there if it did not)
     blocker = tmp_path / "a-file"
     blocker.write_text("")
-    monkeypatch.setenv("TAYLORSHIFT_CACHE_DIR", str(blocker / "cache"))  # under a file
-    tries = []
+    monkeypatch.setenv("TAYLORSHIFT_CACHE_DIR", str(blocker / "cache"))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    built = []
     real = build._build
-    monkeypatch.setattr(build, "_build", lambda *args: tries.append(args) or real(*args))
+
+    def fake(cc, flags, path):
+        built.append(path)
+        if blocker in path.parents:
+            real(cc, flags, path)  # raises: cannot write
+        path.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(shared_kernel_builds / path.name, path)
+
+    build.library.cache_clear()
+    monkeypatch.setattr(build, "_build", fake)
+    return blocker, built
+
+
+def test_a_cache_that_cannot_be_written_builds_in_a_private_temporary_folder(
+    fresh_build, monkeypatch, tmp_path, shared_kernel_builds
+):
+    blocker, built = _unwritable_cache(monkeypatch, tmp_path, shared_kernel_builds)
+    assert cpu_ops.unavailable_reason() is None
+    private = tmp_path / "tmp" / f"taylorshift-{os.getuid()}"
+    assert [p.parent for p in built] == [blocker / "cache" / "cpu-kernels", private / "cpu-kernels"]
+    assert private.stat().st_mode & 0o777 == 0o700
+    build.library.cache_clear()
+    built.clear()
+    assert cpu_ops.unavailable_reason() is None  # the next process loads it, builds nothing
+    assert [p.parent for p in built] == [blocker / "cache" / "cpu-kernels"]
+
+
+def test_a_temporary_folder_others_can_write_is_refused(
+    fresh_build, monkeypatch, tmp_path, shared_kernel_builds
+):
+    blocker, _ = _unwritable_cache(monkeypatch, tmp_path, shared_kernel_builds)
+    private = tmp_path / "tmp" / f"taylorshift-{os.getuid()}"
+    private.mkdir()
+    private.chmod(0o777)  # another user could plant a library there
     reason = cpu_ops.unavailable_reason()
     assert reason is not None and f"cannot write to {blocker / 'cache'}" in reason
     assert "set TAYLORSHIFT_CACHE_DIR to a writable folder" in reason
-    assert len(tries) == 1  # other compiler flags would not help
+    assert f"{private} is not this user's private folder" in reason and "mode 777" in reason
+    assert not (private / "cpu-kernels").exists()
 
 
 def test_a_missing_compiler_and_the_switch_are_named(fresh_build, monkeypatch):

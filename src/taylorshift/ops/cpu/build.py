@@ -8,7 +8,8 @@ The C sources are compiled by the machine's C compiler (``$CC``, else ``cc``, ``
 CPU, so that a changed source, compiler or machine builds anew and a shared home folder
 never hands one CPU's build to another. The build writes to a temporary file and renames
 it into place: a process killed mid-build, or two processes building at once, never leave
-a broken library behind.
+a broken library behind. Where the cache folder cannot be written (a read-only home), the
+build goes to ``<tmp>/taylorshift-<uid>/cpu-kernels``, a folder only this user may write.
 
 Flags: ``-O3 -march=native -fopenmp`` first; a compiler that refuses one of them gets the
 next, plainer set (without ``-march=native``, then without OpenMP: one thread). Loading
@@ -22,6 +23,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import hashlib
+import logging
 import os
 import platform
 import shutil
@@ -42,6 +44,8 @@ FLAG_SETS = (
 )
 COMMON_FLAGS = ("-std=gnu11", "-shared", "-fPIC", "-ffp-contract=fast")
 BUILD_TIMEOUT_S = 120
+
+logger = logging.getLogger("taylorshift.dispatch")
 
 
 class BuildError(RuntimeError):
@@ -99,7 +103,14 @@ def library() -> ctypes.CDLL:
         path = _library_path(cc, version, flags)
         if not path.exists():
             try:
-                _build(cc, flags, path)
+                try:
+                    _build(cc, flags, path)
+                except CacheNotWritableError as err:
+                    # a read-only home (a container, a compute node): a folder of this
+                    # user's own in the temporary directory instead
+                    path = _private_fallback(path.name, err)
+                    if not path.exists():
+                        _build(cc, flags, path)
             except CacheNotWritableError as err:
                 raise BuildError(f"the CPU kernels cannot be built: {err}") from err
             except BuildError as err:
@@ -111,6 +122,26 @@ def library() -> ctypes.CDLL:
             errors.append(f"{' '.join(flags)}: loading {path} failed: {err}")
     names = " and ".join(source.name for source in SOURCES)
     raise BuildError(f"building {names} with {cc} failed: " + " | ".join(errors))
+
+
+def _private_fallback(name: str, why: CacheNotWritableError) -> Path:
+    """``<tmp>/taylorshift-<uid>/cpu-kernels/<name>``, in a folder that only this user can
+    write (a library loaded from a folder others can write to would run their code): made
+    with mode 0700, or refused when it exists with another owner or other permissions."""
+    user = os.getuid() if hasattr(os, "getuid") else os.environ.get("USERNAME", "user")
+    top = Path(tempfile.gettempdir()) / f"taylorshift-{user}"
+    try:
+        top.mkdir(mode=0o700, exist_ok=True)
+        info = top.stat()
+    except OSError as err:
+        raise CacheNotWritableError(f"{why}; and {top}: {err}") from err
+    if hasattr(os, "getuid") and (info.st_uid != os.getuid() or info.st_mode & 0o077):
+        raise CacheNotWritableError(
+            f"{why}; and {top} is not this user's private folder (owner {info.st_uid}, "
+            f"mode {info.st_mode & 0o777:o}; expected owner {os.getuid()}, mode 700)"
+        )
+    logger.info("CPU kernels: %s; building in %s instead", why, top)
+    return top / "cpu-kernels" / name
 
 
 def _compiler_version(cc: str) -> str:
