@@ -113,6 +113,27 @@ def test_long_sequences_stay_finite_and_accurate(causal, dtype):
     assert rel_error(out, exact) < RMS_BOUND
 
 
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("mode", ["efficient", "direct"])
+def test_gradients_asked_as_a_graph_match_the_float64_reference(mode, causal):
+    # create_graph=True (a gradient penalty) through the kernels: their backward passes
+    # recompute the cores' sums in plain ops; the penalty's gradient against float64
+    tensors, tau, mask = _inputs(size(200, 9), 16, 16, torch.float32, True)
+    assert _kernel_taken(tensors, mask, causal, mode, torch.float32)
+
+    def penalty_grads(fn, dtype, device, **kwargs):
+        leaves = [t.to(device, dtype).requires_grad_() for t in (*tensors, tau)]
+        m = mask.to(device)
+        out = fn(*leaves[:3], m, causal, temperature=leaves[3], **kwargs)
+        grads = torch.autograd.grad(out.square().sum(), leaves, create_graph=True)
+        return torch.autograd.grad(sum(g.square().sum() for g in grads), leaves)
+
+    want = penalty_grads(naive_taylor_shift_attention, torch.float64, "cpu")
+    got = penalty_grads(taylor_shift_attention, torch.float32, DEVICE, mode=mode)
+    for name, a, e in zip(("q", "k", "v", "tau"), got, want, strict=True):
+        assert_rel_close(a.cpu(), e, 1e-3, f"penalty's grad {name}", atol=1e-5)
+
+
 def test_decoding_state_on_the_device_equals_the_parallel_form():
     g = torch.Generator().manual_seed(4)
     b, h, n, d = 2, 2, size(300, 20), size(64, 8)

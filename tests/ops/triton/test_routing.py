@@ -55,16 +55,32 @@ def test_public_op_runs_the_kernel_and_matches_pytorch(routed, monkeypatch, mode
         torch.testing.assert_close(g, r, rtol=1e-4, atol=1e-4)
 
 
-def test_gradients_asked_as_a_graph_are_refused_with_what_to_do(routed):
-    # the Triton backward passes are first-order only: a clear error, not autograd's own
+@pytest.mark.parametrize(
+    "mode, causal", [("efficient", False), ("efficient", True), ("direct", True)]
+)
+def test_gradients_asked_as_a_graph_equal_the_pytorch_forms(routed, monkeypatch, mode, causal):
+    # create_graph=True (a gradient penalty): the kernels' cores recompute their sums in
+    # plain ops; the gradient and the penalty's gradient match the PyTorch forms'
     g = torch.Generator().manual_seed(1)
-    q, k, v = (torch.randn(1, 1, 5, 16, generator=g, requires_grad=True) for _ in range(3))
-    for mode, causal, kernel in (("efficient", False, "efficient"), ("efficient", True,
-                                 "causal efficient"), ("direct", True, "direct")):  # fmt: skip
-        out = taylor_shift_attention(q, k, v, None, causal, mode=mode)
-        with pytest.raises(RuntimeError, match=rf"create_graph=True: the Triton {kernel} kern"):
-            torch.autograd.grad(out.sum(), q, create_graph=True)
-        assert torch.autograd.grad(out.sum(), q)[0].shape == q.shape  # first order works
+    q, k, v = (torch.randn(2, 1, 9, 16, generator=g, requires_grad=True) for _ in range(3))
+    pad = torch.ones(2, 1, 1, 9, dtype=torch.bool)
+    pad[1, ..., 6:] = False
+    tau = torch.tensor([[[[1.3]]]], requires_grad=True)
+
+    def penalty_grads():
+        out = taylor_shift_attention(q, k, v, pad, causal, temperature=tau, mode=mode)
+        grads = torch.autograd.grad(out.square().sum(), (q, k, v, tau), create_graph=True)
+        penalty = sum(x.square().sum() for x in grads)
+        return grads, torch.autograd.grad(penalty, (q, k, v, tau))
+
+    fused_grads, fused_second = penalty_grads()
+    assert "fused: triton" in routed.text
+    monkeypatch.setenv(fused.TRITON_ENV, "off")
+    want_grads, want_second = penalty_grads()
+    names = [f"{what} of {x}" for what in ("gradient", "penalty's gradient") for x in "qkvt"]
+    got, want = (*fused_grads, *fused_second), (*want_grads, *want_second)
+    for name, a, e in zip(names, got, want, strict=True):
+        torch.testing.assert_close(a, e, rtol=1e-4, atol=1e-5, msg=name)
 
 
 def test_general_masks_stay_on_pytorch(routed):

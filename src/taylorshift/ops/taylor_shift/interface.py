@@ -92,8 +92,8 @@ def taylor_shift_attention(
     Higher derivatives: the forms' backward passes are hand-written and first-order (as
     FlashAttention's). Asked for a gradient as a graph (``create_graph=True``), they
     recompute it through ``naive_taylor_shift_attention``'s plain torch ops, which
-    differentiate to any order (``second_order.py``; the Triton kernels refuse, saying what
-    to do; a call continuing an ``initial_state`` refuses too). Under ``torch.func``
+    differentiate to any order (``second_order.py``; the Triton kernels recompute their
+    cores' sums that way; a call continuing an ``initial_state`` refuses). Under ``torch.func``
     transforms (``grad``, ``vmap``, ``jacrev``, ``jvp``, ``hessian``) the op computes
     through those plain ops directly; ``initial_state`` and ``output_final_state`` are
     refused there. Both hold the (Nq, Nk) weights in memory (float16/bfloat16 in float32).

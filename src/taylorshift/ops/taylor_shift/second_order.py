@@ -6,13 +6,13 @@ gradient penalty or a Hessian-vector product does), it runs the backward with gr
 enabled; the forms then return ``reference_grads``: the same gradients recomputed through
 ``naive_taylor_shift_attention``'s plain torch ops, which autograd can differentiate to any
 order. That costs the reference's time and its (Nq, Nk) weights in memory, in the
-backward only; first-order training never takes this path. The Triton kernels' backward
-passes refuse such a request (``refuse_graph``) with an error that says what to do.
+backward only; first-order training never takes this path. The fused kernels' cores (Triton)
+take the same way through ``taylor_sums``, the sums they compute written in plain ops.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import Tensor
@@ -27,15 +27,60 @@ def wants_graph() -> bool:
     return torch.is_grad_enabled()
 
 
-def refuse_graph(where: str) -> None:
-    """In a backward that has no differentiable variant: a clear error when autograd asks
-    for a graph, instead of autograd's own about a missing derivative."""
-    if torch.is_grad_enabled():
-        raise RuntimeError(
-            f"create_graph=True: {where} compute first-order gradients only; run the PyTorch "
-            "forms (TAYLORSHIFT_TRITON=off), whose gradients differentiate again, or take "
-            "second derivatives with torch.func (grad, hessian)"
+def graph_grads(
+    fn: Callable[..., Tensor],
+    grad_out: Tensor,
+    inputs: Sequence[Tensor | None],
+    needs: Sequence[bool],
+) -> tuple[Tensor | None, ...]:
+    """Gradients of ``fn(*inputs)`` against ``grad_out`` w.r.t. the inputs that ``needs``
+    marks, as a graph over them and ``grad_out`` (None for the others; zeros for one the
+    output does not depend on), in each input's dtype."""
+    wanted = [x for x, need in zip(inputs, needs, strict=True) if need]
+    with torch.enable_grad():
+        out = fn(*inputs)
+        grads = iter(
+            torch.autograd.grad(
+                out, wanted, grad_out.to(out.dtype), create_graph=True, allow_unused=True
+            )
         )
+    result: list[Tensor | None] = []
+    for x, need in zip(inputs, needs, strict=True):
+        if not need:
+            result.append(None)
+            continue
+        g = next(grads)
+        result.append(torch.zeros_like(x) if g is None else g.to(x.dtype))
+    return tuple(result)
+
+
+def taylor_sums(
+    qp: Tensor, kp: Tensor, u: Tensor, allowed: Tensor | None, is_causal: bool
+) -> Tensor:
+    """Σ_j w(q'_i·k'_j) u_j over the allowed keys, w(s) = 1 + s + s²/2, in float32 plain torch
+    ops: what the fused kernels' cores compute from the scaled q', k' (the reference of their
+    backward passes asked for a graph). ``allowed`` broadcasts to (..., Nq, Nk); causal is
+    upper-left aligned."""
+    s = qp.float() @ kp.float().transpose(-2, -1)
+    w = 1 + s + s * s / 2
+    if is_causal:
+        w = w.tril()
+    if allowed is not None:
+        w = w * allowed
+    return w @ u.float()
+
+
+def ratio_or_zero(sums: Tensor) -> Tensor:
+    """[numerator, denominator] (last column) -> numerator / denominator, zeros where the
+    denominator is 0 (a query that attends no key)."""
+    num, den = sums[..., :-1], sums[..., -1:]
+    return torch.where(den > 0, num / torch.where(den > 0, den, 1.0), 0.0)
+
+
+def with_ones(value: Tensor) -> Tensor:
+    """[value, 1] in float32: the numerator's and the denominator's columns in one product."""
+    v = value.float()
+    return torch.cat([v, v.new_ones((*v.shape[:-1], 1))], dim=-1)
 
 
 def reference_grads(
@@ -56,28 +101,16 @@ def reference_grads(
     without), as the forms take it (``features.split_factor``). float16/bfloat16 inputs are
     computed in float32, as the forms do. ``needs[i]`` False gives None.
     """
-    query, key, value, temperature = inputs
-    cd = compute_dtype(query.dtype)
-    if not normalize:
-        score = {"scale": factor}
-    elif temperature is None:
-        score = {"temperature": factor}
-    else:
-        score = {"temperature": temperature.to(cd)}
-    wanted = [x for x, need in zip(inputs, needs, strict=True) if need]
-    with torch.enable_grad():
-        out = naive_taylor_shift_attention(
+    cd = compute_dtype(inputs[0].dtype)
+
+    def forward(query: Tensor, key: Tensor, value: Tensor, temperature: Tensor | None) -> Tensor:
+        if not normalize:
+            score = {"scale": factor}
+        else:
+            score = {"temperature": factor if temperature is None else temperature.to(cd)}
+        return naive_taylor_shift_attention(
             query.to(cd), key.to(cd), value.to(cd), mask, is_causal,
             normalize=normalize, order=order, **score,
         )  # fmt: skip
-        grads = iter(
-            torch.autograd.grad(out, wanted, grad_out.to(cd), create_graph=True, allow_unused=True)
-        )
-    result: list[Tensor | None] = []
-    for x, need in zip(inputs, needs, strict=True):
-        if not need:
-            result.append(None)
-            continue
-        g = next(grads)
-        result.append(torch.zeros_like(x) if g is None else g.to(x.dtype))
-    return tuple(result)
+
+    return graph_grads(forward, grad_out, inputs, needs)

@@ -24,7 +24,13 @@ import triton.language as tl
 from torch import Tensor
 
 from ..taylor_shift.features import compute_dtype, scaled_key, scaled_query, score_factor
-from ..taylor_shift.second_order import refuse_graph
+from ..taylor_shift.second_order import (
+    graph_grads,
+    ratio_or_zero,
+    taylor_sums,
+    wants_graph,
+    with_ones,
+)
 
 
 @triton.jit
@@ -466,8 +472,16 @@ def _setup_context(ctx, inputs, output):
 
 def _backward_autograd(ctx, grad_out, grad_rinv):
     # rinv is an internal statistic (never returned to users): its gradient is ignored.
-    refuse_graph("the Triton direct kernels")
     query, key, value, row_factor, key_mask, out, rinv = ctx.saved_tensors
+    if wants_graph():  # create_graph=True: the core's sums in plain ops, differentiable again
+        allowed = None if key_mask is None else key_mask.unsqueeze(-2)
+
+        def core(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+            y = ratio_or_zero(taylor_sums(q, k, with_ones(v), allowed, ctx.is_causal))
+            return (y * row_factor.unsqueeze(-1)).to(q.dtype)
+
+        grads = graph_grads(core, grad_out, (query, key, value), ctx.needs_input_grad[:3])
+        return (*grads, None, None, None, None)
     dq, dk, dv = _backward_op(
         grad_out, query, key, value, row_factor, key_mask, out, rinv, ctx.is_causal
     )

@@ -28,7 +28,13 @@ from torch import Tensor
 
 from ..taylor_shift.efficient import grad_outputs, key_count
 from ..taylor_shift.features import scaled_key, scaled_query, score_factor
-from ..taylor_shift.second_order import refuse_graph
+from ..taylor_shift.second_order import (
+    graph_grads,
+    ratio_or_zero,
+    taylor_sums,
+    wants_graph,
+    with_ones,
+)
 from .layout import TILE, Layout, layout
 
 # How the kernels multiply (the DOT constexpr): float32 inputs keep exact float32 products
@@ -552,8 +558,13 @@ def _setup_context(ctx, inputs, output):
 
 
 def _backward(ctx, grad_out, _grad_den, _grad_state):
-    refuse_graph("the Triton efficient kernels")
     qp, kp, value, key_mask, out, den, state = ctx.saved_tensors
+    if wants_graph():  # create_graph=True: the core's sums in plain ops, differentiable again
+        grads = graph_grads(
+            lambda q, k, v: _core_reference(q, k, v, key_mask, ctx.normalize),
+            grad_out, (qp, kp, value), ctx.needs_input_grad[:3],
+        )  # fmt: skip
+        return (*grads, None, None)
     gq, gk, gv = triton_efficient_backward(
         grad_out.contiguous(), qp, kp, value, key_mask, out, den, state, ctx.normalize
     )
@@ -561,6 +572,18 @@ def _backward(ctx, grad_out, _grad_den, _grad_state):
 
 
 triton_efficient_forward.register_autograd(_backward, setup_context=_setup_context)
+
+
+def _core_reference(
+    qp: Tensor, kp: Tensor, value: Tensor, key_mask: Tensor | None, normalize: bool
+) -> Tensor:
+    """``triton_efficient_forward``'s y in plain torch ops (float32 sums)."""
+    allowed = None if key_mask is None else key_mask.unsqueeze(-2)
+    y = ratio_or_zero(taylor_sums(qp, kp, with_ones(value), allowed, False))
+    if normalize:  # the paper's output factor sqrt(n/d), n the attended keys
+        n = float(kp.shape[-2]) if key_mask is None else key_mask.sum(-1)[..., None, None]
+        y = y * torch.sqrt(torch.as_tensor(n, dtype=y.dtype, device=y.device) / qp.shape[-1])
+    return y.to(value.dtype)
 
 
 def check_kernel_inputs(query: Tensor, torch_form: str) -> None:

@@ -30,7 +30,7 @@ from ..taylor_shift.efficient import finish_outputs
 from ..taylor_shift.efficient_causal import causal_count
 from ..taylor_shift.features import taylor_weight
 from ..taylor_shift.fused import CAUSAL_CHUNK
-from ..taylor_shift.second_order import refuse_graph
+from ..taylor_shift.second_order import graph_grads, taylor_sums, wants_graph
 from ..taylor_shift.state import TaylorShiftState
 from .efficient import (
     _apply,
@@ -181,8 +181,13 @@ def _setup_causal(ctx, inputs, output):
 
 
 def _backward_causal(ctx, grad):
-    refuse_graph("the Triton causal efficient kernels")
     q, k, u = ctx.saved_tensors
+    if wants_graph():  # create_graph=True: the core's sums in plain ops, differentiable again
+        grads = graph_grads(
+            lambda q, k, u: taylor_sums(q, k, u, None, True).to(u.dtype),
+            grad, (q, k, u), ctx.needs_input_grad[:3],
+        )  # fmt: skip
+        return (*grads, None, None)
     gq, gk, gu = triton_causal_backward(grad.contiguous(), q, k, u, ctx.chunk, ctx.dot)
     return gq, gk, gu, None, None
 
