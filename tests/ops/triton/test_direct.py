@@ -121,15 +121,25 @@ DTYPES = [pytest.param(torch.float32, id="fp32"), pytest.param(torch.float16, id
 FLAG = {True: "", False: "no"}
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("normalize", [True, False], ids=["normalize", "plain"])
-@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("masked", [False, True], ids=["nomask", "keypad"])
+# every flag combination in float32; float16 (the same kernels, its own error rule) on two
+# that between them set and clear every flag
+FLAGS = [
+    pytest.param(torch.float32, normalize, causal, masked,
+                 id=f"{'keypad' if masked else 'nomask'}-{'causal' if causal else 'full'}-"
+                    f"{'normalize' if normalize else 'plain'}-fp32")
+    for masked in (False, True) for causal in (False, True) for normalize in (True, False)
+] + [
+    pytest.param(torch.float16, True, True, True, id="keypad-causal-normalize-fp16"),
+    pytest.param(torch.float16, False, False, False, id="nomask-full-plain-fp16"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("dtype", "normalize", "causal", "masked"), FLAGS)
 def test_flags(dtype, normalize, causal, masked):
-    """Every flag combination, Nq ≠ Nk (Nq > Nk: late causal rows see every key), dv ≠ d;
-    two heads (a per-head temperature), and with key padding two batch entries (the first
-    fully padded). Each program costs the interpreter about as much as a whole call on a GPU:
-    no larger grid than the case needs."""
+    """Flag combinations, Nq ≠ Nk (Nq > Nk: late causal rows see every key), dv ≠ d; two
+    heads (a per-head temperature), and with key padding two batch entries (the first fully
+    padded). Each program costs the interpreter about as much as a whole call on a GPU: no
+    larger grid than the case needs."""
     b = 2 if masked else 1
     _compare(b, 2, 65, 47, 33, 20, dtype, normalize=normalize, causal=causal, masked=masked)
 
