@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import Tensor
 
-from .features import compute_dtype
+from .features import compute_dtype, taylor_weight
 from .naive import naive_taylor_shift_attention
 
 
@@ -54,33 +54,13 @@ def graph_grads(
     return tuple(result)
 
 
-def taylor_sums(
-    qp: Tensor, kp: Tensor, u: Tensor, allowed: Tensor | None, is_causal: bool
-) -> Tensor:
-    """Σ_j w(q'_i·k'_j) u_j over the allowed keys, w(s) = 1 + s + s²/2, in float32 plain torch
-    ops: what the fused kernels' cores compute from the scaled q', k' (the reference of their
-    backward passes asked for a graph). ``allowed`` broadcasts to (..., Nq, Nk); causal is
-    upper-left aligned."""
-    s = qp.float() @ kp.float().transpose(-2, -1)
-    w = 1 + s + s * s / 2
-    if is_causal:
-        w = w.tril()
-    if allowed is not None:
-        w = w * allowed
-    return w @ u.float()
-
-
-def ratio_or_zero(sums: Tensor) -> Tensor:
-    """[numerator, denominator] (last column) -> numerator / denominator, zeros where the
-    denominator is 0 (a query that attends no key)."""
-    num, den = sums[..., :-1], sums[..., -1:]
-    return torch.where(den > 0, num / torch.where(den > 0, den, 1.0), 0.0)
-
-
-def with_ones(value: Tensor) -> Tensor:
-    """[value, 1] in float32: the numerator's and the denominator's columns in one product."""
-    v = value.float()
-    return torch.cat([v, v.new_ones((*v.shape[:-1], 1))], dim=-1)
+def taylor_sums(qp: Tensor, kp: Tensor, u: Tensor, is_causal: bool) -> Tensor:
+    """Σ_j w(q'_i·k'_j) u_j, w(s) = 1 + s + s²/2, in float32 plain torch ops: what the fused
+    kernels' cores compute from the scaled q', k' (the reference of their backward passes
+    asked for a graph). Masked keys come as zero rows of ``u`` (``values_with_ones``);
+    causal is upper-left aligned."""
+    w = taylor_weight(qp.float() @ kp.float().transpose(-2, -1), 2)
+    return (w.tril() if is_causal else w) @ u.float()
 
 
 def reference_grads(

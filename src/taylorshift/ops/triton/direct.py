@@ -23,14 +23,15 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from ..taylor_shift.features import compute_dtype, scaled_key, scaled_query, score_factor
-from ..taylor_shift.second_order import (
-    graph_grads,
-    ratio_or_zero,
-    taylor_sums,
-    wants_graph,
-    with_ones,
+from ..taylor_shift.efficient import finish_outputs
+from ..taylor_shift.features import (
+    compute_dtype,
+    scaled_key,
+    scaled_query,
+    score_factor,
+    values_with_ones,
 )
+from ..taylor_shift.second_order import graph_grads, taylor_sums, wants_graph
 
 
 @triton.jit
@@ -474,10 +475,12 @@ def _backward_autograd(ctx, grad_out, grad_rinv):
     # rinv is an internal statistic (never returned to users): its gradient is ignored.
     query, key, value, row_factor, key_mask, out, rinv = ctx.saved_tensors
     if wants_graph():  # create_graph=True: the core's sums in plain ops, differentiable again
-        allowed = None if key_mask is None else key_mask.unsqueeze(-2)
 
         def core(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-            y = ratio_or_zero(taylor_sums(q, k, with_ones(v), allowed, ctx.is_causal))
+            sums = taylor_sums(q, k, values_with_ones(v.float(), key_mask), ctx.is_causal)
+            # the denominator as the count: > 0 exactly where a key is attended (w >= 1/2);
+            # row_factor holds the output factor
+            y, _ = finish_outputs(sums, sums[..., -1], False, q.shape[-1])
             return (y * row_factor.unsqueeze(-1)).to(q.dtype)
 
         grads = graph_grads(core, grad_out, (query, key, value), ctx.needs_input_grad[:3])

@@ -26,15 +26,9 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from ..taylor_shift.efficient import grad_outputs, key_count
-from ..taylor_shift.features import scaled_key, scaled_query, score_factor
-from ..taylor_shift.second_order import (
-    graph_grads,
-    ratio_or_zero,
-    taylor_sums,
-    wants_graph,
-    with_ones,
-)
+from ..taylor_shift.efficient import finish_outputs, grad_outputs, key_count
+from ..taylor_shift.features import scaled_key, scaled_query, score_factor, values_with_ones
+from ..taylor_shift.second_order import graph_grads, taylor_sums, wants_graph
 from .layout import TILE, Layout, layout
 
 # How the kernels multiply (the DOT constexpr): float32 inputs keep exact float32 products
@@ -578,12 +572,9 @@ def _core_reference(
     qp: Tensor, kp: Tensor, value: Tensor, key_mask: Tensor | None, normalize: bool
 ) -> Tensor:
     """``triton_efficient_forward``'s y in plain torch ops (float32 sums)."""
-    allowed = None if key_mask is None else key_mask.unsqueeze(-2)
-    y = ratio_or_zero(taylor_sums(qp, kp, with_ones(value), allowed, False))
-    if normalize:  # the paper's output factor sqrt(n/d), n the attended keys
-        n = float(kp.shape[-2]) if key_mask is None else key_mask.sum(-1)[..., None, None]
-        y = y * torch.sqrt(torch.as_tensor(n, dtype=y.dtype, device=y.device) / qp.shape[-1])
-    return y.to(value.dtype)
+    sums = taylor_sums(qp, kp, values_with_ones(value.float(), key_mask), False)
+    count = key_count(key_mask, kp.shape[-2], torch.float32, qp.device)
+    return finish_outputs(sums, count, normalize, qp.shape[-1])[0].to(value.dtype)
 
 
 def check_kernel_inputs(query: Tensor, torch_form: str) -> None:

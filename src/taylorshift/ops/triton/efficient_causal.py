@@ -184,7 +184,7 @@ def _backward_causal(ctx, grad):
     q, k, u = ctx.saved_tensors
     if wants_graph():  # create_graph=True: the core's sums in plain ops, differentiable again
         grads = graph_grads(
-            lambda q, k, u: taylor_sums(q, k, u, None, True).to(u.dtype),
+            lambda q, k, u: taylor_sums(q, k, u, True).to(u.dtype),
             grad, (q, k, u), ctx.needs_input_grad[:3],
         )  # fmt: skip
         return (*grads, None, None)
