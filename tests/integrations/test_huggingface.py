@@ -565,11 +565,12 @@ def test_unsupported_attention_arguments_raise():
 
 
 def test_check_model_counts_one_call_per_attention_layer_and_forward():
+    inner = _tf().AttentionInterface._global_mapping[NAME]
     decoder = _model(_llama_config())
     assert hf.check_model(decoder, _ids()) == decoder.config.num_hidden_layers
     encoder = _model(_bert_config(), causal_lm=False)
     assert hf.check_model(encoder, _ids(), attention_mask=_padding()) == 2
-    assert _tf().AttentionInterface._global_mapping[NAME] is not None  # still registered
+    assert _tf().AttentionInterface._global_mapping[NAME] is inner  # restored
 
 
 class _OwnAttention(nn.Module):
