@@ -248,6 +248,64 @@ def test_module_exports_with_dynamic_batch_and_length(mode, causal):
         assert_rel_close(got, module(x, attn_mask=pad, is_causal=causal), 1e-6, atol=1e-7)
 
 
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_auto_exports_with_dynamic_lengths_and_picks_its_form_when_run(causal):
+    # torch.export refuses the guard by which a compiled auto graph keeps to one side of
+    # its switch; the exported program holds both forms in a torch.cond instead and picks
+    # one by the lengths it runs on, as eager auto at the traced B·H (no guard on B either)
+    kw = dict(causal=causal, order=2, mask_varies=False, device=torch.device("cpu"))
+    kw.update(dtype=torch.float32, backward=False, batch_heads=8)
+    switch = switch_length(8, 8, **kw)
+    g = torch.Generator().manual_seed(0)
+
+    def inputs(batch, n):
+        q, k, v = (torch.randn(batch, 4, n, 8, generator=g) for _ in "qkv")
+        pad = torch.rand(batch, 1, 1, n, generator=g) > 0.2
+        return q, k, v, pad, torch.rand(1, 4, 1, 1, generator=g) + 0.5
+
+    class Op(torch.nn.Module):
+        def forward(self, q, k, v, pad, tau):
+            return taylor_shift_attention(q, k, v, pad, causal, temperature=tau)
+
+    sizes = {0: torch.export.Dim("batch", max=64), 2: torch.export.Dim("length", max=8192)}
+    padding = {0: sizes[0], 3: sizes[2]}
+    program = torch.export.export(
+        Op(), inputs(2, 50), dynamic_shapes=(sizes, sizes, sizes, padding, None)
+    )
+    conds = [n for n in program.graph.nodes if n.target is torch.ops.higher_order.cond]
+    assert len(conds) == 1
+    branches = [getattr(program.graph_module, node.name) for node in conds[0].args[1:3]]
+    forms = [
+        node.args[0]
+        for branch in branches
+        for node in branch.graph.nodes
+        if node.target is torch.ops.taylorshift.cpu_forward.default
+    ]
+    assert forms == ["causal" if causal else "efficient", "direct"]
+    for batch, n in [(3, switch - 9), (1, switch - 1), (2, switch), (5, switch + 40)]:
+        q, k, v, pad, tau = inputs(batch, n)
+        got = program.module()(q, k, v, pad, tau)
+        want = naive_taylor_shift_attention(q, k, v, pad, causal, temperature=tau)
+        assert_rel_close(got, want, 1e-5, f"B={batch} N={n}", atol=1e-7)
+        mode = "efficient" if n >= switch else "direct"  # (the kernels: the same bits)
+        form = taylor_shift_attention(q, k, v, pad, causal, temperature=tau, mode=mode)
+        assert torch.equal(got, form), f"B={batch} N={n}: not the {mode} form"
+
+
+def test_language_model_exports_with_dynamic_batch_and_length():
+    # what a user exporting the LM for serving writes; with mode="auto" in every layer this
+    # failed before the torch.cond (the layers' guards on B and N)
+    torch.manual_seed(0)
+    model = create_model("lm-tiny").eval()
+    sizes = {0: torch.export.Dim("batch", max=64), 1: torch.export.Dim("length", max=1024)}
+    program = torch.export.export(model, (torch.randint(0, 256, (2, 64)),), dynamic_shapes=(sizes,))
+    with torch.no_grad():
+        for batch, n in [(3, 16), (1, 700)]:
+            tokens = torch.randint(0, 256, (batch, n))
+            got, want = program.module()(tokens), model(tokens)
+            assert_rel_close(got, want, 1e-5, f"B={batch} N={n}", atol=1e-6)
+
+
 @pytest.mark.slow
 def test_inductor_compiles_the_efficient_form_end_to_end():
     q, k, v = _inputs(3)

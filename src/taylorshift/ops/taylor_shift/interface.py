@@ -112,6 +112,13 @@ def taylor_shift_attention(
             dtype=query.dtype,
             backward=backward_follows(query, key, value, temperature),
         )
+        if isinstance(mode, torch.SymBool):
+            # torch.export with symbolic lengths: both forms go into the program, and the
+            # lengths it runs on pick one there (a guard would fix the lengths to one side
+            # of the switch, which export refuses for a dimension declared dynamic)
+            return _exported_auto(
+                mode, query, key, value, attn_mask, is_causal, temperature, scale, normalize
+            )
     # A masked key's content must not matter (a NaN in padding would poison the sums):
     # keys no query attends become zeros before any form sees them.
     if problem.key_mask is not None:
@@ -168,6 +175,40 @@ def taylor_shift_attention(
     return form(*args)
 
 
+def _exported_auto(
+    efficient: torch.SymBool,
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attn_mask: Tensor | None,
+    is_causal: bool,
+    temperature: Tensor | float,
+    scale: float | None,
+    normalize: bool,
+) -> Tensor:
+    """``torch.cond`` on ``efficient`` between the efficient and the direct form of a call
+    (order 2, no state). Every tensor is an operand of the branches, which call the op anew
+    with their mode: a branch that reuses the outer call's checked sizes (symbols of the
+    outer graph) trips torch.export's naming of the branches' inputs (torch 2.13)."""
+    tensors = {"attn_mask": attn_mask, "temperature": temperature}
+    tensors = {name: t for name, t in tensors.items() if isinstance(t, Tensor)}
+    names = tuple(tensors)
+
+    def branch(mode: str):
+        def call(query: Tensor, key: Tensor, value: Tensor, *extra: Tensor) -> Tensor:
+            given = dict(zip(names, extra, strict=True))
+            return taylor_shift_attention(
+                query, key, value, given.get("attn_mask"), is_causal,
+                temperature=given.get("temperature", temperature), scale=scale,
+                normalize=normalize, mode=mode,
+            )  # fmt: skip
+
+        return call
+
+    operands = (query, key, value, *tensors.values())
+    return torch.cond(efficient, branch("efficient"), branch("direct"), operands)
+
+
 def _torch_func_active() -> bool:
     """Inside a torch.func transform (grad, vmap, jacrev, jvp, hessian, ...), eagerly."""
     if torch.compiler.is_compiling():
@@ -222,8 +263,9 @@ def mark_constant(fn):
 _switch_length = assume_constant_result(switch_length)
 
 
-def _auto_mode(problem: Problem, **options: object) -> str:
-    """``mode="auto"``'s form for a checked call (``options``: choose_mode's keywords)."""
+def _auto_mode(problem: Problem, **options: object) -> str | torch.SymBool:
+    """``mode="auto"``'s form for a checked call (``options``: choose_mode's keywords); while
+    ``torch.export`` traces symbolic lengths, the condition for the efficient form."""
     nq, nk, d, dv = problem.n_query, problem.n_key, problem.head_dim, problem.value_dim
     batch_heads = problem.batch * problem.heads
     # (Dynamo shows a symbolic size as an int, so every traced call takes the symbolic way)
@@ -234,7 +276,7 @@ def _auto_mode(problem: Problem, **options: object) -> str:
     return choose_mode(nq, nk, d, dv, batch_heads=batch_heads, **options)
 
 
-def _symbolic_auto_mode(nq, nk, d, dv, batch_heads, **options) -> str:
+def _symbolic_auto_mode(nq, nk, d, dv, batch_heads, **options) -> str | torch.SymBool:
     """The form for a call that torch.compile traces, whose sizes may be symbols (dynamic
     shapes).
 
@@ -245,8 +287,18 @@ def _symbolic_auto_mode(nq, nk, d, dv, batch_heads, **options) -> str:
     most 13 %); the lengths are compared with ``dispatch.switch_length``. A call on the
     other side of the switch, or in another band of B·H, compiles again. Both forms compute
     the same attention: these guards decide only which of them runs.
+
+    ``torch.export`` refuses a guard that does not hold over a dynamic dimension's whole
+    range, so there no size is guarded: B·H's band is the traced example's (its size hint)
+    and, for symbolic lengths, the comparison itself is returned, a symbolic bool on which
+    the program picks its form when it runs (``torch.cond``).
     """
     d, dv = operator.index(d), operator.index(dv)  # (Dynamo specialises here; not on int())
+    # (torch.export's default, non-strict tracing; under strict=True Dynamo gives each
+    # branch of a cond new symbols for the operands' sizes, and the mask check fails there)
+    exporting = torch.compiler.is_exporting() and not torch.compiler.is_dynamo_compiling()
+    if exporting:
+        batch_heads = _unguarded_hint(batch_heads)
     heads_band = 1
     while heads_band < batch_heads:
         heads_band *= 2
@@ -256,7 +308,21 @@ def _symbolic_auto_mode(nq, nk, d, dv, batch_heads, **options) -> str:
     switch = _switch_length(d, dv, batch_heads=heads_band, **{**options, **flags})
     if switch is None:
         return "direct"
-    return "efficient" if 2 * nq * nk >= switch * (nq + nk) else "direct"
+    efficient = 2 * nq * nk >= switch * (nq + nk)
+    if exporting and isinstance(efficient, torch.SymBool):
+        return efficient
+    return "efficient" if efficient else "direct"
+
+
+def _unguarded_hint(size: int | torch.SymInt) -> int | torch.SymInt:
+    """A symbolic size's value in the traced example, read without a guard (where torch
+    has ``optimization_hint``; else the size itself, which a comparison then guards)."""
+    if not isinstance(size, torch.SymInt):
+        return size
+    from torch.fx.experimental import symbolic_shapes
+
+    hint = getattr(symbolic_shapes, "optimization_hint", None)
+    return size if hint is None else hint(size)
 
 
 def check_plain_score_range(
