@@ -553,7 +553,7 @@ def test_unsupported_attention_arguments_raise():
         forward(_Module(), q, k, v, None, softcap=30.0)
     with pytest.raises(ValueError, match=r"position_bias: .*got a tensor of shape \(1, 4, 5, 5\)"):
         forward(_Module(), q, k, v, None, position_bias=torch.zeros(1, 4, 5, 5))
-    with pytest.raises(ValueError, match=r"key: its heads must divide the query heads \(4\)"):
+    with pytest.raises(ValueError, match=r"key and value heads must divide the query heads \(H"):
         forward(_Module(), *_qkv(heads=4, kv_heads=3), None)
     with pytest.raises(ValueError, match=r"attention_mask: expected a 2-D .*got shape \(2, 5, 5\)"):
         forward(_Module(), q, k, v, torch.ones(2, 5, 5, dtype=torch.bool))

@@ -4,7 +4,7 @@
 
 - to ``transformers.AttentionInterface``: the attention function that the model's attention
   modules call in place of SDPA/eager. It receives query, key, value as (B, H, N, d) (key and
-  value with the model's key/value heads, repeated here for grouped-query attention) and
+  value with the model's key/value heads: grouped-query attention, ``enable_gqa=True``) and
   returns (B, N, H, dv) and ``None`` weights, as every ``transformers`` attention does.
 - to ``transformers.AttentionMaskInterface``: ``taylorshift_mask``, the mask builder. Without
   it ``transformers`` builds no mask at all for an unknown implementation, and padding would
@@ -298,7 +298,6 @@ def make_attention_function(**options: Any) -> Callable[..., tuple[Tensor, None]
                 f"got {dropout} (set the config's attention dropout to 0, call model.eval(), "
                 "or register(..., ignore_dropout=True) to skip it)"
             )
-        key, value = _repeat_kv(query, key, value)
         causal = bool(getattr(module, "is_causal", True) if is_causal is None else is_causal)
         attn_mask, causal = _convert_mask(attention_mask, query, key, causal)
         n_query = query.shape[2]
@@ -323,6 +322,7 @@ def make_attention_function(**options: Any) -> Callable[..., tuple[Tensor, None]
             normalize=opts["normalize"],
             order=opts["order"],
             mode=opts["mode"],
+            enable_gqa=True,  # (key and value with the model's key/value heads)
             **score,
         )  # (B, H, Nq, dv)
         return out.transpose(1, 2).contiguous(), None
@@ -414,20 +414,6 @@ def _module_options(module: nn.Module, defaults: dict[str, Any]) -> dict[str, An
     if overrides is None:
         return defaults
     return check_hf_options(overrides, where=f"config.{CONFIG_ATTRIBUTE}", base=defaults)
-
-
-def _repeat_kv(query: Tensor, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor]:
-    """Grouped-query attention: each key/value head serves H / Hkv consecutive query heads."""
-    heads, kv_heads = query.shape[1], key.shape[1]
-    if kv_heads == heads:
-        return key, value
-    if kv_heads == 0 or heads % kv_heads:
-        raise ValueError(
-            f"key: its heads must divide the query heads ({heads}) for grouped-query "
-            f"attention; got key of shape {tuple(key.shape)}"
-        )
-    groups = heads // kv_heads
-    return key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
 
 
 def _convert_mask(

@@ -93,9 +93,11 @@ def check_inputs(
 
     b, h, nq, d = q.shape
     if k.shape[:2] != (b, h):
+        fewer = k.shape[0] == b and 0 < k.shape[1] < h and h % k.shape[1] == 0
         raise ValueError(
             f"key must have the batch and head sizes of query, (B, H) = ({b}, {h}); "
             f"got key of shape {_shape(k)}"
+            + (" (fewer key/value heads: pass enable_gqa=True)" if fewer else "")
         )
     if v.shape[:2] != (b, h):
         raise ValueError(

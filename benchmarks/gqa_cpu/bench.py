@@ -1,0 +1,106 @@
+"""Grouped-query attention on the CPU: ``enable_gqa=True`` against the same call with key
+and value repeated to the query heads (what a caller without it does), one process, the two
+in shuffled rounds, ratios paired by round.
+
+    python benchmarks/gqa_cpu/bench.py [--rounds 11] [--threads 2]
+
+B 1, H 8 query heads, Hkv = 2 key/value heads (G = 4), dv = d, float32, key padding of
+the last eighth of the keys, non-causal (the calls that share the key side) and causal
+(repeated inside the op: the two should be level). Each timing is a loop of calls lasting
+about 0.2 s; prints a markdown table of medians.
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import random
+import statistics
+import time
+
+import torch
+
+from taylorshift import taylor_shift_attention
+
+POINTS = [  # (mode, causal, d, N)
+    ("efficient", False, 32, 2048),
+    ("efficient", False, 64, 1024),
+    ("efficient", False, 64, 4096),
+    ("direct", False, 32, 512),
+    ("direct", False, 64, 1024),
+    ("efficient", True, 64, 2048),
+]
+HEADS, KV_HEADS = 8, 2
+
+
+def timed(fn, min_s=0.2) -> float:
+    """Median-free loop timing: seconds per call over a loop of at least min_s."""
+    fn()
+    calls, start = 0, time.perf_counter()
+    while True:
+        fn()
+        calls += 1
+        spent = time.perf_counter() - start
+        if spent >= min_s:
+            return spent / calls
+
+
+def cases(mode, causal, d, n, backward):
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(1, HEADS, n, d, generator=g, requires_grad=backward)
+    k = torch.randn(1, KV_HEADS, n, d, generator=g, requires_grad=backward)
+    v = torch.randn(1, KV_HEADS, n, d, generator=g, requires_grad=backward)
+    pad = torch.ones(1, 1, 1, n, dtype=torch.bool)
+    pad[..., n - n // 8 :] = False
+    groups = HEADS // KV_HEADS
+
+    def grouped():
+        out = taylor_shift_attention(q, k, v, pad, causal, mode=mode, enable_gqa=True)
+        if backward:
+            out.sum().backward()
+
+    def repeated():
+        kr, vr = (t.repeat_interleave(groups, dim=1) for t in (k, v))
+        out = taylor_shift_attention(q, kr, vr, pad, causal, mode=mode)
+        if backward:
+            out.sum().backward()
+
+    return {"grouped": grouped, "repeated": repeated}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=11)
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    print(
+        f"torch {torch.__version__}, {platform.processor() or platform.machine()}, "
+        f"{args.threads} threads, B 1, H {HEADS}, Hkv {KV_HEADS}, dv = d, float32, "
+        f"key padding, medians of {args.rounds} shuffled rounds; ms per call"
+    )
+    print("| mode | causal | pass | d | N | repeated | grouped | repeated / grouped |")
+    print("|---|---|---|---:|---:|---:|---:|---:|")
+    for mode, causal, d, n in POINTS:
+        for backward in (False, True):
+            fns = cases(mode, causal, d, n, backward)
+            times = {name: [] for name in fns}
+            ratios = []
+            for _ in range(args.rounds):
+                order = list(fns)
+                random.shuffle(order)
+                got = {name: timed(fns[name]) for name in order}
+                for name, t in got.items():
+                    times[name].append(t)
+                ratios.append(got["repeated"] / got["grouped"])
+            rep, grp = (statistics.median(times[x]) * 1e3 for x in ("repeated", "grouped"))
+            pass_name = "forward + backward" if backward else "forward"
+            print(
+                f"| {mode} | {'yes' if causal else 'no'} | {pass_name} | {d} | {n} | "
+                f"{rep:.2f} | {grp:.2f} | {statistics.median(ratios):.2f}× |",
+                flush=True,
+            )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,101 @@
+"""Grouped-query attention: key and value with fewer heads than the query.
+
+With ``enable_gqa=True`` (SDPA's name and convention) key and value may have Hkv heads,
+Hkv dividing H: query head h attends through key/value head ``h // (H / Hkv)``, as if
+key and value had been repeated with ``repeat_interleave(H // Hkv, dim=1)``.
+
+Non-causal calls run as Hkv heads of G · Nq queries each (G = H / Hkv): the queries of a
+group are stacked along the token axis, a reshape of the query. Every query row attends
+the same keys with the same weights as before, so each form computes the same attention,
+and the key-side work is done once per key/value head instead of G times: the efficient
+form's state Σ φ(k')ᵀ [v, 1] and the key counts, the direct form's key normalisation; no
+key or value is copied. ``mode="auto"`` then weighs the forms for the stacked call, whose
+operation counts are the grouped call's. This needs the query heads of a group to differ
+in nothing but their queries: a mask or a temperature that varies over heads, and causal
+calls (stacked, a query would lose its position), repeat key and value to H heads first
+(a copy, as SDPA's reference path does).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from torch import Tensor
+
+from .checks import _check_tensor, _shape
+
+
+def key_value_groups(query: object, key: object, value: object) -> int:
+    """G = H / Hkv for ``enable_gqa=True``; raises naming the argument where key and value
+    do not have one head count that divides the query's, or other batch sizes."""
+    q = _check_tensor("query", query, "(B, H, Nq, d)")
+    k = _check_tensor("key", key, "(B, Hkv, Nk, d)")
+    v = _check_tensor("value", value, "(B, Hkv, Nk, dv)")
+    batch, heads = q.shape[:2]
+    for name, t in (("key", k), ("value", v)):
+        if t.shape[0] != batch:
+            raise ValueError(
+                f"{name} must have the batch size of query (B = {batch}); "
+                f"got {name} of shape {_shape(t)}"
+            )
+    kv_heads = k.shape[1]
+    if v.shape[1] != kv_heads:
+        raise ValueError(
+            f"value must have the heads of key (Hkv = {kv_heads}); got value of shape {_shape(v)}"
+        )
+    if kv_heads == 0 or heads % kv_heads:
+        raise ValueError(
+            f"key and value heads must divide the query heads (H = {heads}) with "
+            f"enable_gqa=True; got key of shape {_shape(k)}"
+        )
+    return heads // kv_heads
+
+
+def repeated_heads(key: Tensor, heads: int) -> Tensor:
+    """``key`` (B, Hkv, N, ·) as H heads, each key/value head repeated for its group: a view
+    with stride 0 over the group, for checking shapes (its reshape to 4-D would copy)."""
+    b, kv_heads, n, d = key.shape
+    groups = heads // kv_heads
+    return key[:, :, None].expand(b, kv_heads, groups, n, d).flatten(1, 2)
+
+
+def grouped_attention(
+    attend: Callable[..., Tensor],
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attn_mask: Tensor | None,
+    is_causal: bool,
+    temperature: Tensor | float,
+    **options: object,
+) -> Tensor:
+    """``attend(query, key, value, attn_mask, is_causal, temperature=..., **options)``, the
+    op without grouping, for key and value of Hkv < H heads (inputs already checked)."""
+    b, heads, nq, d = query.shape
+    kv_heads = key.shape[1]
+    groups = heads // kv_heads
+    if is_causal or _varies_over_heads(attn_mask) or _varies_over_heads(temperature):
+        key, value = (t.repeat_interleave(groups, dim=1) for t in (key, value))
+        return attend(query, key, value, attn_mask, is_causal, temperature=temperature, **options)
+    stacked = query.reshape(b, kv_heads, groups * nq, d)
+    if attn_mask is not None:
+        attn_mask = _stacked_mask(attn_mask, groups, nq)
+    out = attend(stacked, key, value, attn_mask, False, temperature=temperature, **options)
+    return out.reshape(b, heads, nq, out.shape[-1])
+
+
+def _varies_over_heads(t: object) -> bool:
+    """A mask or temperature tensor with a head axis of its own (dim -3 of (·, H, ·, ·))."""
+    return isinstance(t, Tensor) and t.dim() >= 3 and t.shape[-3] > 1
+
+
+def _stacked_mask(mask: Tensor, groups: int, nq: int) -> Tensor:
+    """A mask of one head axis for the stacked queries: rows repeated for each group member
+    (a key-padding mask, one row for all queries, stays as it is)."""
+    while mask.dim() < 4:
+        mask = mask.unsqueeze(0)
+    rows = mask.shape[2]
+    if rows == 1:
+        return mask
+    mb, _, _, nk = mask.shape
+    return mask.unsqueeze(2).expand(mb, 1, groups, rows, nk).reshape(mb, 1, groups * nq, nk)
