@@ -154,6 +154,8 @@ def test_grouped_attention_compiles_whole():
     [
         (3, 3, {}, ValueError, r"key and value heads must divide the query heads \(H = 4\)"),
         (2, 1, {}, ValueError, r"value must have the heads of key \(Hkv = 2\)"),
+        (2, 2, {"value": torch.randn(1, 2, NK, DV)}, ValueError,
+         r"value must have the batch size of query \(B = 2\); got value of shape \(1, 2"),
         (2, 2, {"enable_gqa": 1}, TypeError, "enable_gqa must be a bool"),
         (2, 2, {"enable_gqa": False}, ValueError, "fewer key/value heads: pass enable_gqa=True"),
         (2, 2, {"is_causal": True, "output_final_state": True}, ValueError,
@@ -166,4 +168,6 @@ def test_bad_grouped_calls_name_the_argument(key_heads, value_heads, kwargs, err
     q = torch.randn(B, H, NQ, D)
     k, v = torch.randn(B, key_heads, NK, D), torch.randn(B, value_heads, NK, DV)
     with pytest.raises(error, match=match):
-        taylor_shift_attention(q, k, v, **{"enable_gqa": True, **kwargs})
+        kwargs = {"enable_gqa": True, **kwargs}
+        v = kwargs.pop("value", v)
+        taylor_shift_attention(q, k, v, **kwargs)

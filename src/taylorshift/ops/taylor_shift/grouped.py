@@ -32,12 +32,12 @@ def key_value_groups(query: object, key: object, value: object) -> int:
     k = _check_tensor("key", key, "(B, Hkv, Nk, d)")
     v = _check_tensor("value", value, "(B, Hkv, Nk, dv)")
     batch, heads = q.shape[:2]
-    for name, t in (("key", k), ("value", v)):
-        if t.shape[0] != batch:
-            raise ValueError(
-                f"{name} must have the batch size of query (B = {batch}); "
-                f"got {name} of shape {_shape(t)}"
-            )
+    other = next((name for name, t in (("key", k), ("value", v)) if t.shape[0] != batch), None)
+    if other is not None:
+        got = _shape(k if other == "key" else v)
+        raise ValueError(
+            f"{other} must have the batch size of query (B = {batch}); got {other} of shape {got}"
+        )
     kv_heads = k.shape[1]
     if v.shape[1] != kv_heads:
         raise ValueError(

@@ -141,8 +141,9 @@ def taylor_shift_attention(
             # lengths it runs on pick one there (a guard would fix the lengths to one side
             # of the switch, which export refuses for a dimension declared dynamic)
             return _exported_auto(
-                mode, query, key, value, attn_mask, is_causal, temperature, scale, normalize
-            )
+                mode, query, key, value, attn_mask, is_causal,
+                temperature=temperature, scale=scale, normalize=normalize,
+            )  # fmt: skip
     # A masked key's content must not matter (a NaN in padding would poison the sums):
     # keys no query attends become zeros before any form sees them.
     if problem.key_mask is not None:
@@ -199,33 +200,23 @@ def taylor_shift_attention(
     return form(*args)
 
 
-def _exported_auto(
-    efficient: torch.SymBool,
-    query: Tensor,
-    key: Tensor,
-    value: Tensor,
-    attn_mask: Tensor | None,
-    is_causal: bool,
-    temperature: Tensor | float,
-    scale: float | None,
-    normalize: bool,
-) -> Tensor:
+def _exported_auto(efficient: torch.SymBool, *args: object, **options: object) -> Tensor:
     """``torch.cond`` on ``efficient`` between the efficient and the direct form of a call
-    (order 2, no state). Every tensor is an operand of the branches, which call the op anew
-    with their mode: a branch that reuses the outer call's checked sizes (symbols of the
-    outer graph) trips torch.export's naming of the branches' inputs (torch 2.13)."""
-    tensors = {"attn_mask": attn_mask, "temperature": temperature}
-    tensors = {name: t for name, t in tensors.items() if isinstance(t, Tensor)}
+    ``(query, key, value, attn_mask, is_causal)`` with ``options`` (temperature, scale,
+    normalize; order 2, no state). Every tensor is an operand of the branches, which call
+    the op anew with their mode: a branch that reuses the outer call's checked sizes
+    (symbols of the outer graph) trips torch.export's naming of the branches' inputs
+    (torch 2.13)."""
+    query, key, value, attn_mask, is_causal = args
+    given = {"attn_mask": attn_mask, **options}
+    tensors = {name: t for name, t in given.items() if isinstance(t, Tensor)}
     names = tuple(tensors)
 
     def branch(mode: str):
         def call(query: Tensor, key: Tensor, value: Tensor, *extra: Tensor) -> Tensor:
-            given = dict(zip(names, extra, strict=True))
-            return taylor_shift_attention(
-                query, key, value, given.get("attn_mask"), is_causal,
-                temperature=given.get("temperature", temperature), scale=scale,
-                normalize=normalize, mode=mode,
-            )  # fmt: skip
+            now = {**given, **dict(zip(names, extra, strict=True))}
+            mask = now.pop("attn_mask")
+            return taylor_shift_attention(query, key, value, mask, is_causal, mode=mode, **now)
 
         return call
 
