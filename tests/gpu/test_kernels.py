@@ -1,6 +1,7 @@
 """Every fused kernel through the public op, on the GPU: outputs and gradients against the
 float64 reference by SPEC §8's rule, awkward shapes, padding with fully masked rows, long
-sequences, decoding, and a compiled model (see conftest.py for the CPU dry run)."""
+sequences, decoding, a compiled model, grouped-query attention and an exported program in
+mode="auto" (see conftest.py for the CPU dry run)."""
 
 from __future__ import annotations
 
@@ -164,3 +165,46 @@ def test_a_compiled_model_trains_like_the_eager_one():
         grads.append([p.grad.clone() for p in model.parameters() if p.grad is not None])
     for a, b in zip(*grads, strict=True):
         assert rel_error(a, b) < 1e-3
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("mode", ["efficient", "direct"])
+def test_grouped_query_attention_matches_the_float64_reference(mode, causal):
+    # enable_gqa=True: non-causal calls reach the kernels as a cross-attention of the
+    # stacked G·Nq queries on Hkv heads, causal ones with key and value repeated
+    g = torch.Generator().manual_seed(6)
+    n, d = size(1000, 9), size(64, 16)
+    q = torch.randn(2, 4, n, d, generator=g, dtype=torch.float64)
+    k, v = (torch.randn(2, 1, n, d, generator=g, dtype=torch.float64) for _ in "kv")
+    mask = key_padding(2, n, seed=6)
+    leaves = [t.to(DEVICE, torch.float32).requires_grad_() for t in (q, k, v)]
+    out = taylor_shift_attention(*leaves, mask.to(DEVICE), causal, mode=mode, enable_gqa=True)
+    exact = [t.clone().requires_grad_() for t in (q, k, v)]
+    kr, vr = (t.repeat_interleave(4, dim=1) for t in exact[1:])
+    want = naive_taylor_shift_attention(exact[0], kr, vr, mask, causal)
+    assert_rel_close(out.cpu(), want, 1e-4, "output", atol=1e-6)
+    grad = torch.randn(want.shape, generator=g, dtype=torch.float64)
+    got = torch.autograd.grad(out, leaves, grad.to(DEVICE, torch.float32))
+    for name, a, e in zip("qkv", got, torch.autograd.grad(want, exact, grad), strict=True):
+        assert_rel_close(a.cpu(), e, 1e-3, f"grad {name}", atol=1e-5)
+
+
+def test_auto_exports_with_dynamic_lengths_on_the_device():
+    # torch.export in mode="auto": both forms' kernels in one program (a torch.cond), each
+    # length run on the form eager auto picks
+    class Op(torch.nn.Module):
+        def forward(self, q, k, v):
+            return taylor_shift_attention(q, k, v, is_causal=True)
+
+    g = torch.Generator().manual_seed(7)
+
+    def inputs(n):
+        return [torch.randn(2, 2, n, 16, generator=g).to(DEVICE) for _ in "qkv"]
+
+    sizes = {2: torch.export.Dim("length", max=1 << 17)}
+    program = torch.export.export(Op(), tuple(inputs(size(64, 8))), dynamic_shapes=[sizes] * 3)
+    assert any(node.target is torch.ops.higher_order.cond for node in program.graph.nodes)
+    for n in (size(64, 5), size(20000, 40)):
+        q, k, v = inputs(n)
+        want = naive_taylor_shift_attention(*(t.double().cpu() for t in (q, k, v)), None, True)
+        assert_rel_close(program.module()(q, k, v).cpu(), want, 1e-4, f"N={n}", atol=1e-6)
