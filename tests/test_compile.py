@@ -227,10 +227,10 @@ def test_model_compiles_whole_for_batches_of_other_shapes():
             assert_rel_close(got, want, 1e-5, f"B={batch} N={n}", atol=1e-7)
 
 
-@pytest.mark.parametrize("mode, causal", [("efficient", True), ("direct", False)])
+@pytest.mark.parametrize("mode, causal", [("direct", False)])
 def test_module_exports_with_dynamic_batch_and_length(mode, causal):
-    # torch.export with symbolic batch and length (auto would add guards on both: see
-    # docs/calibration.md), run at other shapes than the example's
+    # torch.export with symbolic batch and length, a mode given, run at other shapes than
+    # the example's (the causal efficient kernel exports inside auto's torch.cond, below)
     torch.manual_seed(0)
     module = TaylorShiftAttention(16, 4, mode=mode).eval()
     x, pad = torch.randn(2, 50, 16), torch.ones(2, 50, dtype=torch.bool)
