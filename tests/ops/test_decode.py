@@ -74,6 +74,39 @@ def test_taylorshift_decode_equals_parallel(lengths, n_prompt, n, normalize):
     assert state.sums.shape == (B, H, feature_dim(D), DV + 1)
 
 
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["fp64", "fp32"])
+@pytest.mark.parametrize("normalize", [True, False], ids=["norm", "plain-scores"])
+def test_grouped_query_decode_keeps_a_state_per_key_value_head(normalize, dtype):
+    # enable_gqa: 4 query heads on 2 key/value heads; ragged prompts prefilled in chunks of
+    # 3, then tokens one at a time; each row against the parallel op with key and value
+    # repeated to the query heads (SDPA's repeat_interleave convention)
+    heads, kv_heads, lengths, n_prompt, n = 4, 2, (1, 6, 3), 6, 11
+    g = torch.Generator().manual_seed(5)
+    q = torch.randn(B, heads, n, D, generator=g, dtype=torch.float64)
+    k, v = (torch.randn(B, kv_heads, n, x, generator=g, dtype=torch.float64) for x in (D, DV))
+    tau = torch.tensor([0.7, 1.4, 1.1, 2.0], dtype=torch.float64).view(1, heads, 1, 1)
+    tau = tau if normalize else 1.0
+    kwargs = dict(temperature=tau, normalize=normalize, chunk_size=3, enable_gqa=True)
+    if dtype == torch.float32:
+        kwargs["temperature"] = tau.float() if normalize else 1.0
+    low = [x.to(dtype) for x in (q, k, v)]
+    got, state = _decode_all(taylor_shift_decode, *low, lengths, n_prompt, **kwargs)
+    assert state.sums.shape == (B, kv_heads, feature_dim(D), DV + 1)
+    kr, vr = (x.repeat_interleave(2, dim=1) for x in (k, v))
+    for i, pos in enumerate(_real_positions(lengths, n_prompt, n)):
+        idx = torch.tensor(pos, dtype=torch.long)
+        qi, ki, vi = (x[i : i + 1, :, idx] for x in (q, kr, vr))
+        ref = naive_taylor_shift_attention(
+            qi, ki, vi, None, True, temperature=tau, normalize=normalize
+        )
+        rtol = RTOL if dtype == torch.float64 else 1e-5
+        assert_rel_close(got[i : i + 1, :, idx], ref, rtol, f"item {i}", atol=1e-7)
+        assert state.count[i].tolist() == [float(len(pos))] * kv_heads
+    with pytest.raises(ValueError, match=r"state must hold sums of shape \(3, 2, 21, 5\)"):
+        taylor_shift_decode(*(x[:, :, :1] for x in low), state=TaylorShiftState.zeros(
+            B, heads, D, DV, dtype=dtype), enable_gqa=True)  # fmt: skip
+
+
 @pytest.mark.parametrize("n_prompt", [1, 5], ids=["token", "block"])
 def test_padded_token_content_never_reaches_the_state(n_prompt):
     # NaN in the keys and values of padded prompt tokens: the state and the real tokens'

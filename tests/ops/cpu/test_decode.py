@@ -176,6 +176,47 @@ def test_other_steps_stay_on_pytorch(kernel_calls, monkeypatch):
     assert len(kernel_calls) == 1
 
 
+@pytest.mark.parametrize("tau", ["float", "tensor"])
+def test_grouped_steps_match_reference_and_pytorch_step(tau, kernel_calls, monkeypatch):
+    # enable_gqa: 6 query heads read 2 key/value states (3 per group) in one pass; a padded
+    # token in the middle of item 1; against the float64 reference with repeated heads and
+    # the PyTorch step on the same inputs
+    b, h, kv, d, dv, n = 2, 6, 2, 9, 5, 8
+    g = torch.Generator().manual_seed(8)
+    q = torch.randn(b, h, n, d, generator=g)
+    k, v = (torch.randn(b, kv, n, x, generator=g) for x in (d, dv))
+    temperature = 1.3 if tau == "float" else torch.linspace(0.6, 1.8, h).view(1, h, 1, 1)
+    mask = torch.ones(b, n, dtype=torch.bool)
+    mask[1, 5] = False
+
+    def steps():
+        kw = dict(temperature=temperature, enable_gqa=True)
+        out, state = taylor_shift_decode(q[:, :, :3], k[:, :, :3], v[:, :, :3], None,
+                                         mask[:, :3], **kw)  # fmt: skip
+        outs = [out]
+        for t in range(3, n):
+            new = (x[:, :, t : t + 1] for x in (q, k, v))
+            y, state = taylor_shift_decode(*new, state, mask[:, t : t + 1], **kw)
+            outs.append(y)
+        return torch.cat(outs, dim=2), state
+
+    got, state = steps()
+    assert len(kernel_calls) == n - 3
+    assert state.sums.shape[1] == kv and state.count.tolist() == [[8.0, 8.0], [7.0, 7.0]]
+    t64 = temperature.double() if isinstance(temperature, torch.Tensor) else temperature
+    for i in range(b):
+        real = mask[i].nonzero().flatten()
+        qi, ki, vi = (x[i : i + 1, :, real].double() for x in (q, k, v))
+        ki, vi = (x.repeat_interleave(h // kv, dim=1) for x in (ki, vi))
+        ref = naive_taylor_shift_attention(qi, ki, vi, None, True, temperature=t64)
+        assert_rel_close(got[i : i + 1, :, real], ref, RTOL, f"item {i}", atol=1e-7)
+    monkeypatch.setenv(build.ENV, "off")  # the PyTorch step, on the same inputs
+    want, torch_state = steps()
+    assert len(kernel_calls) == n - 3
+    assert_rel_close(got, want, RTOL, "against the PyTorch step", atol=1e-7)
+    assert_rel_close(state.sums, torch_state.sums, RTOL, "state", atol=1e-7)
+
+
 def test_compiled_step_matches_eager():
     q, k, v = _qkv(2, 2, 5, 8, 6, seed=5)
     tau = torch.tensor([0.8, 1.3]).view(1, 2, 1, 1)
@@ -200,3 +241,8 @@ def test_custom_op_registration_passes_opcheck():
                                True))  # fmt: skip
     torch.library.opcheck(op, (q, k, v, state.sums.clone(), state.count.clone(), factors, None,
                                False))  # fmt: skip
+    # grouped: 4 query heads on the 2 states (factors per query head, the mask per state)
+    q4 = torch.randn(1, 4, 1, 8, generator=torch.Generator().manual_seed(8))
+    factors4 = torch.tensor([0.9, 1.1, 1.2, 0.7])
+    torch.library.opcheck(op, (q4, k, v, state.sums.clone(), state.count.clone(), factors4,
+                               real, True))  # fmt: skip

@@ -218,6 +218,6 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     for form in ("efficient", "causal", "direct"):
         for name, argtypes in ((f"ts_{form}_forward", forward), (f"ts_{form}_backward", backward)):
             getattr(lib, name).argtypes, getattr(lib, name).restype = argtypes, i
-    lib.ts_decode_step.argtypes = [i, i, i, p, p, p, p, f, p, i, f, p, p, p, i]
+    lib.ts_decode_step.argtypes = [i, i, i, i, p, p, p, p, f, p, i, f, p, p, p, i]
     lib.ts_decode_step.restype = None
     return lib

@@ -48,24 +48,28 @@ def decode_step(
     key_mask: Tensor | None,
     normalize: bool,
 ) -> Tensor:
-    """One token per row, ``sums`` (B, H, D, dv + 1) and ``count`` (B, H) updated in place;
-    returns out (B, H, 1, dv) in query's dtype. query, key (B, H, 1, d), value (B, H, 1, dv);
-    τ a float or a tensor broadcasting to (B, H, 1, 1) (the query's factor, the scale folded
-    in); key_mask (B, 1 or H, 1) bool or None (a padded token joins no sum). The state must
-    pass ``decode_step_supported`` and ``count`` be a contiguous float32 (B, H)."""
+    """One token per row, ``sums`` (B, Hkv, D, dv + 1) and ``count`` (B, Hkv) updated in
+    place; returns out (B, H, 1, dv) in query's dtype. query (B, H, 1, d), key (B, Hkv, 1, d),
+    value (B, Hkv, 1, dv), Hkv = H or dividing H (grouped queries: query head h reads state
+    h // (H / Hkv)); τ a float or a tensor broadcasting to (B, H, 1, 1) (the query's factor,
+    the scale folded in); key_mask (B, 1 or Hkv, 1) bool or None (a padded token joins no
+    sum). The state must pass ``decode_step_supported`` and ``count`` be a contiguous
+    float32 (B, Hkv)."""
     b, h, _, d = query.shape
+    kv_heads = key.shape[1]
     if torch.compiler.is_compiling():
         factors = _factors(tau, b, h)
-        real = None if key_mask is None else key_mask.expand(b, h, 1).reshape(b * h)
+        real = None if key_mask is None else key_mask.expand(b, kv_heads, 1).reshape(-1)
         return cpu_decode_step(query, key, value, sums, count, factors, real, normalize)
     dv = value.shape[-1]
     q, k, v = (_rows(x) for x in (query, key, value))
     factors = None if not isinstance(tau, Tensor) else _factors(tau, b, h)
     scalar = 1.0 if isinstance(tau, Tensor) else float(tau)
-    real = None if key_mask is None else _real(key_mask, b, h)
+    real = None if key_mask is None else _real(key_mask, b, kv_heads)
     out = float32_empty(b * h, dv)
-    library().ts_decode_step(b * h, d, dv, ptr(q), ptr(k), ptr(v), ptr(factors), scalar,
-                             ptr(real), int(normalize), NORM_EPS, ptr(sums), ptr(count),
+    groups = h // kv_heads if kv_heads else 1
+    library().ts_decode_step(b * kv_heads, groups, d, dv, ptr(q), ptr(k), ptr(v), ptr(factors),
+                             scalar, ptr(real), int(normalize), NORM_EPS, ptr(sums), ptr(count),
                              ptr(out), kernel_threads())  # fmt: skip
     return out.view(b, h, 1, dv).to(query.dtype)
 
@@ -96,16 +100,17 @@ def cpu_decode_step(
     real: Optional[Tensor],  # noqa: UP045
     normalize: bool,
 ) -> Tensor:
-    """``decode_step`` for ``torch.compile``: per-head factors (B·H,) float32 and the key
-    mask as bool (B·H,) or None; updates ``sums`` and ``count``."""
+    """``decode_step`` for ``torch.compile``: per-query-head factors (B·H,) float32 and the
+    key mask as bool (B·Hkv,) or None; updates ``sums`` and ``count``."""
     b, h, _, d = query.shape
-    dv = value.shape[-1]
+    kv_heads, dv = key.shape[1], value.shape[-1]
     q, k, v = (_rows(x) for x in (query, key, value))
     factors = factors.to(torch.float32).contiguous()
     mask = None if real is None else real.to(torch.uint8).contiguous()
     out = float32_empty(b * h, dv)
-    library().ts_decode_step(b * h, d, dv, ptr(q), ptr(k), ptr(v), ptr(factors), 1.0,
-                             ptr(mask), int(normalize), NORM_EPS, ptr(sums), ptr(count),
+    groups = h // kv_heads if kv_heads else 1
+    library().ts_decode_step(b * kv_heads, groups, d, dv, ptr(q), ptr(k), ptr(v), ptr(factors),
+                             1.0, ptr(mask), int(normalize), NORM_EPS, ptr(sums), ptr(count),
                              ptr(out), kernel_threads())  # fmt: skip
     return out.view(b, h, 1, dv).to(query.dtype)
 

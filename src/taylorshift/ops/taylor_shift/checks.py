@@ -63,6 +63,34 @@ def _check_tensor(name: str, t: object, layout: str) -> Tensor:
     return t
 
 
+def key_value_groups(query: object, key: object, value: object) -> int:
+    """G = H / Hkv for ``enable_gqa=True``; raises naming the argument where key and value
+    do not have one head count that divides the query's, or other batch sizes."""
+    q = _check_tensor("query", query, "(B, H, Nq, d)")
+    k = _check_tensor("key", key, "(B, Hkv, Nk, d)")
+    v = _check_tensor("value", value, "(B, Hkv, Nk, dv)")
+    batch, heads = q.shape[:2]
+    other = next((name for name, t in (("key", k), ("value", v)) if t.shape[0] != batch), None)
+    if other is not None:
+        got = _shape(k if other == "key" else v)
+        raise ValueError(
+            f"{other} must have the batch size of query (B = {batch}); got {other} of shape {got}"
+        )
+    kv_heads = k.shape[1]
+    if v.shape[1] != kv_heads:
+        raise ValueError(
+            f"value must have the heads of key (Hkv = {kv_heads}); got value of shape {_shape(v)}"
+        )
+    if kv_heads == heads:  # (no grouping; also no heads at all)
+        return 1
+    if kv_heads == 0 or heads % kv_heads:
+        raise ValueError(
+            f"key and value heads must divide the query heads (H = {heads}) with "
+            f"enable_gqa=True; got key of shape {_shape(k)}"
+        )
+    return heads // kv_heads
+
+
 def check_options(normalize: object, order: object, mode: object) -> None:
     """The tensor-free options of the op; modules call this at construction."""
     check_bool("normalize", normalize)
@@ -85,25 +113,29 @@ def check_inputs(
     normalize: object,
     order: object,
     mode: object,
+    enable_gqa: bool = False,
 ) -> Problem:
-    """Validate a call; raise ``TypeError``/``ValueError`` naming the argument on bad input."""
+    """Validate a call; raise ``TypeError``/``ValueError`` naming the argument on bad input.
+
+    ``enable_gqa``: key and value may have Hkv heads dividing the query's H (checked by
+    :func:`key_value_groups`); the problem is then the call's with H heads, its masks
+    broadcast over the query's heads."""
+    if enable_gqa:
+        key_value_groups(query, key, value)
     q = _check_tensor("query", query, "(B, H, Nq, d)")
     k = _check_tensor("key", key, "(B, H, Nk, d)")
     v = _check_tensor("value", value, "(B, H, Nk, dv)")
 
     b, h, nq, d = q.shape
-    if k.shape[:2] != (b, h):
+    if not enable_gqa:  # (else key_value_groups checked the batch and head sizes)
         fewer = k.shape[0] == b and 0 < k.shape[1] < h and h % k.shape[1] == 0
-        raise ValueError(
-            f"key must have the batch and head sizes of query, (B, H) = ({b}, {h}); "
-            f"got key of shape {_shape(k)}"
-            + (" (fewer key/value heads: pass enable_gqa=True)" if fewer else "")
-        )
-    if v.shape[:2] != (b, h):
-        raise ValueError(
-            f"value must have the batch and head sizes of query, (B, H) = ({b}, {h}); "
-            f"got value of shape {_shape(v)}"
-        )
+        for name, t in (("key", k), ("value", v)):
+            if t.shape[:2] != (b, h):
+                raise ValueError(
+                    f"{name} must have the batch and head sizes of query, (B, H) = ({b}, {h}); "
+                    f"got {name} of shape {_shape(t)}"
+                    + (" (fewer key/value heads: pass enable_gqa=True)" if fewer else "")
+                )
     nk = k.shape[2]
     if v.shape[2] != nk:
         raise ValueError(

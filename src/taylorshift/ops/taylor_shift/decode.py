@@ -23,6 +23,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from ..._validate import check_bool
 from .checks import check_inputs
 from .efficient import query_factor
 from .efficient_causal import DEFAULT_CAUSAL_CHUNK, causal_forward
@@ -50,6 +51,7 @@ def taylor_shift_decode(
     normalize: bool = True,
     chunk_size: int | None = None,
     inplace: bool = False,
+    enable_gqa: bool = False,
 ) -> tuple[Tensor, TaylorShiftState]:
     """Causal TaylorShift for T new tokens after the tokens summed in ``state``.
 
@@ -67,6 +69,9 @@ def taylor_shift_decode(
         inplace: update ``state`` itself and return it (no new (B, H, D, dv + 1) tensor per
             step, as a decoding loop that never looks back wants; the layer caches do this).
             By default ``state`` is left as it was.
+        enable_gqa: key and value may have Hkv heads, Hkv dividing H (grouped-query
+            attention, as ``taylor_shift_attention``'s): the state then holds Hkv heads,
+            H / Hkv times less memory, and each is read by its group of query heads.
 
     Returns:
         (out (B, H, T, dv) in the dtype of ``query``, the state after the block).
@@ -94,18 +99,23 @@ def taylor_shift_decode(
             f"query and key must hold the same new tokens; got T = {query.shape[2]} queries "
             f"and {key.shape[2]} keys"
         )
+    if enable_gqa is not False:
+        check_bool("enable_gqa", enable_gqa)
     problem = check_inputs(
-        query, key, value, mask, True, temperature, scale, normalize, 2, "efficient"
-    )
+        query, key, value, mask, True, temperature, scale, normalize, 2, "efficient",
+        enable_gqa=bool(enable_gqa),
+    )  # fmt: skip
     b, h, _, d = query.shape
-    dv = value.shape[-1]
+    kv_heads, dv = key.shape[1], value.shape[-1]
     if state is None:
-        state = TaylorShiftState.zeros(b, h, d, dv, device=query.device, dtype=query.dtype)
-    check_state(state, b, h, d, dv, query.dtype, query.device)
+        state = TaylorShiftState.zeros(b, kv_heads, d, dv, device=query.device, dtype=query.dtype)
+    check_state(state, b, kv_heads, d, dv, query.dtype, query.device)
     cd = compute_dtype(query.dtype)
     factor = score_factor(temperature, scale, normalize, d)
     tau = query_factor(factor, 0.0, cd, b, h) if isinstance(factor, Tensor) else float(factor)
-    key_mask = problem.key_mask
+    key_mask = problem.key_mask  # (key padding only: every head's the same)
+    if key_mask is not None and kv_heads != h:
+        key_mask = key_mask[:, :kv_heads]
     key, value = drop_masked_content(key, value, key_mask)
     if query.shape[2] == 1:
         return _decode_one(query, key, value, state, key_mask, tau, normalize, inplace)
@@ -157,10 +167,12 @@ def _decode_one(query, key, value, state, key_mask, tau, normalize, inplace):
 
     The few operations a step can afford (docs/lm.md): the query and the key go through
     one normalisation and one feature map together, the state weights c are cached, and the
-    state is read and written once each.
+    state is read and written once each. Grouped queries (key, value and the state with
+    Hkv < H heads): the G query heads of a key/value head read its state in one product.
     """
     b, h, _, d = query.shape
-    dv = value.shape[-1]
+    kv_heads, dv = key.shape[1], value.shape[-1]
+    groups = h // kv_heads if kv_heads else 1  # (no heads: an empty batch)
     sums, count = state.sums, state.count
     cd = sums.dtype
     if not inplace:
@@ -170,10 +182,19 @@ def _decode_one(query, key, value, state, key_mask, tau, normalize, inplace):
 
         out = decode_step(query, key, value, sums, count, tau, key_mask, normalize)
         return out, state if inplace else TaylorShiftState(sums, count)
-    x = torch.cat([query, key], dim=2).to(cd)  # (B, H, 2, d): the query, then the key
-    if normalize:
-        x = x / torch.linalg.vector_norm(x, dim=-1, keepdim=True).clamp_min(NORM_EPS)
-    phi = features(x * _query_key_factor(tau, x))  # (B, H, 2, D)
+    if groups == 1:
+        x = torch.cat([query, key], dim=2).to(cd)  # (B, H, 2, d): the query, then the key
+        if normalize:
+            x = x / torch.linalg.vector_norm(x, dim=-1, keepdim=True).clamp_min(NORM_EPS)
+        phi = features(x * _query_key_factor(tau, x))  # (B, H, 2, D)
+        phi_q, phi_k = phi[:, :, :1], phi[:, :, 1:]
+    else:
+        q, k = query.to(cd), key.to(cd)
+        if normalize:
+            q = q / torch.linalg.vector_norm(q, dim=-1, keepdim=True).clamp_min(NORM_EPS)
+            k = k / torch.linalg.vector_norm(k, dim=-1, keepdim=True).clamp_min(NORM_EPS)
+        phi_q = features(q * tau).reshape(b, kv_heads, groups, -1)  # (B, Hkv, G, D)
+        phi_k = features(k)  # (B, Hkv, 1, D)
     v = torch.nn.functional.pad(value.to(cd), (0, 1), value=1.0)  # [v, 1]
     if key_mask is not None:  # (B, H, 1): a padded token joins no sum
         real = key_mask.to(cd)
@@ -184,18 +205,18 @@ def _decode_one(query, key, value, state, key_mask, tau, normalize, inplace):
     n = sums.shape[-2]
     # S += φ(k')ᵀ [v, 1]: an elementwise rank-1 update, (B, H, D, 1) ⊙ (B, H, 1, dv + 1)
     # (2x faster than baddbmm_ with an inner dimension of 1)
-    sums.addcmul_(phi[:, :, 1:].transpose(-1, -2), v)
+    sums.addcmul_(phi_k.transpose(-1, -2), v)
     # y' = (c ⊙ φ(q')) S, the token's attention to itself included
     weights = state_weights(d, cd, query.device).squeeze(-1)
     y_prime = torch.bmm(
-        (phi[:, :, :1] * weights).view(b * h, 1, n), sums.view(b * h, n, dv + 1)
-    ).view(b, h, 1, dv + 1)
+        (phi_q * weights).reshape(b * kv_heads, groups, n), sums.view(b * kv_heads, n, dv + 1)
+    ).view(b, kv_heads, groups, dv + 1)
     nom, den = y_prime[..., :dv], y_prime[..., dv:]
     n_i = count[:, :, None, None]
     scale = torch.sqrt(n_i / d) / den if normalize else 1.0 / den
     if key_mask is not None:  # a padded first token has n = 0 and 0/0: its row is 0
         scale = torch.where(n_i > 0, scale, 0.0)
-    out = (nom * scale).to(query.dtype)
+    out = (nom * scale).reshape(b, h, 1, dv).to(query.dtype)
     return out, state if inplace else TaylorShiftState(sums, count)
 
 

@@ -82,9 +82,16 @@ def causal_forward(
     ``tau`` is the query factor (``query_factor``). Returns out (B, H, Nq, dv) in the
     query's dtype, den (B, H, Nq) and the counts n_i in the compute dtype, and the state
     after the last key (the initial state's keys and this block's real ones).
+
+    Grouped queries: key, value, key_mask and the state may have Hkv heads, Hkv dividing H
+    (query head h reads key/value head h // (H / Hkv), ``grouped.py``). Each chunk's
+    queries of a group are then stacked for the readout of their shared prefix state, the
+    intra-chunk block repeats the chunk's keys for them, and the state is built once per
+    key/value head (the counts n_i are the key/value head's).
     """
     b, h, nq, d = query.shape
-    nk, dv = key.shape[2], value.shape[3]
+    kv_heads, nk, dv = key.shape[1], key.shape[2], value.shape[3]
+    groups = h // kv_heads if kv_heads else 1  # (no heads: an empty batch)
     cd = compute_dtype(query.dtype)
     weights = state_weights(d, cd, query.device)
     count = causal_count(key_mask, nq, nk, cd, query.device)
@@ -105,27 +112,36 @@ def causal_forward(
         if i0 < nq:
             q1 = min(i1, nq)
             q = scaled_query(query[:, :, i0:q1].to(cd), tau, normalize)
+            stacked = q.reshape(b, kv_heads, groups * (q1 - i0), d)  # (q itself: no groups)
             y_prime = None
             if state is not None:
                 # φ(q) (c ⊙ S): weight the features or the state, whichever is smaller
-                if q1 - i0 < dv + 1:
-                    y_prime = (chunk_features(q) * weights.squeeze(-1)) @ state
+                if stacked.shape[2] < dv + 1:
+                    y_prime = (chunk_features(stacked) * weights.squeeze(-1)) @ state
                 else:
-                    y_prime = feature_product(chunk_features(q), state * weights)
+                    y_prime = feature_product(chunk_features(stacked), state * weights)
             if k is not None:
-                intra = weighted_sums(q, k[:, :, : q1 - i0], v[:, :, : q1 - i0], None, True)
+                ck, cv = k[:, :, : q1 - i0], v[:, :, : q1 - i0]
+                if groups > 1:
+                    ck, cv = (t.repeat_interleave(groups, dim=1) for t in (ck, cv))
+                intra = weighted_sums(q, ck, cv, None, True)
+                intra = intra.reshape(b, kv_heads, groups * (q1 - i0), dv + 1)
                 y_prime = intra if y_prime is None else y_prime + intra
             if y_prime is None:  # no key before or inside the chunk
-                y_prime = q.new_zeros((b, h, q1 - i0, dv + 1))
-            y, den[:, :, i0:q1] = finish_outputs(y_prime, count[..., i0:q1], normalize, d)
-            out[:, :, i0:q1] = y.to(out.dtype)
+                y_prime = q.new_zeros((b, kv_heads, groups * (q1 - i0), dv + 1))
+            n_i = count[..., i0:q1]
+            if groups > 1:  # each stacked query's n_i: its key/value head's
+                n_i = n_i.repeat(*(1,) * (n_i.dim() - 1), groups)
+            y, chunk_den = finish_outputs(y_prime, n_i, normalize, d)
+            den[:, :, i0:q1] = chunk_den.reshape(b, h, q1 - i0)
+            out[:, :, i0:q1] = y.reshape(b, h, q1 - i0, dv).to(out.dtype)
         if k is not None and (final_state or i1 < nq):
             state = add_feature_product(state, chunk_features(k), v)
     if not final_state:
         return out, den, count, None
     if state is None:
-        state = query.new_zeros((b, h, feature_dim(d), dv + 1), dtype=cd)
-    keys = real_keys(key_mask, b, h, nk, cd, query.device)
+        state = query.new_zeros((b, kv_heads, feature_dim(d), dv + 1), dtype=cd)
+    keys = real_keys(key_mask, b, kv_heads, nk, cd, query.device)
     if initial_state is not None:
         keys = initial_state.count + keys
     return out, den, count, TaylorShiftState(state, keys)

@@ -14,6 +14,10 @@ operation counts are the grouped call's. This needs the query heads of a group t
 in nothing but their queries: a mask or a temperature that varies over heads, and causal
 calls (stacked, a query would lose its position), repeat key and value to H heads first
 (a copy, as SDPA's reference path does).
+
+Decoding (``decode.py``) keeps the causal state per key/value head instead: the chunked
+sweep of a prompt and the single-token step (the CPU kernel too) read each state for the
+G query heads of its group. The checks are ``checks.check_inputs(..., enable_gqa=True)``.
 """
 
 from __future__ import annotations
@@ -21,42 +25,6 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from torch import Tensor
-
-from .checks import _check_tensor, _shape
-
-
-def key_value_groups(query: object, key: object, value: object) -> int:
-    """G = H / Hkv for ``enable_gqa=True``; raises naming the argument where key and value
-    do not have one head count that divides the query's, or other batch sizes."""
-    q = _check_tensor("query", query, "(B, H, Nq, d)")
-    k = _check_tensor("key", key, "(B, Hkv, Nk, d)")
-    v = _check_tensor("value", value, "(B, Hkv, Nk, dv)")
-    batch, heads = q.shape[:2]
-    other = next((name for name, t in (("key", k), ("value", v)) if t.shape[0] != batch), None)
-    if other is not None:
-        got = _shape(k if other == "key" else v)
-        raise ValueError(
-            f"{other} must have the batch size of query (B = {batch}); got {other} of shape {got}"
-        )
-    kv_heads = k.shape[1]
-    if v.shape[1] != kv_heads:
-        raise ValueError(
-            f"value must have the heads of key (Hkv = {kv_heads}); got value of shape {_shape(v)}"
-        )
-    if kv_heads == 0 or heads % kv_heads:
-        raise ValueError(
-            f"key and value heads must divide the query heads (H = {heads}) with "
-            f"enable_gqa=True; got key of shape {_shape(k)}"
-        )
-    return heads // kv_heads
-
-
-def repeated_heads(key: Tensor, heads: int) -> Tensor:
-    """``key`` (B, Hkv, N, ·) as H heads, each key/value head repeated for its group: a view
-    with stride 0 over the group, for checking shapes (its reshape to 4-D would copy)."""
-    b, kv_heads, n, d = key.shape
-    groups = heads // kv_heads
-    return key[:, :, None].expand(b, kv_heads, groups, n, d).flatten(1, 2)
 
 
 def grouped_attention(

@@ -17,7 +17,7 @@ from .efficient import efficient_taylor_shift
 from .efficient_causal import causal_efficient_taylor_shift
 from .features import backward_follows, compute_dtype, drop_masked_content
 from .fused import fused_form, kernel_name, probe_backward, run_guarded, shape_class
-from .grouped import grouped_attention, key_value_groups, repeated_heads
+from .grouped import grouped_attention
 from .naive import naive_taylor_shift_attention
 from .state import TaylorShiftState, check_state
 
@@ -83,7 +83,8 @@ def taylor_shift_attention(
         enable_gqa: grouped-query attention, as SDPA's: key and value may have Hkv heads,
             Hkv dividing H; query head h attends through key/value head h // (H / Hkv).
             Non-causal calls do the key side once per key/value head (``grouped.py``);
-            not with ``initial_state`` or ``output_final_state``.
+            not with ``initial_state`` or ``output_final_state`` (``taylor_shift_decode``
+            keeps a state per key/value head).
 
     Returns:
         (B, H, Nq, dv) in the dtype of ``query``, and with ``output_final_state`` the state
@@ -106,18 +107,19 @@ def taylor_shift_attention(
     """
     if enable_gqa is not False:
         check_bool("enable_gqa", enable_gqa)
-        if key_value_groups(query, key, value) > 1:
+        check_inputs(
+            query, key, value, attn_mask, is_causal, temperature, scale, normalize, order, mode,
+            enable_gqa=True,
+        )  # fmt: skip
+        if key.shape[1] != query.shape[1]:
             if initial_state is not None or output_final_state:
                 raise ValueError(
                     "initial_state, output_final_state: not supported with grouped-query "
-                    "attention (key and value with fewer heads than query); expected None "
-                    f"and False, got {type(initial_state).__name__} and {output_final_state}"
+                    "attention (key and value with fewer heads than query; "
+                    "taylor_shift_decode(..., enable_gqa=True) keeps a state per key/value "
+                    f"head); expected None and False, got {type(initial_state).__name__} and "
+                    f"{output_final_state}"
                 )
-            heads = query.shape[1]  # (every check on the shapes the user means)
-            kv_view = repeated_heads(key, heads), repeated_heads(value, heads)
-            check_inputs(
-                query, *kv_view, attn_mask, is_causal, temperature, scale, normalize, order, mode
-            )
             return grouped_attention(
                 taylor_shift_attention, query, key, value, attn_mask, is_causal, temperature,
                 scale=scale, normalize=normalize, order=order, mode=mode,
