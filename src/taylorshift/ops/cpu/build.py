@@ -1,5 +1,5 @@
 """Building and loading the CPU kernels (``efficient.c``, ``direct.c``,
-``efficient_causal.c``) on first use.
+``efficient_causal.c``, ``rows.c``, ``decode.c``) on first use.
 
 The C sources are compiled by the machine's C compiler (``$CC``, else ``cc``, ``gcc`` or
 ``clang`` on the PATH) into a shared library in the cache folder
@@ -32,10 +32,11 @@ import tempfile
 from pathlib import Path
 
 SOURCES = tuple(
-    Path(__file__).with_name(name) for name in ("efficient.c", "direct.c", "efficient_causal.c")
+    Path(__file__).with_name(name)
+    for name in ("efficient.c", "direct.c", "efficient_causal.c", "rows.c", "decode.c")
 )
 # included by the sources: in the hash too
-HEADERS = tuple(Path(__file__).with_name(name) for name in ("rows.h", "kernels.h"))
+HEADERS = tuple(Path(__file__).with_name(name) for name in ("rows.h", "vectors.h", "kernels.h"))
 ENV = "TAYLORSHIFT_CPU_KERNELS"
 FLAG_SETS = (
     ("-O3", "-march=native", "-fopenmp"),

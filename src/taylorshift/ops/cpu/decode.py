@@ -1,5 +1,5 @@
 """The decoding step of causal TaylorShift in one CPU kernel (``ts_decode_step`` of
-``efficient.c``).
+``decode.c``).
 
 One new token per head against the constant-size state of
 ``taylorshift.ops.taylor_shift.decode``: normalise the query and the key, form their

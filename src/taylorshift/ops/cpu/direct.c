@@ -33,18 +33,14 @@
 
 #include "kernels.h"
 #include "rows.h"
+#include "vectors.h"
 
-typedef float vec __attribute__((vector_size(32)));
 enum {
-    LANES = 8,  /* floats per vector */
     WIDE = 16,  /* columns per register tile: two vectors; every padded width is a multiple */
     ROWS = 6,   /* rows per register tile: 12 accumulators, 2 loads and a broadcast in 16 registers */
     TILE = 64   /* query rows per block of scores */
 };
 
-static inline vec load(const float *p) { vec v; memcpy(&v, p, sizeof v); return v; }
-static inline void store(float *p, vec v) { memcpy(p, &v, sizeof v); }
-static inline vec splat(float s) { return (vec){s, s, s, s, s, s, s, s}; }
 static inline int pad(int n) { return (n + WIDE - 1) / WIDE * WIDE; }
 /* The row stride of a block n columns wide: padded, and off multiples of 64 floats, so that
    a walk down a column (a k loop of mm) does not map every row to the same cache sets. */

@@ -26,11 +26,10 @@
 
 #include "kernels.h"
 #include "rows.h"
+#include "vectors.h"
 
-typedef float vec __attribute__((vector_size(32)));
 enum {
-    LANES = 8,        /* floats per vector */
-    COLS = 6,         /* value columns (or pairs) per register tile */
+    COLS = 6,           /* value columns (or pairs) per register tile */
     UPDATE_TILE = 32, /* tokens per tile of the state update: their x~ and v rows stay in L1 */
     PACKED_MAX = 640, /* pairs (rounded up to 16) up to which the state update forms a whole
                          packed feature row per token (d <= 34); above, row by row */
@@ -42,48 +41,7 @@ enum {
 };
 #define READ_TILE 16 /* tokens per register tile of the readout and of the gradient (2 vectors) */
 
-static inline vec load(const float *p) { vec v; memcpy(&v, p, sizeof v); return v; }
-static inline void store(float *p, vec v) { memcpy(p, &v, sizeof v); }
-static inline vec splat(float s) { return (vec){s, s, s, s, s, s, s, s}; }
 static inline int round_up(int n, int m) { return (n + m - 1) / m * m; }
-/* Keep v in a register: without it the compiler may fold v's load into both of the
-   multiply-adds that read it, one load each, which leaves the loop bound by loads (an empty
-   asm statement that takes and returns v in a vector register; where 8 floats fill no one
-   register, without AVX, a no-op). */
-#if defined(__AVX__)
-#define in_register(v) __asm__("" : "+x"(v))
-#else
-#define in_register(v) ((void)0)
-#endif
-
-/* 8 x 8 transposes between token rows and the feature-major tiles of the readout and the
-   pair gradient: r[j] becomes column j of the rows r[0..7], in three rounds of two-vector
-   shuffles (unpack pairs, then quads, then 128-bit halves). 24 shuffles move 64 floats that
-   one-float copies moved with 64 loads and 64 stores: at d = 16 those copies took about a
-   quarter of the pair gradient's time (docs/cpu-kernel.md). */
-#if defined(__clang__)
-#define shuffle2(a, b, ...) __builtin_shufflevector(a, b, __VA_ARGS__)
-#else
-typedef int ivec __attribute__((vector_size(32)));
-#define shuffle2(a, b, ...) __builtin_shuffle(a, b, (ivec){__VA_ARGS__})
-#endif
-static inline void transpose8(vec r[LANES]) {
-    vec t[LANES], u[LANES];
-    for (int i = 0; i < LANES; i += 2) {
-        t[i] = shuffle2(r[i], r[i + 1], 0, 8, 1, 9, 4, 12, 5, 13);
-        t[i + 1] = shuffle2(r[i], r[i + 1], 2, 10, 3, 11, 6, 14, 7, 15);
-    }
-    for (int i = 0; i < LANES; i += 4) {
-        u[i] = shuffle2(t[i], t[i + 2], 0, 1, 8, 9, 4, 5, 12, 13);
-        u[i + 1] = shuffle2(t[i], t[i + 2], 2, 3, 10, 11, 6, 7, 14, 15);
-        u[i + 2] = shuffle2(t[i + 1], t[i + 3], 0, 1, 8, 9, 4, 5, 12, 13);
-        u[i + 3] = shuffle2(t[i + 1], t[i + 3], 2, 3, 10, 11, 6, 7, 14, 15);
-    }
-    for (int i = 0; i < 4; i++) {
-        r[i] = shuffle2(u[i], u[i + 4], 0, 1, 2, 3, 8, 9, 10, 11);
-        r[i + 4] = shuffle2(u[i], u[i + 4], 4, 5, 6, 7, 12, 13, 14, 15);
-    }
-}
 
 /* The feature-major tile t[a * tw + i] = src[i * stride + a] of nt <= tw token rows of
    width floats, lanes nt .. tw - 1 zero: 8 x 8 blocks transposed where 8 rows and 8 columns
@@ -606,74 +564,6 @@ int ts_pair_grad(int bh, int n, int d, const float *x, const float *values, int 
     return failed;
 }
 
-/* xp (BH, N, d) = factor[h] x / max(|x|, eps) (normalize) or factor[h] x, with factor NULL
-   read as 1: the map x -> x' in front of the feature products (s = q'.k'), rows.h. */
-void ts_scale_rows(int bh, int n, int d, const float *x, const float *factor, int normalize,
-                   float eps, float *xp, int threads) {
-    const long rows = (long)bh * n;
-#pragma omp parallel for num_threads(threads) schedule(static)
-    for (long r = 0; r < rows; r++)
-        scale_row(d, x + (size_t)r * d, factor ? factor[r / n] : 1.0f, normalize, eps,
-                  xp + (size_t)r * d);
-}
-
-/* The backward of ts_scale_rows (rows.h): gx (BH, N, d) from gp = dL/dx'; gfactor (BH) (may
-   be NULL) = sum over the head's tokens of gp.u (normalize) or gp.x. Items: (head, block of
-   256 tokens), partial sums added per head. Returns 0, or 1 when the partial sums could not
-   be allocated. */
-int ts_scale_rows_grad(int bh, int n, int d, const float *x, const float *gp,
-                        const float *factor, int normalize, float eps, float *gx,
-                        float *gfactor, int threads) {
-    const int block = 256;
-    const long blocks = (n + block - 1) / block, items = (long)bh * blocks;
-    double *part = gfactor ? calloc((size_t)(items > 0 ? items : 1), sizeof(double)) : NULL;
-    if (gfactor && !part) return 1;
-#pragma omp parallel for num_threads(threads) schedule(static)
-    for (long item = 0; item < items; item++) {
-        const int h = (int)(item / blocks), t0 = (int)(item % blocks) * block;
-        const int t1 = t0 + block < n ? t0 + block : n;
-        const float f = factor ? factor[h] : 1.0f;
-        double sum = 0.0;
-        for (int t = t0; t < t1; t++) {
-            const size_t at = ((size_t)h * n + t) * d;
-            sum += scale_row_grad(d, x + at, gp + at, f, normalize, eps, gx + at);
-        }
-        if (part) part[item] = sum;
-    }
-    if (part) {
-        for (int h = 0; h < bh; h++) {
-            double total = 0.0;
-            for (long b = 0; b < blocks; b++) total += part[(long)h * blocks + b];
-            gfactor[h] = (float)total;
-        }
-        free(part);
-    }
-    return 0;
-}
-
-/* gy (BH, N, nv + 1) = the gradient w.r.t. Y' = [numerator, denominator] from g = dL/dy,
-   y = numerator f / den with f = sqrt(count / d) (normalize) or 1: columns :nv are
-   g f / den, column nv is -(g.y) / den; zero rows where count == 0. count holds one value
-   per head, count[h] (per_row 0: the non-causal form), or one per token, count[h * N + t]
-   (per_row 1: the causal form's n_i). */
-void ts_output_grad(int bh, int n, int nv, int d, const float *g, const float *y,
-                    const float *den, const float *count, int per_row, int normalize,
-                    float *gy, int threads) {
-    const long rows = (long)bh * n;
-#pragma omp parallel for num_threads(threads) schedule(static)
-    for (long r = 0; r < rows; r++) {
-        const float total = count[per_row ? r : r / n];
-        const float *gr = g + (size_t)r * nv, *yr = y + (size_t)r * nv;
-        float *out = gy + (size_t)r * (nv + 1);
-        const float inv = total > 0.0f ? 1.0f / den[r] : 0.0f;
-        const float f = normalize ? inv * sqrtf(total / (float)d) : inv;
-        float dot = 0.0f;
-#pragma omp simd reduction(+ : dot)
-        for (int c = 0; c < nv; c++) { out[c] = gr[c] * f; dot += gr[c] * yr[c]; }
-        out[nv] = -dot * inv;
-    }
-}
-
 /* The non-causal forward in one call, in the signature of kernels.h (option not read):
    q' = f_h q / max(|q|, eps) and k' = k / max(|k|, eps) (normalize; else f_h q and k) with
    f_h = factor[h] (factor NULL: the float scalar), the weighted key state, the attended-key
@@ -749,134 +639,4 @@ int ts_efficient_backward(int bh, int nq, int nk, int d, int nv, const float *q,
     }
     free(qp);
     return failed;
-}
-
-/* The decoding step (ops/cpu/decode.py): one new token per head on the state of
-   ops/taylor_shift/decode.py, S (BH, D, V + 1), unweighted, rows x_a x_b (a <= b < d, row by
-   row), then x_a, then 1; count (BH). With q' = f_h q / max(|q|, eps), k' = k / max(|k|, eps)
-   (normalize; else q' = f_h q, k' = k), f_h = factor[h] (factor NULL: the float scalar):
-   where real is NULL or real[h] != 0, S += phi(k')^T [v, 1] and count[h] += 1; then
-   Y = sum_p w_p phi_p(q') S_p over the updated state (the token attends itself) and
-   out (BH, V) = Y[:V] * (normalize ? sqrt(count[h] / d) : 1) / Y[V], zero where
-   count[h] == 0. One pass over S: each row is updated and read while in registers, where
-   the PyTorch step reads the state twice and writes it once. Work items: heads.
-   Grouped queries (groups > 1): bh counts the states (key/value heads); q, factor and out
-   hold groups rows per state (query head h * groups + g reads state h), k, v, real and
-   count one. Each state row is then updated once and read by the group's queries while
-   it is in L1. */
-static inline void decode_row(int width, float fk, float fq, const float *restrict u,
-                              float *restrict s, float *restrict y) {
-#pragma omp simd
-    for (int c = 0; c < width; c++) {
-        const float sc = s[c] + fk * u[c];
-        s[c] = sc;
-        y[c] += fq * sc;
-    }
-}
-
-/* One state row for the queries of a group: updated once, then read by query g into
-   y + g * width (fq[g] its feature), the row still in L1. */
-static inline void group_row(int width, int groups, float fk, const float *fq,
-                             const float *restrict u, float *restrict s, float *restrict y) {
-#pragma omp simd
-    for (int c = 0; c < width; c++) s[c] += fk * u[c];
-    for (int g = 0; g < groups; g++) {
-        float *restrict yg = y + (size_t)g * width;
-        const float f = fq[g];
-#pragma omp simd
-        for (int c = 0; c < width; c++) yg[c] += f * s[c];
-    }
-}
-
-/* The pass over one state for a group of queries qx (groups x d), in the rows' order. */
-static void decode_group(int d, int width, int groups, const float *qx, const float *kx,
-                         const float *u, float *s, float *y) {
-    float fq[groups];
-    for (int a = 0; a < d; a++) {
-        for (int g = 0; g < groups; g++) fq[g] = 0.5f * qx[g * d + a] * qx[g * d + a];
-        group_row(width, groups, kx[a] * kx[a], fq, u, s, y);
-        s += width;
-        for (int b = a + 1; b < d; b++, s += width) {
-            for (int g = 0; g < groups; g++) fq[g] = qx[g * d + a] * qx[g * d + b];
-            group_row(width, groups, kx[a] * kx[b], fq, u, s, y);
-        }
-    }
-    for (int a = 0; a < d; a++, s += width) {
-        for (int g = 0; g < groups; g++) fq[g] = qx[g * d + a];
-        group_row(width, groups, kx[a], fq, u, s, y);
-    }
-    for (int g = 0; g < groups; g++) fq[g] = 1.0f;
-    group_row(width, groups, 1.0f, fq, u, s, y);
-}
-
-/* ts_decode_step with one query per state: each row updated and read in one pass. */
-static void decode_heads(int bh, int d, int nv, const float *q, const float *k, const float *v,
-                         const float *factor, float scalar, const uint8_t *real, int normalize,
-                         float eps, float *state, float *count, float *out, int threads) {
-    const int width = nv + 1;
-    const long rows = (long)d * (d + 1) / 2 + d + 1;
-#pragma omp parallel for num_threads(bh > 1 ? threads : 1) schedule(static)
-    for (int h = 0; h < bh; h++) {
-        const float *qh = q + (size_t)h * d, *kh = k + (size_t)h * d;
-        float qx[d], kx[d], u[width], y[width];
-        scale_row(d, qh, factor ? factor[h] : scalar, normalize, eps, qx);
-        const int add = !real || real[h]; /* a padded token's key (NaN, say) never reaches S */
-        if (add) scale_row(d, kh, 1.0f, normalize, eps, kx);
-        else memset(kx, 0, sizeof kx);
-        for (int c = 0; c < nv; c++) u[c] = add ? v[(size_t)h * nv + c] : 0.0f;
-        u[nv] = add ? 1.0f : 0.0f;
-        if (add) count[h] += 1.0f;
-        memset(y, 0, sizeof y);
-        float *s = state + (size_t)h * rows * width;
-        for (int a = 0; a < d; a++) {
-            decode_row(width, kx[a] * kx[a], 0.5f * qx[a] * qx[a], u, s, y);
-            s += width;
-            for (int b = a + 1; b < d; b++, s += width)
-                decode_row(width, kx[a] * kx[b], qx[a] * qx[b], u, s, y);
-        }
-        for (int a = 0; a < d; a++, s += width) decode_row(width, kx[a], qx[a], u, s, y);
-        decode_row(width, 1.0f, 1.0f, u, s, y);
-        const float total = count[h];
-        const float f = total > 0.0f
-            ? (normalize ? sqrtf(total / (float)d) : 1.0f) / y[nv] : 0.0f;
-        for (int c = 0; c < nv; c++) out[(size_t)h * nv + c] = y[c] * f;
-    }
-}
-
-void ts_decode_step(int bh, int groups, int d, int nv, const float *q, const float *k,
-                    const float *v, const float *factor, float scalar, const uint8_t *real,
-                    int normalize, float eps, float *state, float *count, float *out,
-                    int threads) {
-    if (groups == 1) {
-        decode_heads(bh, d, nv, q, k, v, factor, scalar, real, normalize, eps, state, count,
-                     out, threads);
-        return;
-    }
-    const int width = nv + 1;
-    const long rows = (long)d * (d + 1) / 2 + d + 1;
-#pragma omp parallel for num_threads(bh > 1 ? threads : 1) schedule(static)
-    for (int h = 0; h < bh; h++) {
-        const float *kh = k + (size_t)h * d;
-        float qx[groups][d], kx[d], u[width], y[groups][width];
-        for (int g = 0; g < groups; g++) {
-            const size_t r = (size_t)h * groups + g;
-            scale_row(d, q + r * d, factor ? factor[r] : scalar, normalize, eps, qx[g]);
-        }
-        const int add = !real || real[h]; /* a padded token's key (NaN, say) never reaches S */
-        if (add) scale_row(d, kh, 1.0f, normalize, eps, kx);
-        else memset(kx, 0, sizeof kx);
-        for (int c = 0; c < nv; c++) u[c] = add ? v[(size_t)h * nv + c] : 0.0f;
-        u[nv] = add ? 1.0f : 0.0f;
-        if (add) count[h] += 1.0f;
-        memset(y, 0, sizeof y);
-        decode_group(d, width, groups, &qx[0][0], kx, u, state + (size_t)h * rows * width,
-                     &y[0][0]);
-        const float total = count[h];
-        for (int g = 0; g < groups; g++) {
-            const float f = total > 0.0f
-                ? (normalize ? sqrtf(total / (float)d) : 1.0f) / y[g][nv] : 0.0f;
-            float *o = out + ((size_t)h * groups + g) * nv;
-            for (int c = 0; c < nv; c++) o[c] = y[g][c] * f;
-        }
-    }
 }
