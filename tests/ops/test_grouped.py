@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from taylorshift import naive_taylor_shift_attention, taylor_shift_attention
+from taylorshift import TaylorShiftState, naive_taylor_shift_attention, taylor_shift_attention
 from taylorshift.ops.taylor_shift import interface
 from tests.helpers import assert_rel_close, key_padding
 
@@ -158,8 +158,13 @@ def test_grouped_attention_compiles_whole():
          r"value must have the batch size of query \(B = 2\); got value of shape \(1, 2"),
         (2, 2, {"enable_gqa": 1}, TypeError, "enable_gqa must be a bool"),
         (2, 2, {"enable_gqa": False}, ValueError, "fewer key/value heads: pass enable_gqa=True"),
-        (2, 2, {"is_causal": True, "output_final_state": True}, ValueError,
-         "output_final_state: not supported with grouped-query attention"),
+        (2, 2, {"output_final_state": True}, ValueError,
+         "output_final_state continues a causal sweep: it needs is_causal=True"),
+        (2, 2, {"is_causal": True, "output_final_state": True,
+                "attn_mask": torch.ones(1, 4, 1, NK, dtype=torch.bool)}, ValueError,
+         r"attn_mask: with grouped-query attention and a causal state .*\(1, 4, 1, 23\)"),
+        (2, 2, {"is_causal": True, "initial_state": TaylorShiftState.zeros(B, H, D, DV)},
+         ValueError, r"initial_state must hold sums of shape \(2, 2, 28, 6\)"),
         (2, 2, {"temperature": torch.ones(1, 3, 1, 1)}, ValueError,
          r"temperature must broadcast to \(B, H, 1, 1\) = \(2, 4, 1, 1\)"),
     ],
@@ -171,3 +176,51 @@ def test_bad_grouped_calls_name_the_argument(key_heads, value_heads, kwargs, err
         kwargs = {"enable_gqa": True, **kwargs}
         v = kwargs.pop("value", v)
         taylor_shift_attention(q, k, v, **kwargs)
+
+
+@pytest.mark.parametrize("masked", [False, True], ids=["nomask", "padding"])
+def test_grouped_causal_state_continues_in_segments(masked):
+    # a sequence in two segments, the state per key/value head: outputs and gradients of q,
+    # k, v, τ and of the first state's sums against the op with key, value and state
+    # repeated to the query heads (repeat_interleave sums the group's gradients)
+    g = torch.Generator().manual_seed(11)
+    n, cut, kv_heads = 30, 13, 2
+    groups = H // kv_heads
+    q = torch.randn(B, H, n, D, generator=g, dtype=torch.float64)
+    k, v = (torch.randn(B, kv_heads, n, x, generator=g, dtype=torch.float64) for x in (D, DV))
+    tau = torch.linspace(0.7, 1.9, H, dtype=torch.float64).view(1, H, 1, 1)
+    pad = key_padding(B, n, seed=4, empty_row=False) if masked else None
+    prior = TaylorShiftState.zeros(B, kv_heads, D, DV, dtype=torch.float64)
+    prior.sums.normal_(generator=g)
+    prior.count.fill_(5.0)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v, tau, prior.sums)]
+
+    def segments(q, k, v, tau, sums, count, gqa):
+        state = TaylorShiftState(sums, count)
+        outs = []
+        for s0, s1 in ((0, cut), (cut, n)):
+            m = None if pad is None else pad[..., s0:s1]
+            part = (x[:, :, s0:s1] for x in (q, k, v))
+            out, state = taylor_shift_attention(
+                *part, m, True, temperature=tau, initial_state=state, output_final_state=True,
+                enable_gqa=gqa,
+            )  # fmt: skip
+            outs.append(out)
+        return torch.cat(outs, dim=2), state
+
+    got, state = segments(*leaves, prior.count, True)
+    assert state.sums.shape == (B, kv_heads, *prior.sums.shape[2:])
+    want_leaves = [t.clone().requires_grad_() for t in (q, k, v, tau, prior.sums)]
+    qw, kw, vw, tw, sw = want_leaves
+    repeat = lambda t: t.repeat_interleave(groups, dim=1)  # noqa: E731
+    want, want_state = segments(
+        qw, repeat(kw), repeat(vw), tw, repeat(sw), repeat(prior.count), False
+    )
+    assert_rel_close(got, want, 1e-10, "outputs")
+    assert_rel_close(repeat(state.sums), want_state.sums, 1e-10, "final state")
+    grad = torch.randn(got.shape, generator=g, dtype=torch.float64)
+    names = ["dq", "dk", "dv", "dtau", "dstate"]
+    grads = torch.autograd.grad(got, leaves, grad)
+    wants = torch.autograd.grad(want, want_leaves, grad)
+    for name, a, e in zip(names, grads, wants, strict=True):
+        assert_rel_close(a, e, 1e-10, name)

@@ -152,6 +152,9 @@ class CausalEfficientTaylorShiftFunction(torch.autograd.Function):
 
     Differentiable also w.r.t. ``state_sums`` (the prefix of earlier keys), so that a
     sequence split over processes can pass state gradients back (``taylorshift.distributed``).
+    Grouped queries (key, value, key_mask and the state with Hkv heads dividing the query's
+    H, ``causal_forward``): both sweeps stack each chunk's query heads of a group for the
+    shared state, and the intra-chunk block's key gradients are summed over the group.
     """
 
     @staticmethod
@@ -188,6 +191,12 @@ class CausalEfficientTaylorShiftFunction(torch.autograd.Function):
         query, key, value, temperature, key_mask, out, den, count, initial = ctx.saved_tensors
         need_q, need_k, need_v, need_t = ctx.needs_input_grad[:4]
         if wants_graph():  # create_graph=True: gradients that differentiate again
+            if key.shape[1] != query.shape[1]:
+                raise RuntimeError(
+                    "grouped-query attention with a causal state has first-order gradients "
+                    "only; differentiating its gradient again (create_graph=True) is not "
+                    "supported"
+                )
             if initial is not None:
                 raise RuntimeError(
                     "initial_state: a call that continues a causal state has first-order "
@@ -203,17 +212,33 @@ class CausalEfficientTaylorShiftFunction(torch.autograd.Function):
         need_s = ctx.needs_input_grad[8]
         normalize, chunk = ctx.normalize, ctx.chunk
         b, h, nq, d = query.shape
-        nk, dv = key.shape[2], value.shape[3]
+        kv_heads, nk, dv = key.shape[1], key.shape[2], value.shape[3]
+        groups = h // kv_heads if kv_heads else 1
         cd = den.dtype
         weights = state_weights(d, cd, query.device)
         tau = query_factor(temperature, ctx.factor, cd, b, h)
+        if groups > 1 and count.dim() == 3:  # n_i of each query head: its key/value head's
+            count = count.repeat_interleave(groups, dim=1)
         g_y = grad_outputs(grad_out.to(cd), out.to(cd), den, count, normalize, d)
+
+        def stacked(x: Tensor) -> Tensor:  # (B, H, C, ·) -> (B, Hkv, G·C, ·)
+            return x.reshape(b, kv_heads, groups * x.shape[2], x.shape[3])
+
+        def group_sum(x: Tensor) -> Tensor:  # (B, H, C, ·) -> (B, Hkv, C, ·)
+            if groups == 1:
+                return x
+            return x.reshape(b, kv_heads, groups, *x.shape[2:]).sum(2)
+
         need_qt = need_q or need_t
         # Gradients w.r.t. the scaled q' and k' and w.r.t. v' = [v, 1] (masked rows zero),
         # mapped back through the normalisation at the end.
         gq = torch.zeros((b, h, nq, d), dtype=cd, device=query.device) if need_qt else None
-        gk = torch.zeros((b, h, nk, d), dtype=cd, device=query.device) if need_k else None
-        gv = torch.zeros((b, h, nk, dv + 1), dtype=cd, device=query.device) if need_v else None
+        gk = torch.zeros((b, kv_heads, nk, d), dtype=cd, device=query.device) if need_k else None
+        gv = (
+            torch.zeros((b, kv_heads, nk, dv + 1), dtype=cd, device=query.device)
+            if need_v
+            else None
+        )
         span = max(nq, nk)
 
         def chunk_keys(i0: int, i1: int) -> tuple[Tensor, Tensor, int]:
@@ -235,21 +260,23 @@ class CausalEfficientTaylorShiftFunction(torch.autograd.Function):
                 q = scaled_query(query[:, :, i0:q1].to(cd), tau, normalize)
                 g_chunk = g_y[:, :, i0:q1]
                 if need_qt and state is not None:
-                    gq[:, :, i0:q1] += state_input_grad(q, g_chunk, state * weights)
+                    from_state = state_input_grad(stacked(q), stacked(g_chunk), state * weights)
+                    gq[:, :, i0:q1] += from_state.reshape(q.shape)
                 if k is not None:
                     # the intra-chunk block is the direct form's weighted sum (masked keys
                     # have v' = 0, so they get no weight and give no gradient)
                     ck = min(q1 - i0, k.shape[2])
                     need = (need_qt, need_k, need_v)
-                    iq, ik, iv = weighted_sums_grad(
-                        q, k[:, :, :ck], v[:, :, :ck], g_chunk, None, True, 2, need
-                    )
+                    ik, iv = k[:, :, :ck], v[:, :, :ck]
+                    if groups > 1:
+                        ik, iv = (t.repeat_interleave(groups, dim=1) for t in (ik, iv))
+                    iq, ik, iv = weighted_sums_grad(q, ik, iv, g_chunk, None, True, 2, need)
                     if need_qt:
                         gq[:, :, i0:q1] += iq
                     if need_k:
-                        gk[:, :, i0 : i0 + ck] += ik
+                        gk[:, :, i0 : i0 + ck] += group_sum(ik)
                     if need_v:
-                        gv[:, :, i0 : i0 + ck] += iv
+                        gv[:, :, i0 : i0 + ck] += group_sum(iv)
             if k is not None and i1 < nq:  # later queries attend this chunk via the state
                 state = add_feature_product(state, chunk_features(k), v)
 
@@ -270,7 +297,9 @@ class CausalEfficientTaylorShiftFunction(torch.autograd.Function):
                 if i0 < nq:
                     q1 = min(i1, nq)
                     q = scaled_query(query[:, :, i0:q1].to(cd), tau, normalize)
-                    g_state = add_feature_product(g_state, chunk_features(q), g_y[:, :, i0:q1])
+                    g_state = add_feature_product(
+                        g_state, chunk_features(stacked(q)), stacked(g_y[:, :, i0:q1])
+                    )
             if need_s:
                 if g_state is None:
                     g_initial = torch.zeros_like(initial)
@@ -331,9 +360,9 @@ def causal_efficient_taylor_shift(
     )
     if not output_final_state:
         return out
-    b, h = query.shape[:2]
+    b, kv_heads = key.shape[:2]
     added = key_state(key, value, key_mask, normalize, chunk)
-    real = real_keys(key_mask, b, h, key.shape[2], added.dtype, added.device)
+    real = real_keys(key_mask, b, kv_heads, key.shape[2], added.dtype, added.device)
     if initial_state is None:
         return out, TaylorShiftState(added, real)
     return out, TaylorShiftState(sums.detach() + added, count.detach() + real)

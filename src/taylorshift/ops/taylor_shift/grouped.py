@@ -15,9 +15,11 @@ in nothing but their queries: a mask or a temperature that varies over heads, an
 calls (stacked, a query would lose its position), repeat key and value to H heads first
 (a copy, as SDPA's reference path does).
 
-Decoding (``decode.py``) keeps the causal state per key/value head instead: the chunked
-sweep of a prompt and the single-token step (the CPU kernel too) read each state for the
-G query heads of its group. The checks are ``checks.check_inputs(..., enable_gqa=True)``.
+Decoding (``decode.py``) and causal calls with ``initial_state`` or ``output_final_state``
+(``interface._grouped_state_call``) keep the causal state per key/value head instead: the
+chunked sweep (``efficient_causal``, forward and backward) and the single-token step (the
+CPU kernel too) read each state for the G query heads of its group. The checks are
+``checks.check_inputs(..., enable_gqa=True)``.
 """
 
 from __future__ import annotations

@@ -83,8 +83,8 @@ def taylor_shift_attention(
         enable_gqa: grouped-query attention, as SDPA's: key and value may have Hkv heads,
             Hkv dividing H; query head h attends through key/value head h // (H / Hkv).
             Non-causal calls do the key side once per key/value head (``grouped.py``);
-            not with ``initial_state`` or ``output_final_state`` (``taylor_shift_decode``
-            keeps a state per key/value head).
+            with ``initial_state`` or ``output_final_state`` the state has Hkv heads, as
+            ``taylor_shift_decode``'s (the efficient form's PyTorch code).
 
     Returns:
         (B, H, Nq, dv) in the dtype of ``query``, and with ``output_final_state`` the state
@@ -113,13 +113,10 @@ def taylor_shift_attention(
         )  # fmt: skip
         if key.shape[1] != query.shape[1]:
             if initial_state is not None or output_final_state:
-                raise ValueError(
-                    "initial_state, output_final_state: not supported with grouped-query "
-                    "attention (key and value with fewer heads than query; "
-                    "taylor_shift_decode(..., enable_gqa=True) keeps a state per key/value "
-                    f"head); expected None and False, got {type(initial_state).__name__} and "
-                    f"{output_final_state}"
-                )
+                return _grouped_state_call(
+                    query, key, value, attn_mask, is_causal, temperature, scale, normalize,
+                    order, mode, initial_state, output_final_state,
+                )  # fmt: skip
             return grouped_attention(
                 taylor_shift_attention, query, key, value, attn_mask, is_causal, temperature,
                 scale=scale, normalize=normalize, order=order, mode=mode,
@@ -224,6 +221,46 @@ def _exported_auto(efficient: torch.SymBool, *args: object, **options: object) -
 
     operands = (query, key, value, *tensors.values())
     return torch.cond(efficient, branch("efficient"), branch("direct"), operands)
+
+
+def _grouped_state_call(
+    query, key, value, attn_mask, is_causal, temperature, scale, normalize, order, mode,
+    initial_state, output_final_state,
+):  # fmt: skip
+    """A causal call with a state in or out and key/value heads fewer than the query's: the
+    PyTorch causal form with its state per key/value head (as ``taylor_shift_decode``'s),
+    each chunk's query heads of a group reading it together (inputs checked with
+    ``enable_gqa``)."""
+    problem = check_inputs(
+        query, key, value, attn_mask, is_causal, temperature, scale, normalize, order, mode,
+        enable_gqa=True,
+    )  # fmt: skip
+    kv_heads = key.shape[1]
+    _check_state_call(
+        query, value, problem, is_causal, order, mode, initial_state, output_final_state,
+        heads=kv_heads,
+    )  # fmt: skip
+    if isinstance(attn_mask, Tensor) and attn_mask.dim() >= 3 and attn_mask.shape[-3] > 1:
+        raise ValueError(
+            "attn_mask: with grouped-query attention and a causal state the mask must be the "
+            "same for every head (key padding, (B, 1, 1, Nk)); got attn_mask of shape "
+            f"{tuple(attn_mask.shape)}"
+        )
+    if _torch_func_active():
+        raise ValueError(
+            "initial_state, output_final_state: not supported under torch.func transforms "
+            f"(grad, vmap, ...); expected None and False, got "
+            f"{type(initial_state).__name__} and {output_final_state}"
+        )
+    key_mask = None if problem.key_mask is None else problem.key_mask[:, :kv_heads]
+    if key_mask is not None:
+        key, value = drop_masked_content(key, value, key_mask)
+    if not normalize:
+        check_plain_score_range(query, key, value, scale, order)
+    return causal_efficient_taylor_shift(
+        query, key, value, key_mask, temperature, scale, normalize,
+        initial_state=initial_state, output_final_state=output_final_state,
+    )  # fmt: skip
 
 
 def _torch_func_active() -> bool:
@@ -394,10 +431,12 @@ def check_plain_score_range(
 
 
 def _check_state_call(
-    query, value, problem, is_causal, order, mode, initial_state, output_final_state
+    query, value, problem, is_causal, order, mode, initial_state, output_final_state,
+    heads=None,
 ):  # fmt: skip
     """Refuse ``initial_state`` / ``output_final_state`` where the causal efficient form
-    cannot honour them (see ``taylor_shift_attention``); inputs already checked."""
+    cannot honour them (see ``taylor_shift_attention``); inputs already checked. ``heads``:
+    the state's (the key/value heads of a grouped call), by default the query's."""
     what = "initial_state" if initial_state is not None else "output_final_state"
     if not is_causal:
         raise ValueError(
@@ -417,4 +456,5 @@ def _check_state_call(
     if initial_state is not None:
         b, h, _, d = query.shape
         dv = value.shape[-1]
+        h = h if heads is None else heads
         check_state(initial_state, b, h, d, dv, query.dtype, query.device, "initial_state")
