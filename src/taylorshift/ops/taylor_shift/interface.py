@@ -107,15 +107,15 @@ def taylor_shift_attention(
     """
     if enable_gqa is not False:
         check_bool("enable_gqa", enable_gqa)
-        check_inputs(
+        grouped = check_inputs(
             query, key, value, attn_mask, is_causal, temperature, scale, normalize, order, mode,
             enable_gqa=True,
         )  # fmt: skip
         if key.shape[1] != query.shape[1]:
             if initial_state is not None or output_final_state:
                 return _grouped_state_call(
-                    query, key, value, attn_mask, is_causal, temperature, scale, normalize,
-                    order, mode, initial_state, output_final_state,
+                    query, key, value, grouped, attn_mask, is_causal, temperature, scale,
+                    normalize, order, mode, initial_state, output_final_state,
                 )  # fmt: skip
             return grouped_attention(
                 taylor_shift_attention, query, key, value, attn_mask, is_causal, temperature,
@@ -224,17 +224,13 @@ def _exported_auto(efficient: torch.SymBool, *args: object, **options: object) -
 
 
 def _grouped_state_call(
-    query, key, value, attn_mask, is_causal, temperature, scale, normalize, order, mode,
-    initial_state, output_final_state,
+    query, key, value, problem, attn_mask, is_causal, temperature, scale, normalize, order,
+    mode, initial_state, output_final_state,
 ):  # fmt: skip
     """A causal call with a state in or out and key/value heads fewer than the query's: the
     PyTorch causal form with its state per key/value head (as ``taylor_shift_decode``'s),
-    each chunk's query heads of a group reading it together (inputs checked with
-    ``enable_gqa``)."""
-    problem = check_inputs(
-        query, key, value, attn_mask, is_causal, temperature, scale, normalize, order, mode,
-        enable_gqa=True,
-    )  # fmt: skip
+    each chunk's query heads of a group reading it together (``problem``: the call checked
+    with ``enable_gqa``)."""
     kv_heads = key.shape[1]
     _check_state_call(
         query, value, problem, is_causal, order, mode, initial_state, output_final_state,
