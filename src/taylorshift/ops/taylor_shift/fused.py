@@ -74,10 +74,14 @@ def causal_state_bytes(problem: Problem) -> int:
     return 3 * problem.batch * problem.heads * chunks * per_state
 
 
-@functools.lru_cache(maxsize=1)
+# (looked up once, at import, without importing it: a functools cache here made Dynamo
+# warn when it traced the routing, inside a torch.cond's branches)
+_TRITON_FOUND = importlib.util.find_spec("triton") is not None
+
+
 def triton_importable() -> bool:
-    """Whether the optional ``triton`` package is installed (checked once, without import)."""
-    return importlib.util.find_spec("triton") is not None
+    """Whether the optional ``triton`` package is installed."""
+    return _TRITON_FOUND
 
 
 def _setting() -> str:
