@@ -65,6 +65,17 @@ static void decode_group(int d, int width, int groups, const float *qx, const fl
     group_row(width, groups, 1.0f, fq, u, s, y);
 }
 
+/* The new token of state h: kx = k' and u = [v, 1], both zero for a padded token (its key,
+   NaN say, never reaches S), and the state's count one more for a real one. */
+static inline void new_token(int d, int nv, const float *kh, const float *vh, int add,
+                             int normalize, float eps, float *kx, float *u, float *count) {
+    if (add) scale_row(d, kh, 1.0f, normalize, eps, kx);
+    else memset(kx, 0, (size_t)d * sizeof(float));
+    for (int c = 0; c < nv; c++) u[c] = add ? vh[c] : 0.0f;
+    u[nv] = add ? 1.0f : 0.0f;
+    if (add) *count += 1.0f;
+}
+
 /* ts_decode_step with one query per state: each row updated and read in one pass. */
 static void decode_heads(int bh, int d, int nv, const float *q, const float *k, const float *v,
                          const float *factor, float scalar, const uint8_t *real, int normalize,
@@ -76,12 +87,8 @@ static void decode_heads(int bh, int d, int nv, const float *q, const float *k, 
         const float *qh = q + (size_t)h * d, *kh = k + (size_t)h * d;
         float qx[d], kx[d], u[width], y[width];
         scale_row(d, qh, factor ? factor[h] : scalar, normalize, eps, qx);
-        const int add = !real || real[h]; /* a padded token's key (NaN, say) never reaches S */
-        if (add) scale_row(d, kh, 1.0f, normalize, eps, kx);
-        else memset(kx, 0, sizeof kx);
-        for (int c = 0; c < nv; c++) u[c] = add ? v[(size_t)h * nv + c] : 0.0f;
-        u[nv] = add ? 1.0f : 0.0f;
-        if (add) count[h] += 1.0f;
+        new_token(d, nv, kh, v + (size_t)h * nv, !real || real[h], normalize, eps, kx, u,
+                  count + h);
         memset(y, 0, sizeof y);
         float *s = state + (size_t)h * rows * width;
         for (int a = 0; a < d; a++) {
@@ -118,12 +125,8 @@ void ts_decode_step(int bh, int groups, int d, int nv, const float *q, const flo
             const size_t r = (size_t)h * groups + g;
             scale_row(d, q + r * d, factor ? factor[r] : scalar, normalize, eps, qx[g]);
         }
-        const int add = !real || real[h]; /* a padded token's key (NaN, say) never reaches S */
-        if (add) scale_row(d, kh, 1.0f, normalize, eps, kx);
-        else memset(kx, 0, sizeof kx);
-        for (int c = 0; c < nv; c++) u[c] = add ? v[(size_t)h * nv + c] : 0.0f;
-        u[nv] = add ? 1.0f : 0.0f;
-        if (add) count[h] += 1.0f;
+        new_token(d, nv, kh, v + (size_t)h * nv, !real || real[h], normalize, eps, kx, u,
+                  count + h);
         memset(y, 0, sizeof y);
         decode_group(d, width, groups, &qx[0][0], kx, u, state + (size_t)h * rows * width,
                      &y[0][0]);
