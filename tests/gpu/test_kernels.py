@@ -206,5 +206,7 @@ def test_auto_exports_with_dynamic_lengths_on_the_device():
     assert any(node.target is torch.ops.higher_order.cond for node in program.graph.nodes)
     for n in (size(64, 5), size(20000, 40)):
         q, k, v = inputs(n)
-        want = naive_taylor_shift_attention(*(t.double().cpu() for t in (q, k, v)), None, True)
-        assert_rel_close(program.module()(q, k, v).cpu(), want, 1e-4, f"N={n}", atol=1e-6)
+        # against the eager op on the device (the forms meet float64 in the tests above; a
+        # float64 reference at N = 20,000 would hold 4 × N² weights on the host)
+        want = taylor_shift_attention(q, k, v, is_causal=True)
+        assert_rel_close(program.module()(q, k, v), want, 1e-5, f"N={n}", atol=1e-7)
