@@ -32,6 +32,8 @@ from .features import (
     compute_dtype,
     drop_masked_content,
     features,
+    scaled_key,
+    scaled_query,
     score_factor,
     state_weights,
 )
@@ -188,13 +190,10 @@ def _decode_one(query, key, value, state, key_mask, tau, normalize, inplace):
             x = x / torch.linalg.vector_norm(x, dim=-1, keepdim=True).clamp_min(NORM_EPS)
         phi = features(x * _query_key_factor(tau, x))  # (B, H, 2, D)
         phi_q, phi_k = phi[:, :, :1], phi[:, :, 1:]
-    else:
-        q, k = query.to(cd), key.to(cd)
-        if normalize:
-            q = q / torch.linalg.vector_norm(q, dim=-1, keepdim=True).clamp_min(NORM_EPS)
-            k = k / torch.linalg.vector_norm(k, dim=-1, keepdim=True).clamp_min(NORM_EPS)
-        phi_q = features(q * tau).reshape(b, kv_heads, groups, -1)  # (B, Hkv, G, D)
-        phi_k = features(k)  # (B, Hkv, 1, D)
+    else:  # (query and key with their own heads: normalised one by one)
+        phi_q = features(scaled_query(query.to(cd), tau, normalize))
+        phi_q = phi_q.reshape(b, kv_heads, groups, -1)  # (B, Hkv, G, D)
+        phi_k = features(scaled_key(key.to(cd), normalize))  # (B, Hkv, 1, D)
     v = torch.nn.functional.pad(value.to(cd), (0, 1), value=1.0)  # [v, 1]
     if key_mask is not None:  # (B, H, 1): a padded token joins no sum
         real = key_mask.to(cd)

@@ -44,7 +44,7 @@ def grouped_attention(
     b, heads, nq, d = query.shape
     kv_heads = key.shape[1]
     groups = heads // kv_heads
-    if is_causal or _varies_over_heads(attn_mask) or _varies_over_heads(temperature):
+    if is_causal or varies_over_heads(attn_mask) or varies_over_heads(temperature):
         key, value = (t.repeat_interleave(groups, dim=1) for t in (key, value))
         return attend(query, key, value, attn_mask, is_causal, temperature=temperature, **options)
     stacked = query.reshape(b, kv_heads, groups * nq, d)
@@ -54,7 +54,7 @@ def grouped_attention(
     return out.reshape(b, heads, nq, out.shape[-1])
 
 
-def _varies_over_heads(t: object) -> bool:
+def varies_over_heads(t: object) -> bool:
     """A mask or temperature tensor with a head axis of its own (dim -3 of (·, H, ·, ·))."""
     return isinstance(t, Tensor) and t.dim() >= 3 and t.shape[-3] > 1
 

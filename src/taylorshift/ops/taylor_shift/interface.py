@@ -17,7 +17,7 @@ from .efficient import efficient_taylor_shift
 from .efficient_causal import causal_efficient_taylor_shift
 from .features import backward_follows, compute_dtype, drop_masked_content
 from .fused import fused_form, kernel_name, probe_backward, run_guarded, shape_class
-from .grouped import grouped_attention
+from .grouped import grouped_attention, varies_over_heads
 from .naive import naive_taylor_shift_attention
 from .state import TaylorShiftState, check_state
 
@@ -107,23 +107,20 @@ def taylor_shift_attention(
     """
     if enable_gqa is not False:
         check_bool("enable_gqa", enable_gqa)
-        grouped = check_inputs(
-            query, key, value, attn_mask, is_causal, temperature, scale, normalize, order, mode,
-            enable_gqa=True,
-        )  # fmt: skip
-        if key.shape[1] != query.shape[1]:
-            if initial_state is not None or output_final_state:
-                return _grouped_state_call(
-                    query, key, value, grouped, attn_mask, is_causal, temperature, scale,
-                    normalize, order, mode, initial_state, output_final_state,
-                )  # fmt: skip
-            return grouped_attention(
-                taylor_shift_attention, query, key, value, attn_mask, is_causal, temperature,
-                scale=scale, normalize=normalize, order=order, mode=mode,
-            )  # fmt: skip
     problem = check_inputs(
-        query, key, value, attn_mask, is_causal, temperature, scale, normalize, order, mode
-    )
+        query, key, value, attn_mask, is_causal, temperature, scale, normalize, order, mode,
+        enable_gqa=enable_gqa,
+    )  # fmt: skip
+    if key.shape[1] != query.shape[1]:  # (grouped heads: enable_gqa, checked above)
+        if initial_state is not None or output_final_state:
+            return _grouped_state_call(
+                query, key, value, problem, attn_mask, is_causal, temperature, scale,
+                normalize, order, mode, initial_state, output_final_state,
+            )  # fmt: skip
+        return grouped_attention(
+            taylor_shift_attention, query, key, value, attn_mask, is_causal, temperature,
+            scale=scale, normalize=normalize, order=order, mode=mode,
+        )  # fmt: skip
     requested = mode
     if mode == "auto" and initial_state is None and not output_final_state:
         mode = _auto_mode(
@@ -143,6 +140,11 @@ def taylor_shift_attention(
                 mode, query, key, value, attn_mask, is_causal,
                 temperature=temperature, scale=scale, normalize=normalize,
             )  # fmt: skip
+    stateful = initial_state is not None or output_final_state
+    if stateful:
+        _check_state_call(
+            query, value, problem, is_causal, order, requested, initial_state, output_final_state
+        )
     # A masked key's content must not matter (a NaN in padding would poison the sums):
     # keys no query attends become zeros before any form sees them.
     if problem.key_mask is not None:
@@ -152,23 +154,12 @@ def taylor_shift_attention(
     if _torch_func_active():
         # torch.func cannot look inside the forms' autograd Functions: the reference's plain
         # torch ops instead, which every transform takes (no score-range check: it reads
-        # values, which vmap does not allow)
-        if initial_state is not None or output_final_state:
-            raise ValueError(
-                "initial_state, output_final_state: not supported under torch.func transforms "
-                f"(grad, vmap, ...); expected None and False, got "
-                f"{type(initial_state).__name__} and {output_final_state}"
-            )
+        # values, which vmap does not allow; a state call was refused above)
         return _reference_form(
             query, key, value, problem, is_causal, temperature, scale, normalize, order
         )
     if not normalize:
         check_plain_score_range(query, key, value, scale, order)
-    stateful = initial_state is not None or output_final_state
-    if stateful:
-        _check_state_call(
-            query, value, problem, is_causal, order, requested, initial_state, output_final_state
-        )
     # The fused and the PyTorch form of a mode share one signature: pick, then call one way.
     if mode == "direct":
         # key padding as (B, H, 1, Nk), the only mask the fused direct form takes
@@ -236,17 +227,11 @@ def _grouped_state_call(
         query, value, problem, is_causal, order, mode, initial_state, output_final_state,
         heads=kv_heads,
     )  # fmt: skip
-    if isinstance(attn_mask, Tensor) and attn_mask.dim() >= 3 and attn_mask.shape[-3] > 1:
+    if varies_over_heads(attn_mask):
         raise ValueError(
             "attn_mask: with grouped-query attention and a causal state the mask must be the "
             "same for every head (key padding, (B, 1, 1, Nk)); got attn_mask of shape "
             f"{tuple(attn_mask.shape)}"
-        )
-    if _torch_func_active():
-        raise ValueError(
-            "initial_state, output_final_state: not supported under torch.func transforms "
-            f"(grad, vmap, ...); expected None and False, got "
-            f"{type(initial_state).__name__} and {output_final_state}"
         )
     key_mask = None if problem.key_mask is None else problem.key_mask[:, :kv_heads]
     if key_mask is not None:
@@ -434,6 +419,12 @@ def _check_state_call(
     cannot honour them (see ``taylor_shift_attention``); inputs already checked. ``heads``:
     the state's (the key/value heads of a grouped call), by default the query's."""
     what = "initial_state" if initial_state is not None else "output_final_state"
+    if _torch_func_active():
+        raise ValueError(
+            "initial_state, output_final_state: not supported under torch.func transforms "
+            f"(grad, vmap, ...); expected None and False, got "
+            f"{type(initial_state).__name__} and {output_final_state}"
+        )
     if not is_causal:
         raise ValueError(
             f"{what} continues a causal sweep: it needs is_causal=True; got is_causal=False"
