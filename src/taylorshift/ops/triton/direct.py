@@ -302,9 +302,17 @@ _INTERPRET_BLOCKS = (32, 16, 1)
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
+# Whether the kernels run in Triton's CPU interpreter (``TRITON_INTERPRET=1`` when triton.jit
+# wrapped them). Read here, once: an isinstance on a Triton kernel inside the wrapper breaks
+# Dynamo in torch 2.11 ("cannot determine type of argument TritonKernelVariable"), which
+# traces the wrapper when it is a branch of torch.cond (mode="auto" under torch.export;
+# benchmarks/gpu_h200/2026-11-27).
+INTERPRETED = not isinstance(_direct_fwd_kernel, triton.runtime.JITFunction)
+
+
 def interpreting() -> bool:
     """Whether the kernels run in Triton's CPU interpreter (``TRITON_INTERPRET=1`` at import)."""
-    return not isinstance(_direct_fwd_kernel, triton.runtime.JITFunction)
+    return INTERPRETED
 
 
 def _blocks(d_pad: int, dv_pad: int) -> tuple[int, int, int]:
