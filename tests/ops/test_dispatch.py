@@ -421,21 +421,40 @@ def test_cpu_prior_only_for_what_was_measured(isolated_cache_dir, monkeypatch, n
 
 def test_gpu_without_calibration_switches_past_the_h200_bounds():
     # dispatch.GPU_PRIOR = 4 times the counted switch (2,144.5 at d = 64): 8,578 by hand; the
-    # H200 runs put the real switch above 8,192 (forward) and 4,096 (forward + backward).
+    # H200 runs put the real switch at about 9,200 (forward) and 7,200 (forward + backward).
     gpu16 = dict(device="cuda", dtype=torch.bfloat16)
     assert decide_mode(8577, 8577, 64, 64, **FULL, **gpu16) == Decision("direct", "gpu prior")
     assert decide_mode(8579, 8579, 64, 64, **FULL, **gpu16) == Decision("efficient", "gpu prior")
     assert decide_mode(4096, 4096, 64, 64, **FULL, device="cuda", dtype=torch.float16).mode == (
         "direct"
     )
-    # float32, causal or another device: not measured, the counts decide
+    # float32: GPU_FLOAT32_PRIOR = 12.4 times 2,144.5 = 26,592 (the float32 efficient
+    # kernels were 6.2x slower than direct at 4,096, 1.6x at 16,384)
+    gpu32 = dict(device="cuda", dtype=torch.float32)
+    for n in (4096, 16384, 26591):
+        assert decide_mode(n, n, 64, 64, **FULL, **gpu32) == Decision("direct", "gpu prior")
+    assert decide_mode(26593, 26593, 64, 64, **FULL, **gpu32).mode == "efficient"
+    # causal: GPU_CAUSAL_PRIOR 28 (forward) and 18 (forward + backward) times the counted
+    # 2,402.46: 67,269 and 43,244 (the causal efficient kernels took 4.1x and 2.6x the
+    # direct kernel's time at 16,384)
+    causal = dict(FULL, causal=True)
+    for dtype in (torch.bfloat16, torch.float16, torch.float32):
+        gpu = dict(device="cuda", dtype=dtype)
+        assert decide_mode(67268, 67268, 64, 64, **causal, **gpu) == Decision("direct", "gpu prior")
+        assert decide_mode(67270, 67270, 64, 64, **causal, **gpu).mode == "efficient"
+        assert decide_mode(43243, 43243, 64, 64, **causal, **gpu, backward=True).mode == "direct"
+        assert decide_mode(43245, 43245, 64, 64, **causal, **gpu, backward=True).mode == (
+            "efficient"
+        )
+    # float64 (no kernel) or another device: not measured, the counts decide
     for other in (
-        dict(device="cuda", dtype=torch.float32),
+        dict(device="cuda", dtype=torch.float64),
         dict(device="meta", dtype=torch.bfloat16),
     ):
         assert decide_mode(4096, 4096, 64, 64, **FULL, **other) == Decision("efficient", "theory")
-    causal = dict(FULL, causal=True)
-    assert decide_mode(20000, 20000, 64, 64, **causal, **gpu16).basis == "theory"
+    assert decide_mode(20000, 20000, 64, 64, **causal, device="meta", dtype=torch.bfloat16) == (
+        Decision("efficient", "theory")
+    )
 
 
 @pytest.mark.parametrize(

@@ -117,7 +117,8 @@ class Decision(NamedTuple):
     """The form ``mode="auto"`` runs and what decided it (``basis``): ``"order"`` (an order
     other than 2 has no efficient form), ``"mask"`` (a mask that varies over queries),
     ``"memory"`` (only one form's working set fits), ``"calibration"`` (a measured crossover
-    of this device), ``"cpu prior"`` (:data:`CPU_PRIOR`), ``"gpu prior"`` (:data:`GPU_PRIOR`)
+    of this device), ``"cpu prior"`` (:data:`CPU_PRIOR` and the CPU kernels' priors),
+    ``"gpu prior"`` (:data:`GPU_PRIOR`, :data:`GPU_FLOAT32_PRIOR`, :data:`GPU_CAUSAL_PRIOR`)
     or ``"theory"`` (operation counts)."""
 
     mode: str
@@ -267,7 +268,7 @@ def _decide(
         )
         if mode is not None:
             return Decision(mode, "cpu prior"), keep
-        mode = _gpu_prior_mode(nq, nk, d, dv, causal, torch.device(device), dtype)
+        mode = _gpu_prior_mode(nq, nk, d, dv, causal, torch.device(device), dtype, backward)
         if mode is not None:
             return Decision(mode, "gpu prior"), keep
     direct = impl_ops_direct(nq, nk, d, dv, order)
@@ -404,23 +405,50 @@ def _prior_mode(nq: int, nk: int, d: int, dv: int, causal: bool, rho: float, wha
     return mode
 
 
-# Without a calibration of this GPU, float16/bfloat16 non-causal calls on CUDA switch at
-# GPU_PRIOR times the counted crossover. From the H200 runs (benchmarks/gpu_h200, bf16,
-# d = 64, B·H = 32, the fused kernels; the counted switch is N ≈ 2,145): efficient is faster
-# at N = 16,384 in both passes; at 8,192 forward and 4,096 forward + backward it is slower
-# than direct even at its time at 16,384 scaled down linearly (its fixed costs only add).
-# So the real switch lies in (8,192, 16,384) forward and (4,096, 16,384) forward + backward,
-# ρ in (3.8, 7.6) and (1.9, 7.6): ρ = 4 lies in both. Measured at d = 64 only; the counts
-# carry the dependence on d. A calibration of the GPU (taylorshift bench calibrate) wins.
+# Without a calibration of this GPU, calls on CUDA switch at ρ times the counted crossover,
+# ρ from the H200 runs (bf16, d = 64 unless named, B·H = 32, the fused kernels):
+# - GPU_PRIOR, float16/bfloat16, non-causal (counted switch N ≈ 2,145 at d = 64): the first
+#   run put the real switch in (8,192, 16,384) forward and (4,096, 16,384) forward +
+#   backward; the second (benchmarks/gpu_h200/2026-11-27) measured it at N ≈ 9,200 forward,
+#   7,200 forward + backward (ρ = 4.3, 3.4), and at d = 128 forward at ≈ 26,000 (3.1 times
+#   the counted 8,385). ρ = 4 is within 1.3x of each.
+# - GPU_FLOAT32_PRIOR, float32, non-causal: the efficient kernels' float32 dots run on the
+#   FMA units; they were 11.7x / 6.2x / 1.6x slower than direct forward at N = 1,024 /
+#   4,096 / 16,384 (the ratio halving with each doubling of N from 4,096 on), so the switch
+#   lies near 16,384 x 1.62 ≈ 26,500 (ρ ≈ 12.4). Forward only: no forward + backward point
+#   was measured past N = 1,024.
+# - GPU_CAUSAL_PRIOR, causal (any kernel dtype; counted switch 2,402 at d = 64): at N =
+#   16,384, bf16, the causal efficient kernels took 4.1x (forward) and 2.6x (forward +
+#   backward) the causal direct kernel's time. One point: with direct's time growing as N²
+#   and efficient's as N from there, the switch is near 16,384 x 4.1 ≈ 67,000 and
+#   16,384 x 2.6 ≈ 43,000 (ρ ≈ 28 and 18); ρ > 6.8 is certain. float32 was not timed
+#   causal; its efficient kernels are slower still (FMA dots), so this is if anything early.
+# The counts carry the dependence on d. A calibration of the GPU (taylorshift bench
+# calibrate) wins over all three.
 GPU_PRIOR = 4.0
+GPU_FLOAT32_PRIOR = 12.4
+GPU_CAUSAL_PRIOR = {FORWARD: 28.0, FORWARD_BACKWARD: 18.0}
 
 
 def _gpu_prior_mode(
-    nq: int, nk: int, d: int, dv: int, causal: bool, device: torch.device, dtype: torch.dtype
+    nq: int,
+    nk: int,
+    d: int,
+    dv: int,
+    causal: bool,
+    device: torch.device,
+    dtype: torch.dtype,
+    backward: bool,
 ) -> str | None:
-    """The choice from :data:`GPU_PRIOR` for 16-bit non-causal calls on CUDA, else None."""
-    if device.type != "cuda" or dtype not in (torch.float16, torch.bfloat16) or causal:
+    """The choice from :data:`GPU_PRIOR`, :data:`GPU_FLOAT32_PRIOR` or
+    :data:`GPU_CAUSAL_PRIOR` for calls on CUDA in a kernel dtype, else None."""
+    if device.type != "cuda" or dtype not in (torch.float16, torch.bfloat16, torch.float32):
         return None
+    if causal:
+        rho = GPU_CAUSAL_PRIOR[FORWARD_BACKWARD if backward else FORWARD]
+        return _prior_mode(nq, nk, d, dv, causal, rho, "GPU, causal")
+    if dtype == torch.float32:
+        return _prior_mode(nq, nk, d, dv, causal, GPU_FLOAT32_PRIOR, "GPU, float32")
     return _prior_mode(nq, nk, d, dv, causal, GPU_PRIOR, "GPU")
 
 
