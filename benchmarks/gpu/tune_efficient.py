@@ -9,14 +9,22 @@ written to OUT_DIR/tune.json at once, OUT_DIR/tune.md at the end):
 
 1. the error of the 16-bit kernels (non-causal and causal) and of the plain reference run
    in the same dtype, outputs and gradients, against the float64 torch form (SPEC §8);
-2. times per call, forward and forward + backward, with SDPA and the direct kernels on the
-   same inputs: at N = 4,096 and 8,192 (where direct and efficient cross: auto's GPU
-   prior), causal at 16,384, d = 128 at 16,384, the launch settings (``configs`` in main:
-   the 16-bit path's ``LAUNCH`` entry and the state kernel's token splits), 65,536, and
-   last ``fp32-dots``, the kernels before the 16-bit path (every dot in float32 "ieee",
-   32 tokens per program, 4 warps, no splits: slow to compile).
+2. where the causal kernels' time goes: torch.profiler over one causal call at N = 16,384,
+   forward and forward + backward (OUT_DIR/profile_causal.txt, the 25 costliest ops);
+3. times per call, forward and forward + backward, beside SDPA and the direct kernels on
+   the same inputs:
+   - causal at 16,384 with chunks of 128 … 1,024 tokens (the default is 256), and at
+     65,536 (auto's causal GPU prior extrapolates from 16,384: direct ∝ N², efficient ∝ N);
+   - float32 at 4,096 and 16,384: the kernels' exact float32 dots ("ieee"), their TF32
+     dots (``allow_tf32``), the PyTorch efficient form (cuBLAS), direct, SDPA: which of
+     them float32 calls on CUDA should take;
+   - at N = 4,096 and 8,192 (where direct and efficient cross: auto's GPU prior), d = 128
+     at 16,384, 65,536, the launch settings (``configs`` in main: the 16-bit path's
+     ``LAUNCH`` entry and the state kernel's token splits), and last ``fp32-dots``, the
+     kernels before the 16-bit path (every dot in float32 "ieee" on bf16 inputs).
 
-The first run (benchmarks/gpu_h200/tune) had an earlier plan: launch settings first.
+The first run (benchmarks/gpu_h200/tune) had an earlier plan: launch settings first; the
+second (benchmarks/gpu_h200/2026-11-27/tune) had no causal chunks, profile or float32.
 """
 
 from __future__ import annotations
@@ -92,19 +100,39 @@ def main() -> int:
     real_dot_kind, split0 = te.dot_kind, te.SPLIT_MIN_TOKENS
     gen = torch.Generator(device=device).manual_seed(0)
 
-    def inputs(n: int, grad: bool, heads: int = h, dim: int = d):
-        xs = [torch.randn(b, heads, n, dim, device=device, generator=gen).to(dtype)
+    def inputs(n: int, grad: bool, heads: int = h, dim: int = d, dt=None):
+        xs = [torch.randn(b, heads, n, dim, device=device, generator=gen).to(dt or dtype)
               for _ in range(3)]  # fmt: skip
         return [x.requires_grad_(grad) for x in xs]
 
+    from taylorshift.ops.taylor_shift.efficient import efficient_taylor_shift
+    from taylorshift.ops.taylor_shift.efficient_causal import causal_efficient_taylor_shift
     from taylorshift.ops.triton.efficient_causal import triton_causal_efficient_taylor_shift
 
-    def efficient(q, k, v, causal=False):
-        form = triton_causal_efficient_taylor_shift if causal else te.triton_efficient_taylor_shift
+    def efficient(q, k, v, causal=False, chunk=None):
+        if causal:
+            return triton_causal_efficient_taylor_shift(q, k, v, None, 1.0, None, True, chunk)
+        return te.triton_efficient_taylor_shift(q, k, v, None, 1.0, None, True)
+
+    def pytorch_efficient(q, k, v, causal=False):
+        form = causal_efficient_taylor_shift if causal else efficient_taylor_shift
         return form(q, k, v, None, 1.0, None, True)
+
+    def tf32(fn):
+        def call(*args, **kwargs):
+            before = torch.backends.cuda.matmul.allow_tf32
+            torch.backends.cuda.matmul.allow_tf32 = True
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                torch.backends.cuda.matmul.allow_tf32 = before
+
+        return call
 
     impls = {
         "efficient (Triton)": efficient,
+        "efficient (PyTorch)": pytorch_efficient,
+        "efficient (Triton, TF32)": tf32(efficient),
         "direct (Triton)": lambda q, k, v, causal=False: taylor_shift_attention(
             q, k, v, is_causal=causal, mode="direct"
         ),
@@ -155,14 +183,20 @@ def main() -> int:
         record(**entry)
         del exact, g_exact, leaves64
 
-    # 2. Times: (config or impl, n, pass, d, causal) in order of value, until the deadline.
-    def timed(label: str, fn, n: int, backward: bool, dim: int = d, causal: bool = False):
-        where = dict(impl=label, n=n, backward=backward, d=dim, causal=causal)
+    # 2. Where the causal kernels' time goes: the costliest ops of one call, each pass.
+    profile_causal(args.out / "profile_causal.txt", efficient, inputs, n_mid, dry, left)
+
+    # 3. Times: (config or impl, n, pass, d, causal, dtype) in order of value, until the
+    # deadline.
+    def timed(label: str, fn, n: int, backward: bool, dim: int = d, causal: bool = False,
+              dt=None):  # fmt: skip
+        where = dict(impl=label, n=n, backward=backward, d=dim, causal=causal,
+                     dtype=str(dt or dtype).removeprefix("torch."))  # fmt: skip
         if left() < 5:
             record(step="time", **where, status="deadline")
             return
-        q, k, v = inputs(n, backward, dim=dim)
-        g = torch.randn((*q.shape[:-1], dim), device=device, generator=gen).to(dtype)
+        q, k, v = inputs(n, backward, dim=dim, dt=dt)
+        g = torch.randn((*q.shape[:-1], dim), device=device, generator=gen).to(q.dtype)
 
         def call():
             y = fn(q, k, v, causal=causal)
@@ -184,30 +218,45 @@ def main() -> int:
                median_ms=None if res.median_s is None else res.median_s * 1e3,
                first_call_s=round(first, 2))  # fmt: skip
 
+    for chunk in CAUSAL_CHUNKS:
+        impls[f"16-bit, chunk {chunk}"] = lambda q, k, v, causal=True, c=chunk: efficient(
+            q, k, v, causal=True, chunk=c
+        )
+    fp32 = torch.float32
     trio = ("16-bit", "SDPA", "direct (Triton)")
-    plan = []  # (label, n, backward, d, causal)
+    plan = []  # (label, n, backward, d, causal, dtype or None)
+    # the causal kernels: default chunk (256) beside SDPA and direct, other chunks, 4x N
+    plan += [(x, n_mid, bw, d, True, None) for bw in (False, True) for x in trio]
+    plan += [(f"16-bit, chunk {c}", n_mid, bw, d, True, None) for c in CAUSAL_CHUNKS
+             for bw in (False, True)]  # fmt: skip
+    plan += [(x, n_long, bw, d, True, None) for bw in (False, True) for x in trio]
+    # float32: which efficient path (the kernels' ieee or TF32 dots, the PyTorch form)
+    fp32_impls = ("efficient (Triton)", "efficient (Triton, TF32)", "efficient (PyTorch)",
+                  "direct (Triton)", "SDPA")  # fmt: skip
+    plan += [(x, n, bw, d, False, fp32) for n in (n_err, n_mid) for bw in (False, True)
+             for x in fp32_impls]  # fmt: skip
     # where the direct and efficient forms cross (auto's GPU prior), d = 64
-    plan += [(x, n, bw, d, False) for n in (n_err, 2 * n_err) for bw in (False, True) for x in trio]
-    # the causal kernels' 16-bit path, and d = 2·64
-    plan += [(x, n_mid, bw, d, True) for bw in (False, True) for x in trio]
-    plan += [(x, n_mid, bw, 2 * d, False) for bw in (False, True) for x in trio]
+    plan += [(x, n, bw, d, False, None) for n in (n_err, 2 * n_err) for bw in (False, True)
+             for x in trio]  # fmt: skip
+    plan += [(x, n_mid, bw, 2 * d, False, None) for bw in (False, True) for x in trio]
+    plan += [(x, n_long, bw, d, False, None) for bw in (False, True) for x in trio]
     # launch settings
-    plan += [(name, n_mid, bw, d, False) for name in list(configs)[2:] for bw in (False, True)]
-    plan += [(x, n_long, bw, d, False) for bw in (False, True) for x in trio]
-    plan += [("fp32-dots", n_err, bw, d, False) for bw in (False, True)]
-    for label, n, backward, dim, causal in plan:
+    plan += [(name, n_mid, bw, d, False, None) for name in list(configs)[2:]
+             for bw in (False, True)]  # fmt: skip
+    plan += [("fp32-dots", n_err, bw, d, False, None) for bw in (False, True)]
+    for label, n, backward, dim, causal, dt in plan:
         if label in configs:
             use(label)
-            timed(label, impls["efficient (Triton)"], n, backward, dim, causal)
+            timed(label, impls["efficient (Triton)"], n, backward, dim, causal, dt)
         else:
             use("16-bit")
-            timed(label, impls[label], n, backward, dim, causal)
+            timed(label, impls[label], n, backward, dim, causal, dt)
 
     machine = json.dumps(results.get("machine"))
     lines = ["# Fused efficient kernels: launch settings side by side", "",
-             f"Shape (B, H, d = dv) = ({b}, {h}, {d}), {dtype}; {machine}", "",
-             "| step | config / impl | N | d | causal | pass | result |",
-             "|---|---|---:|---:|---|---|---|"]  # fmt: skip
+             f"Shape (B, H, d = dv) = ({b}, {h}, {d}), {dtype} unless named; {machine}", "",
+             "| step | config / impl | N | d | causal | dtype | pass | result |",
+             "|---|---|---:|---:|---|---|---|---|"]  # fmt: skip
     for r in results["records"]:
         what = r.get("config") or r.get("impl")
         if r["step"] == "time":
@@ -219,13 +268,54 @@ def main() -> int:
             val = ", ".join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}"
                             for k, v in r.items()
                             if k not in ("step", "config", "n", "t_s", "d", "causal"))  # fmt: skip
-        row = f"| {r['step']} | {what} | {r['n']} | {r.get('d', d)} | {r.get('causal', '')} "
+        row = (f"| {r['step']} | {what} | {r['n']} | {r.get('d', d)} | {r.get('causal', '')} "
+               f"| {r.get('dtype', '')} ")  # fmt: skip
         lines.append(f"{row}| {pas} | {val} |".replace("\n", " "))
     tmp = args.out / "tune.md.tmp"
     tmp.write_text("\n".join(lines) + "\n")
     os.replace(tmp, args.out / "tune.md")
     print(f"wrote {args.out}/tune.md in {time.monotonic() - START:.0f} s", flush=True)
     return 0
+
+
+# Tokens per chunk of the causal kernels to time beside the default (CAUSAL_CHUNK = 256).
+CAUSAL_CHUNKS = (128, 512, 1024)
+
+
+def profile_causal(path: Path, efficient, inputs, n: int, dry: bool, left) -> None:
+    """torch.profiler's table of the costliest ops of one causal call of the fused kernels
+    (after a warm-up call), forward and forward + backward, written to ``path``."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([] if dry else [ProfilerActivity.CUDA])
+    sort = "self_cpu_time_total" if dry else "self_device_time_total"
+    parts = []
+    for backward in (False, True):
+        if left() < 20:
+            parts.append(f"(backward={backward}: skipped, deadline)")
+            break
+        q, k, v = inputs(n, backward)
+
+        def call(q=q, k=k, v=v, backward=backward):
+            y = efficient(q, k, v, causal=True)
+            if backward:
+                torch.autograd.grad(y, (q, k, v), torch.ones_like(y))
+            if not dry:
+                torch.cuda.synchronize()
+
+        try:
+            call()
+            with profile(activities=activities) as prof:
+                call()
+            table = prof.key_averages().table(sort_by=sort, row_limit=25)
+        except Exception as err:  # a failure is a result
+            table = f"failed: {type(err).__name__}: {err}"[:2000]
+        pas = "forward + backward" if backward else "forward"
+        parts.append(f"## causal, N = {n}, {pas}\n\n{table}")
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text("\n\n".join(parts) + "\n")
+    os.replace(tmp, path)
 
 
 if __name__ == "__main__":
