@@ -20,6 +20,7 @@ from torch import Tensor, nn
 
 from .._validate import check_bool, check_choice, check_int, check_number, check_probability
 from ..nn import PROJECTIONS, Block, canonical_projection, list_kernels
+from ..nn.attention import check_kv_heads
 from .embedding import CosinePositionEmbedding, LearnedPositionEmbedding
 
 POS_EMBEDDINGS = ("cosine", "learned")
@@ -99,6 +100,9 @@ class TrunkConfig(ModelConfigBase):
         drop_path: stochastic depth of the last block; it rises linearly from 0 at the first.
         short_conv: taps of the short convolution on q, k, v over the sequence in every
             attention layer (``taylorshift.nn.Attention``); 0: none.
+        num_kv_heads: key/value heads of every attention layer, a divisor of ``num_heads``
+            (grouped-query attention, projection ``standard``: ``taylorshift.nn.Attention``);
+            None: as many as ``num_heads``.
     """
 
     #: The projections this kind of model accepts.
@@ -118,6 +122,7 @@ class TrunkConfig(ModelConfigBase):
     attn_drop: float = 0.0
     drop_path: float = 0.0
     short_conv: int = 0
+    num_kv_heads: int | None = None
 
     def __post_init__(self) -> None:
         self.validate()
@@ -179,6 +184,14 @@ def check_trunk(config: Any, projections: tuple[str, ...]) -> None:
     if check_int("short_conv", config.short_conv, ge=0) and config.projection == "super":
         raise ValueError("short_conv needs projection 'standard', 'optimized' or 'query-only'")
     check_kernel_args(config.kernel_args)
+    if config.num_kv_heads is not None:
+        check_kv_heads(config.num_kv_heads, config.num_heads, config.projection)
+        if config.num_kv_heads != config.num_heads and config.kernel_args.get("local_heads"):
+            raise ValueError(
+                f"num_kv_heads < num_heads does not combine with kernel_args local_heads; got "
+                f"num_kv_heads={config.num_kv_heads}, local_heads="
+                f"{config.kernel_args['local_heads']}"
+            )
 
 
 def position_embedding(kind: str, dim: int, max_len: int | None, *, device=None, dtype=None):
@@ -210,6 +223,7 @@ def transformer_blocks(config, *, context_len=None, device=None, dtype=None) -> 
             projection=config.projection,
             context_len=context_len,
             short_conv=config.short_conv,
+            num_kv_heads=config.num_kv_heads,
             device=device,
             dtype=dtype,
         )

@@ -30,6 +30,12 @@ weights lack (docs/accuracy.md; Based and Mamba use such short convolutions for 
 reason). Tokens masked as key padding are zeroed before the convolution, so padding never
 leaks into real tokens and a padded batch equals its sequences run alone. Decoding keeps
 the last k − 1 projected tokens of each row in the cache (``conv``).
+
+``num_kv_heads = Hkv`` (projection ``standard``) gives keys and values Hkv < H heads,
+grouped-query attention (Ainslie et al.): W_K and W_V project to Hkv · head_dim features,
+and query head h reads key/value head ``h // (H / Hkv)``. It shrinks those projections and
+every decoding cache by H / Hkv: TaylorShift's constant-size state, (d(d+1)/2 + d + 1) ×
+(dv + 1) numbers per head, is kept per key/value head (``taylorshift.nn.kernels``).
 """
 
 from __future__ import annotations
@@ -99,6 +105,23 @@ def padding_to_mask(attn_mask: Tensor | None, batch: int, n_key: int) -> Tensor 
     return attn_mask
 
 
+def check_kv_heads(num_kv_heads: int | None, num_heads: int, projection: object) -> int:
+    """Key/value heads: ``num_heads`` for None; else a divisor of it, projection standard."""
+    if num_kv_heads is None:
+        return num_heads
+    check_int("num_kv_heads", num_kv_heads, ge=1)
+    if num_heads % num_kv_heads:
+        raise ValueError(
+            f"num_kv_heads must divide num_heads ({num_heads}); got num_kv_heads={num_kv_heads}"
+        )
+    if num_kv_heads != num_heads and projection != "standard":
+        raise ValueError(
+            f"num_kv_heads < num_heads needs projection='standard' (the others slice keys "
+            f"or values out of the input, dim features); got projection={projection!r}"
+        )
+    return num_kv_heads
+
+
 class Attention(nn.Module):
     """Multi-head self- or cross-attention on (B, N, dim) with a named kernel.
 
@@ -124,6 +147,9 @@ class Attention(nn.Module):
         context_dim: width of ``context`` for cross-attention (default ``dim``).
         short_conv: taps of the depthwise convolution on q, k and v over the sequence (see
             the module docs); 0 (default) has none.
+        num_kv_heads: heads of the keys and values, a divisor of ``num_heads`` (grouped-query
+            attention, projection ``standard``; see the module docs); None (default): as
+            many as the queries.
     """
 
     # timm calls attn_layer positionally: these names, their order and defaults stay timm's.
@@ -148,6 +174,7 @@ class Attention(nn.Module):
         context_len: int | None = None,
         context_dim: int | None = None,
         short_conv: int = 0,
+        num_kv_heads: int | None = None,
     ):
         super().__init__()
         self.head_dim = _check_dims(dim, num_heads)
@@ -160,6 +187,7 @@ class Attention(nn.Module):
             )
         check_choice("projection", projection, PROJECTIONS)
         context_dim = dim if context_dim is None else context_dim
+        num_kv_heads = check_kv_heads(num_kv_heads, num_heads, projection)
         if projection != "standard" and context_dim != dim:
             raise ValueError(
                 f"projection={projection!r} slices keys or values out of the context, so "
@@ -178,16 +206,20 @@ class Attention(nn.Module):
         fk = {k: v for k, v in {"device": device, "dtype": dtype}.items() if v is not None}
         norm_layer = norm_layer or nn.LayerNorm
         self.dim, self.num_heads, self.projection = dim, num_heads, projection
+        self.num_kv_heads = num_kv_heads
+        self.kv_dim = num_kv_heads * self.head_dim  # width of the projected keys and values
         self.context_len, self.context_dim = context_len, context_dim
 
         self.q_proj = nn.Linear(dim, dim, bias=qkv_bias, **fk)
         self.k_proj = (
-            nn.Linear(context_dim, dim, bias=qkv_bias, **fk)
+            nn.Linear(context_dim, self.kv_dim, bias=qkv_bias, **fk)
             if projection in ("standard", "optimized")
             else None
         )
         self.v_proj = (
-            nn.Linear(context_dim, dim, bias=qkv_bias, **fk) if projection == "standard" else None
+            nn.Linear(context_dim, self.kv_dim, bias=qkv_bias, **fk)
+            if projection == "standard"
+            else None
         )
         if projection == "super":
             self.align_weight = nn.Parameter(torch.empty(context_len, context_len, **fk))
@@ -199,14 +231,20 @@ class Attention(nn.Module):
             attn_kernel, num_heads, self.head_dim, attn_drop=attn_drop, **(kernel_args or {})
         )
         self.kernel.to(**fk)
+        if num_kv_heads != num_heads and getattr(self.kernel, "local_heads", 0):
+            raise ValueError(
+                f"num_kv_heads < num_heads does not combine with local_heads (the local heads "
+                f"would share key/value heads with TaylorShift heads); got num_kv_heads="
+                f"{num_kv_heads}, num_heads={num_heads}, local_heads={self.kernel.local_heads}"
+            )
         self.norm = norm_layer(dim, **fk) if scale_norm else nn.Identity()
         self.proj = nn.Linear(dim, dim, bias=proj_bias, **fk)
         self.proj_drop = nn.Dropout(proj_drop)
         self.short_conv = short_conv
-        # One depthwise filter per channel of q, k and v (in that order, dim channels each).
-        self.conv = (
-            nn.Conv1d(3 * dim, 3 * dim, short_conv, groups=3 * dim, **fk) if short_conv else None
-        )
+        # One depthwise filter per channel of q, k and v (in that order: dim, kv_dim and
+        # kv_dim channels).
+        width = dim + 2 * self.kv_dim
+        self.conv = nn.Conv1d(width, width, short_conv, groups=width, **fk) if short_conv else None
 
     def _reset_alignment(self) -> None:
         # Start at the identity (plus a small perturbation): values pass through unmixed.
@@ -215,9 +253,14 @@ class Attention(nn.Module):
             self.align_weight.copy_(torch.eye(ell) + torch.randn(ell, ell) / (10 * math.sqrt(ell)))
             self.align_bias.zero_()
 
-    def _heads(self, x: Tensor) -> Tensor:
+    def _heads(self, x: Tensor, heads: int | None = None) -> Tensor:
         b, n, _ = x.shape
-        return x.view(b, n, self.num_heads, self.head_dim).transpose(1, 2)  # (B, H, N, d)
+        heads = heads or self.num_heads
+        return x.view(b, n, heads, self.head_dim).transpose(1, 2)  # (B, H, N, d)
+
+    def _kv_heads(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Keys and values (B, M, kv_dim) -> (B, Hkv, M, d)."""
+        return self._heads(k, self.num_kv_heads), self._heads(v, self.num_kv_heads)
 
     def _align(self, v: Tensor, key_mask: Tensor | None, is_causal: bool) -> Tensor:
         """Super's W_A from the left on values (B, H, N, d), shared by the heads."""
@@ -272,7 +315,7 @@ class Attention(nn.Module):
         is_causal: bool,
         self_attention: bool = True,
     ) -> tuple[Tensor, Tensor, Tensor]:
-        """The kernel's inputs: q (B, H, N, d), k and v (B, H, M, d) from x (B, N, dim) and
+        """The kernel's inputs: q (B, H, N, d), k and v (B, Hkv, M, d) from x (B, N, dim) and
         source (B, M, context_dim) — projections, short convolution, W_A, q/k norms. ``mask``
         as ``padding_to_mask`` gives it. (Also what tools that inspect attention read.)"""
         q = self.q_proj(x)
@@ -280,7 +323,7 @@ class Attention(nn.Module):
         v = source if self.v_proj is None else self.v_proj(source)
         if self.conv is not None:
             q, k, v = self._local_mix(q, k, v, mask, is_causal, self_attention)
-        q, k, v = self._heads(q), self._heads(k), self._heads(v)
+        q, (k, v) = self._heads(q), self._kv_heads(k, v)
         if self.projection == "super":
             # A key is padding when no query attends to it: zero its value before W_A
             # mixes it into the others (whatever form the mask came in).
@@ -292,26 +335,27 @@ class Attention(nn.Module):
         self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool,
         self_attention: bool,
     ) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
-        """The short convolution over the sequence of q (B, N, dim) and k, v (B, M, dim)."""
+        """The short convolution over the sequence of q (B, N, dim) and k, v (B, M, kv_dim)."""
         real = None  # (B, M, 1): which tokens are real, when the mask is key padding
         if mask is not None and mask.shape[-2] == 1 and mask.shape[-3] == 1:
             real = mask[:, 0, 0, :, None].to(k.dtype)
         weight, bias = self.conv.weight, self.conv.bias
         taps = self.short_conv
         left = taps - 1 if causal else (taps - 1) // 2
-        dim = self.dim
 
-        def mix(t: Tensor, part: int, zero: Tensor | None) -> Tensor:
+        def mix(t: Tensor, start: int, zero: Tensor | None) -> Tensor:
             if zero is not None:
                 t = t * zero
+            width = t.shape[-1]
             t = F.pad(t.transpose(1, 2), (left, taps - 1 - left))
-            sl = slice(part * dim, (part + 1) * dim)
-            # Back to (B, N, dim) in memory: with the feature axis strided, SDPA leaves its
+            sl = slice(start, start + width)
+            # Back to (B, N, width) in memory: with the feature axis strided, SDPA leaves its
             # fused CPU kernel for the math path (1.2-3.8x slower at N = 64-1,024:
             # benchmarks/short_conv_cpu).
-            return F.conv1d(t, weight[sl], bias[sl], groups=dim).transpose(1, 2).contiguous()
+            return F.conv1d(t, weight[sl], bias[sl], groups=width).transpose(1, 2).contiguous()
 
-        return mix(q, 0, real if self_attention else None), mix(k, 1, real), mix(v, 2, real)
+        q = mix(q, 0, real if self_attention else None)
+        return q, mix(k, self.dim, real), mix(v, self.dim + self.kv_dim, real)
 
     def _local_mix_step(self, q: Tensor, k: Tensor, v: Tensor, cache, mask: Tensor | None):
         """The causal short convolution of T new tokens after the cached ones (decoding)."""
@@ -329,7 +373,7 @@ class Attention(nn.Module):
         keep = torch.arange(self.short_conv - 1, device=qkv.device)
         index = (torch.as_tensor(real, device=qkv.device).view(-1, 1) + keep).expand(b, -1)
         cache.conv = seq.gather(1, index[..., None].expand(-1, -1, c))
-        return out.transpose(1, 2).split(self.dim, dim=-1)
+        return out.transpose(1, 2).split([self.dim, self.kv_dim, self.kv_dim], dim=-1)
 
     def new_cache(self, kind: str = "auto"):
         """An empty decoding cache for ``decode`` (see ``AttentionKernel.new_cache``)."""
@@ -356,7 +400,7 @@ class Attention(nn.Module):
         v = x if self.v_proj is None else self.v_proj(x)
         if self.conv is not None:
             q, k, v = self._local_mix_step(q, k, v, cache, key_padding_mask)
-        q, k, v = self._heads(q), self._heads(k), self._heads(v)
+        q, (k, v) = self._heads(q), self._kv_heads(k, v)
         q, k = self.q_norm(q), self.k_norm(k)
         y = self.kernel.decode(q, k, v, key_padding_mask, cache)
         y = y.transpose(1, 2).reshape(x.shape[0], x.shape[1], self.dim)

@@ -54,7 +54,8 @@ class Block(nn.Module):
         drop_path: stochastic-depth probability of both residual branches.
         norm_layer: the norm before attention and MLP (default ``nn.LayerNorm``).
         act_layer: the MLP activation (default ``nn.GELU``).
-        attn_kernel, kernel_args, projection, context_len, short_conv: as ``Attention``.
+        attn_kernel, kernel_args, projection, context_len, short_conv, num_kv_heads: as
+            ``Attention``.
         device, dtype: where and in which dtype parameters are created.
     """
 
@@ -77,6 +78,7 @@ class Block(nn.Module):
         projection: str = "standard",
         context_len: int | None = None,
         short_conv: int = 0,
+        num_kv_heads: int | None = None,
         device=None,
         dtype=None,
     ):
@@ -99,6 +101,7 @@ class Block(nn.Module):
             projection=projection,
             context_len=context_len,
             short_conv=short_conv,
+            num_kv_heads=num_kv_heads,
             **fk,
         )
         self.drop_path = DropPath(drop_path)

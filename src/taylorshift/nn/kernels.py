@@ -1,9 +1,14 @@
 """Attention kernels selectable by name: the part of an attention layer after projections.
 
-A kernel maps q (B, H, Nq, d), k (B, H, Nk, d), v (B, H, Nk, dv), a bool mask broadcastable
-to (B, H, Nq, Nk) (True = attend) and ``is_causal`` to (B, H, Nq, dv). Kernels are modules
-so that they can own parameters (TaylorShift's per-head temperature). Every module and
-model takes ``attn_kernel=<name>`` and ``kernel_args={...}``.
+A kernel maps q (B, H, Nq, d), k (B, Hkv, Nk, d), v (B, Hkv, Nk, dv), a bool mask
+broadcastable to (B, H, Nq, Nk) (True = attend) and ``is_causal`` to (B, H, Nq, dv). Kernels
+are modules so that they can own parameters (TaylorShift's per-head temperature). Every
+module and model takes ``attn_kernel=<name>`` and ``kernel_args={...}``.
+
+Grouped-query attention: key and value may have Hkv heads, Hkv dividing H (query head h
+reads key/value head ``h // (H / Hkv)``). ``taylorshift`` and ``softmax`` take them as they
+are (the ops' ``enable_gqa``; decoding keeps TaylorShift's state and every key/value cache
+per key/value head); the other kernels repeat key and value to H heads first.
 
 Attention dropout (``attn_drop``) by kernel:
 
@@ -64,6 +69,13 @@ def create_kernel(
     return _KERNELS[name](num_heads, head_dim, attn_drop=attn_drop, **kwargs)
 
 
+def repeat_kv(k: Tensor, v: Tensor, heads: int) -> tuple[Tensor, Tensor]:
+    """Key and value of Hkv heads repeated to ``heads`` (each head G = heads / Hkv times in
+    a row, as ``enable_gqa`` reads them)."""
+    groups = heads // k.shape[1]
+    return k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+
+
 def combined_mask(
     attn_mask: Tensor | None, is_causal: bool, nq: int, nk: int, device
 ) -> Tensor | None:
@@ -80,6 +92,7 @@ class AttentionKernel(nn.Module):
     name = ""
     key_dropout = True  # False: the kernel drops attention weights itself
     has_state = False  # True: decodes with a constant-size state (``decode_state``)
+    grouped = False  # True: ``attend`` takes key and value of fewer heads than the query
 
     def __init__(self, num_heads: int, head_dim: int, *, attn_drop: float = 0.0):
         super().__init__()
@@ -95,9 +108,17 @@ class AttentionKernel(nn.Module):
         is_causal: bool = False,
     ) -> Tensor:
         if self.key_dropout and self.training and self.attn_drop > 0:
-            b, h, nk = k.shape[0], k.shape[1], k.shape[2]
+            # (per query head: with grouped heads each query head drops its own keys)
+            b, h, nk = k.shape[0], q.shape[1], k.shape[2]
             keep = torch.rand(b, h, 1, nk, device=k.device) >= self.attn_drop
             attn_mask = keep if attn_mask is None else attn_mask & keep
+        return self.attend_heads(q, k, v, attn_mask, is_causal)
+
+    def attend_heads(self, q, k, v, attn_mask, is_causal) -> Tensor:
+        """``attend`` for key and value of H or Hkv heads: repeated to H heads for kernels
+        that are not ``grouped``."""
+        if k.shape[1] != q.shape[1] and not self.grouped:
+            k, v = repeat_kv(k, v, q.shape[1])
         return self.attend(q, k, v, attn_mask, is_causal)
 
     def attend(self, q, k, v, attn_mask, is_causal) -> Tensor:  # pragma: no cover
@@ -130,7 +151,7 @@ class AttentionKernel(nn.Module):
         """
         if isinstance(cache, KVCache):
             keys, values, mask = cache.extend(k, v, key_padding_mask)
-            return self._decode_kv(q, keys, values, mask, cache.padded, self.attend)
+            return self._decode_kv(q, keys, values, mask, cache.padded, self.attend_heads)
         if isinstance(cache, StateCache) and self.has_state:
             return self.decode_state(q, k, v, key_padding_mask, cache)
         raise TypeError(
@@ -193,6 +214,8 @@ class TaylorShiftKernel(AttentionKernel):
         window: the local heads' window (keys within ``window`` positions; causal: the
             query and its ``window - 1`` predecessors).
     """
+
+    grouped = True
 
     def __init__(
         self,
@@ -324,6 +347,7 @@ class TaylorShiftKernel(AttentionKernel):
         ):
             # The decoding loop's step: the cache's own state, this layer's q, k, v (checked
             # by the first call, which made the state), no padding: no checks per token.
+            # (Grouped heads: the state is per key/value head, read by its query heads.)
             return decode_token(q, k, v, cache.state, self.tau, self.normalize)
         # (the state is updated in place: keep the count before the block for the factor)
         before = None if cache.state is None or self.output_factor else cache.state.count.clone()
@@ -336,6 +360,7 @@ class TaylorShiftKernel(AttentionKernel):
             temperature=self.tau,
             normalize=self.normalize,
             inplace=True,  # the cache owns its state: no new tensor per token
+            enable_gqa=k.shape[1] != q.shape[1],
         )
         if self.output_factor:
             return out
@@ -391,6 +416,7 @@ class TaylorShiftKernel(AttentionKernel):
             normalize=self.normalize,
             order=self.order,
             mode=self.mode,
+            enable_gqa=k.shape[1] != q.shape[1],
         )
 
     def _without_factor(self, y: Tensor, count: Tensor) -> Tensor:
@@ -398,6 +424,11 @@ class TaylorShiftKernel(AttentionKernel):
         dtype = torch.float64 if y.dtype == torch.float64 else torch.float32
         inverse = torch.rsqrt(count.to(dtype).clamp(min=1.0) / self.head_dim)
         return (y * inverse).to(y.dtype)
+
+
+# SDPA's enable_gqa came with torch 2.5 (the package allows 2.4: the softmax kernel then
+# repeats key and value itself).
+_SDPA_HAS_GQA = torch.torch_version.TorchVersion(torch.__version__) >= (2, 5)
 
 
 def _rows_with_keys(mask: Tensor | None) -> Tensor | None:
@@ -413,14 +444,16 @@ class SoftmaxKernel(AttentionKernel):
     """
 
     key_dropout = False
+    grouped = _SDPA_HAS_GQA
 
     def attend(self, q, k, v, attn_mask, is_causal):
         p = self.attn_drop if self.training else 0.0
+        gqa = {"enable_gqa": True} if k.shape[1] != q.shape[1] else {}
         if attn_mask is None:
-            return F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=is_causal)
+            return F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=is_causal, **gqa)
         mask = combined_mask(attn_mask, is_causal, q.shape[-2], k.shape[-2], q.device)
         has_keys = _rows_with_keys(mask)
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask | ~has_keys, dropout_p=p)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask | ~has_keys, dropout_p=p, **gqa)
         return y * has_keys
 
 
@@ -454,6 +487,8 @@ class LinearKernel(AttentionKernel):
         return linear_attention(q, k, v, attn_mask, is_causal)
 
     def decode_state(self, q, k, v, key_padding_mask, cache):
+        if k.shape[1] != q.shape[1]:  # (its state per query head)
+            k, v = repeat_kv(k, v, q.shape[1])
         out, cache.state = linear_attention_decode(q, k, v, cache.state, key_padding_mask)
         return out
 
