@@ -34,6 +34,23 @@ def test_decode_bench_rows_and_cache_sizes(tmp_path, capsys):
     assert "| taylorshift | state | 32 |" in (out / "decode.md").read_text()
 
 
+def test_decode_bench_kv_heads_shrink_every_cache(tmp_path):
+    # --kv-heads 1 of 2 heads: the TaylorShift state and the key/value caches per key/value
+    # head (half); linear attention's state stays per query head
+    out = tmp_path / "bd"
+    argv = ["bench", "decode", "--context", "8", "--kv-heads", "1", "--out", str(out), *ARGS]
+    assert main(argv) == 0
+    result = json.loads((out / "decode.json").read_text())
+    assert result["settings"]["kv_heads"] == 1
+    rows = {(r["kernel"], r["cache"]): r for r in result["rows"]}
+    depth, b, kv, h, d, n = 2, 1, 1, 2, 8, 8
+    big_d = d * (d + 1) // 2 + d + 1
+    assert rows["taylorshift", "state"]["cache_bytes"] == depth * b * kv * (big_d * (d + 1) + 1) * 4
+    assert rows["softmax", "kv"]["cache_bytes"] == depth * (2 * b * kv * n * d * 4 + b * n)
+    assert rows["linear", "state"]["cache_bytes"] == depth * b * h * d * (d + 1) * 4
+    assert "2 heads (head dim 8, 1 key/value heads)" in (out / "decode.md").read_text()
+
+
 def test_decode_bench_errors(tmp_path, capsys):
     base = ["bench", "decode", "--out", str(tmp_path / "x"), "--context", "4", *ARGS]
     with pytest.raises(SystemExit):
@@ -45,3 +62,8 @@ def test_decode_bench_errors(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main([*base, "--heads", "3"])
     assert "--dim must be divisible by --heads" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main([*base, "--kv-heads", "3"])
+    assert "--kv-heads must divide --heads; got --kv-heads 3 and --heads 2" in (
+        capsys.readouterr().err
+    )

@@ -115,6 +115,7 @@ def run_sweep(args, device: torch.device, progress=None) -> list[dict]:
             dim=args.dim,
             depth=args.depth,
             num_heads=args.heads,
+            num_kv_heads=args.kv_heads,
             attn_kernel=kernel,
         )
         torch.manual_seed(0)
@@ -158,7 +159,8 @@ def report_markdown(result: dict) -> str:
         "# Decoding: constant-size state vs key/value cache",
         "",
         f"Model: CausalLM dim {s['dim']}, depth {s['depth']}, {s['heads']} heads "
-        f"(head dim {s['dim'] // s['heads']}), vocab {s['vocab']}, {s['dtype']}, batch "
+        f"(head dim {s['dim'] // s['heads']}, {s.get('kv_heads') or s['heads']} key/value "
+        f"heads), vocab {s['vocab']}, {s['dtype']}, batch "
         f"{s['batch']}, device {result['machine'].get('device', '')}.",
         "",
         f"Command: `{result['command']}`",
@@ -217,6 +219,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dim", type=positive_int, default=256, help="model width (256)")
     parser.add_argument("--depth", type=positive_int, default=4, help="blocks (4)")
     parser.add_argument("--heads", type=positive_int, default=8, help="heads (8: head dim 32)")
+    parser.add_argument(
+        "--kv-heads",
+        type=positive_int,
+        help="key/value heads, a divisor of --heads (grouped-query attention; default: --heads)",
+    )
     parser.add_argument("--vocab", type=positive_int, default=258, help="vocabulary (258)")
     parser.add_argument("--batch", type=positive_int, default=1, help="sequences decoded at once")
     parser.add_argument("--dtype", type=dtype_option, choices=sorted(DTYPES), default="float32")
@@ -234,12 +241,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+SETTINGS = ("dim", "depth", "heads", "kv_heads", "vocab", "batch", "dtype", "context", "target")
+
+
 def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     if args.dim % args.heads:
         parser.error(f"--dim must be divisible by --heads; got {args.dim} and {args.heads}")
     if args.quick:
         args.dim, args.depth = min(args.dim, 128), min(args.depth, 2)
         args.heads = min(args.heads, 4)
+    if args.kv_heads is not None and args.heads % args.kv_heads:
+        parser.error(
+            f"--kv-heads must divide --heads; got --kv-heads {args.kv_heads} and --heads "
+            f"{args.heads}{' (--quick: at most 4)' if args.quick else ''}"
+        )
     args.context = sorted(set(args.context or (QUICK_CONTEXTS if args.quick else DEFAULT_CONTEXTS)))
     args.cases = list(dict.fromkeys(args.cases or [parse_case(c) for c in DEFAULT_CASES]))
     device = parse_device(args.device, parser)
@@ -254,10 +269,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     result = {
         "machine": machine.machine_info(device),
         "command": machine.command_line(),
-        "settings": {
-            k: getattr(args, k)
-            for k in ("dim", "depth", "heads", "vocab", "batch", "dtype", "context", "target")
-        }
+        "settings": {k: getattr(args, k) for k in SETTINGS}
         | {"cases": [f"{k}:{c}" for k, c in args.cases]},
         "rows": rows,
     }
