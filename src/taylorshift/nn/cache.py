@@ -3,8 +3,9 @@
 ``AttentionKernel.new_cache(kind)`` makes one per layer and ``AttentionKernel.decode``
 fills it as tokens arrive:
 
-- ``KVCache``: every key and value so far and which of them are real, (B, H, N, ·). Works
-  for every kernel; memory and the work per token grow with the context.
+- ``KVCache``: every key and value so far and which of them are real, (B, H, N, ·), in
+  buffers that grow by an eighth when full. Works for every kernel; memory and the work
+  per token grow with the context.
 - ``StateCache``: the kernel's causal prefix state (``TaylorShiftState``,
   ``LinearAttentionState``), whose size does not depend on the context.
 """
@@ -22,13 +23,35 @@ CACHE_KINDS = ("auto", "state", "kv")
 
 @dataclass
 class KVCache:
-    """Keys (B, H, N, d), values (B, H, N, dv) and real-token mask (B, N) of the tokens so far."""
+    """Keys (B, H, N, d), values (B, H, N, dv) and real-token mask (B, N) of the tokens so far.
 
-    keys: Tensor | None = None
-    values: Tensor | None = None
-    mask: Tensor | None = None
+    They live in buffers with room for more tokens: ``extend`` writes new tokens in place
+    and, when a buffer is full, moves it to one an eighth larger (at least
+    ``KV_CACHE_ROOM`` tokens more). A step so copies O(1) tokens amortised instead of the
+    whole cache (as ``torch.cat`` per token would: at 16,384 tokens that copy cost more than
+    attending to the cache, benchmarks/decode_cpu/kv-buffers). ``keys``, ``values`` and
+    ``mask`` are views of the first ``length`` tokens; ``nbytes`` counts them,
+    ``reserved_nbytes`` the buffers.
+    """
+
+    length: int = 0
     padded: bool = False  # some cached token is padding (checked once per given mask)
     conv: Tensor | None = None  # a layer's short convolution: its last k - 1 inputs
+    key_buffer: Tensor | None = None  # (B, H, capacity, d)
+    value_buffer: Tensor | None = None  # (B, H, capacity, dv)
+    mask_buffer: Tensor | None = None  # (B, capacity)
+
+    @property
+    def keys(self) -> Tensor | None:
+        return None if self.key_buffer is None else self.key_buffer[:, :, : self.length]
+
+    @property
+    def values(self) -> Tensor | None:
+        return None if self.value_buffer is None else self.value_buffer[:, :, : self.length]
+
+    @property
+    def mask(self) -> Tensor | None:
+        return None if self.mask_buffer is None else self.mask_buffer[:, : self.length]
 
     def extend(
         self, key: Tensor, value: Tensor, key_padding_mask: Tensor | None
@@ -40,18 +63,45 @@ class KVCache:
             new_mask = torch.ones((b, t), dtype=torch.bool, device=key.device)
         elif not self.padded:
             self.padded = not bool(new_mask.all())
-        if self.keys is None:
-            self.keys, self.values, self.mask = key, value, new_mask
-        else:
-            self.keys = torch.cat([self.keys, key], dim=2)
-            self.values = torch.cat([self.values, value], dim=2)
-            self.mask = torch.cat([self.mask, new_mask], dim=1)
+        start, end = self.length, self.length + t
+        if self.key_buffer is None or end > self.key_buffer.shape[2]:
+            room = end + max(end // 8, KV_CACHE_ROOM)
+            self.key_buffer = _moved(self.key_buffer, key, start, room, 2)
+            self.value_buffer = _moved(self.value_buffer, value, start, room, 2)
+            self.mask_buffer = _moved(self.mask_buffer, new_mask, start, room, 1)
+        self.key_buffer[:, :, start:end] = key
+        self.value_buffer[:, :, start:end] = value
+        self.mask_buffer[:, start:end] = new_mask
+        self.length = end
         return self.keys, self.values, self.mask
 
     @property
     def nbytes(self) -> int:
-        parts = (self.keys, self.values, self.mask, self.conv)
+        """Bytes of the cached tokens (keys, values, mask) and the convolution's inputs."""
+        parts = (self.keys, self.values, self.mask)
+        conv = 0 if self.conv is None else self.conv.nbytes
+        return conv + sum(t.numel() * t.element_size() for t in parts if t is not None)
+
+    @property
+    def reserved_nbytes(self) -> int:
+        """Bytes held: the buffers with their room, and the convolution's inputs."""
+        parts = (self.key_buffer, self.value_buffer, self.mask_buffer, self.conv)
         return sum(t.nbytes for t in parts if t is not None)
+
+
+# Fewest tokens of room a key/value cache's buffers add when they grow (also an eighth).
+KV_CACHE_ROOM = 64
+
+
+def _moved(old: Tensor | None, like: Tensor, length: int, room: int, dim: int) -> Tensor:
+    """A buffer shaped as ``like`` with ``room`` entries along ``dim``, holding the first
+    ``length`` entries of ``old``."""
+    shape = list(like.shape)
+    shape[dim] = room
+    buffer = like.new_empty(shape)
+    if old is not None and length:
+        buffer.narrow(dim, 0, length).copy_(old.narrow(dim, 0, length))
+    return buffer
 
 
 @dataclass
