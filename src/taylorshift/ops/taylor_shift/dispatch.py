@@ -431,15 +431,9 @@ GPU_CAUSAL_PRIOR = {FORWARD: 28.0, FORWARD_BACKWARD: 18.0}
 
 
 def _gpu_prior_mode(
-    nq: int,
-    nk: int,
-    d: int,
-    dv: int,
-    causal: bool,
-    device: torch.device,
-    dtype: torch.dtype,
+    nq: int, nk: int, d: int, dv: int, causal: bool, device: torch.device, dtype: torch.dtype,
     backward: bool,
-) -> str | None:
+) -> str | None:  # fmt: skip
     """The choice from :data:`GPU_PRIOR`, :data:`GPU_FLOAT32_PRIOR` or
     :data:`GPU_CAUSAL_PRIOR` for calls on CUDA in a kernel dtype, else None."""
     if device.type != "cuda" or dtype not in (torch.float16, torch.bfloat16, torch.float32):
