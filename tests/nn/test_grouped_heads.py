@@ -47,10 +47,21 @@ def make_grouped(kernel_id: str, **kwargs) -> Attention:
     return make_attention(kernel_id, "standard", DIM, HEADS, num_kv_heads=KV_HEADS, **kwargs)
 
 
-@pytest.mark.parametrize("short_conv", [0, 3], ids=["plain", "short-conv"])
-@pytest.mark.parametrize("masked", [False, True], ids=["nomask", "padding"])
-@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("kernel_id", KERNEL_IDS)
+# The kernels that take grouped heads themselves (the ops' enable_gqa) in every combination;
+# the others, which repeat key and value before their usual path, in two that between them
+# set and clear every flag.
+GROUPED_IDS = ["taylorshift-direct", "taylorshift-efficient", "softmax"]
+CASES = [
+    pytest.param(kernel_id, causal, masked, conv,
+                 id=f"{kernel_id}-{'causal' if causal else 'full'}-"
+                    f"{'padding' if masked else 'nomask'}-{'short-conv' if conv else 'plain'}")
+    for kernel_id in KERNEL_IDS
+    for causal in (False, True) for masked in (False, True) for conv in (0, 3)
+    if kernel_id in GROUPED_IDS or causal == masked == bool(conv)
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("kernel_id", "causal", "masked", "short_conv"), CASES)
 def test_grouped_layer_equals_the_full_layer_with_repeated_kv_weights(
     kernel_id, causal, masked, short_conv
 ):
