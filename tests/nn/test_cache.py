@@ -1,5 +1,6 @@
 """The key/value cache: what it holds against torch.cat of the tokens given, its buffers
-(written in place, grown by an eighth when full), its byte counts."""
+(written in place, grown by an eighth and KV_CACHE_ROOM tokens when full), its byte
+counts."""
 
 from __future__ import annotations
 
@@ -40,21 +41,21 @@ def test_a_step_writes_in_place_until_the_buffer_is_full():
     cache = KVCache()
     cache.extend(*tokens(100, 0)[:2], None)
     room = cache.key_buffer.shape[2]
-    assert room == 100 + max(100 // 8, KV_CACHE_ROOM)
+    assert room == 100 + 100 // 8 + KV_CACHE_ROOM
     buffer = cache.key_buffer
     for step in range(room - 100):
         cache.extend(*tokens(1, step + 1)[:2], None)
         assert cache.key_buffer is buffer, f"step {step} moved the buffer"
-    cache.extend(*tokens(1, 999)[:2], None)  # full: moved to one an eighth larger
+    cache.extend(*tokens(1, 999)[:2], None)  # full: moved to a larger one
     assert cache.key_buffer is not buffer
-    assert cache.key_buffer.shape[2] == room + 1 + max((room + 1) // 8, KV_CACHE_ROOM)
+    assert cache.key_buffer.shape[2] == room + 1 + (room + 1) // 8 + KV_CACHE_ROOM
 
 
 def test_byte_counts_are_the_tokens_and_the_buffers():
     cache = KVCache()
     assert cache.nbytes == cache.reserved_nbytes == 0 and cache.keys is None
     cache.extend(*tokens(10, 0)[:2], None)
-    n, room = 10, 10 + KV_CACHE_ROOM
+    n, room = 10, 10 + 10 // 8 + KV_CACHE_ROOM
     per_token = B * H * (D + DV) * 4 + B  # float32 keys and values, a bool per row
     assert cache.nbytes == n * per_token
     assert cache.reserved_nbytes == room * per_token

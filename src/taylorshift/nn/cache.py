@@ -4,8 +4,8 @@
 fills it as tokens arrive:
 
 - ``KVCache``: every key and value so far and which of them are real, (B, H, N, ·), in
-  buffers that grow by an eighth when full. Works for every kernel; memory and the work
-  per token grow with the context.
+  buffers that grow by an eighth (and 64 tokens) when full. Works for every kernel;
+  memory and the work per token grow with the context.
 - ``StateCache``: the kernel's causal prefix state (``TaylorShiftState``,
   ``LinearAttentionState``), whose size does not depend on the context.
 """
@@ -26,8 +26,8 @@ class KVCache:
     """Keys (B, H, N, d), values (B, H, N, dv) and real-token mask (B, N) of the tokens so far.
 
     They live in buffers with room for more tokens: ``extend`` writes new tokens in place
-    and, when a buffer is full, moves it to one an eighth larger (at least
-    ``KV_CACHE_ROOM`` tokens more). A step so copies O(1) tokens amortised instead of the
+    and, when a buffer is full, moves it to one with room for an eighth more tokens plus
+    ``KV_CACHE_ROOM``. A step so copies O(1) tokens amortised instead of the
     whole cache (as ``torch.cat`` per token would: at 16,384 tokens that copy cost more than
     attending to the cache, benchmarks/decode_cpu/kv-buffers). ``keys``, ``values`` and
     ``mask`` are views of the first ``length`` tokens; ``nbytes`` counts them,
@@ -65,7 +65,7 @@ class KVCache:
             self.padded = not bool(new_mask.all())
         start, end = self.length, self.length + t
         if self.key_buffer is None or end > self.key_buffer.shape[2]:
-            room = end + max(end // 8, KV_CACHE_ROOM)
+            room = end + end // 8 + KV_CACHE_ROOM  # (no max(): one branch less when traced)
             self.key_buffer = _moved(self.key_buffer, key, start, room, 2)
             self.value_buffer = _moved(self.value_buffer, value, start, room, 2)
             self.mask_buffer = _moved(self.mask_buffer, new_mask, start, room, 1)
@@ -89,7 +89,7 @@ class KVCache:
         return sum(t.nbytes for t in parts if t is not None)
 
 
-# Fewest tokens of room a key/value cache's buffers add when they grow (also an eighth).
+# Tokens of room a key/value cache's buffers add when they grow, besides an eighth.
 KV_CACHE_ROOM = 64
 
 
@@ -101,6 +101,10 @@ def _moved(old: Tensor | None, like: Tensor, length: int, room: int, dim: int) -
     buffer = like.new_empty(shape)
     if old is not None and length:
         buffer.narrow(dim, 0, length).copy_(old.narrow(dim, 0, length))
+    if not torch.compiler.is_compiling():
+        # a compiled decoding step then takes the room as a symbol from its first call, and
+        # a buffer that grows does not trace it again
+        torch._dynamo.maybe_mark_dynamic(buffer, dim)
     return buffer
 
 
