@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from taylorshift.models import CausalLM, CausalLMConfig, load_model, save_model
-from taylorshift.nn import Attention, TaylorShiftAttention
+from taylorshift.nn import Attention, TaylorShiftAttention, create_kernel
 from tests.helpers import assert_rel_close
 from tests.nn.cases import KERNEL_IDS, make_attention, padding, randn
 
@@ -137,6 +137,14 @@ def test_taylorshift_attention_takes_num_kv_heads():
 def test_bad_kv_heads_are_refused_by_name(kwargs, error, pattern):
     with pytest.raises(error, match=pattern):
         Attention(DIM, HEADS, **kwargs)
+
+
+def test_a_kernel_with_local_heads_refuses_grouped_key_value_heads():
+    kernel = create_kernel("taylorshift", 4, HEAD_DIM, local_heads=1)
+    q, k = torch.randn(1, 4, 5, HEAD_DIM), torch.randn(1, 2, 5, HEAD_DIM)
+    with pytest.raises(ValueError, match=r"local_heads need as many key/value heads as query "
+                       r"heads; got 2 key/value heads for 4 query heads"):  # fmt: skip
+        kernel(q, k, k, None, True)
 
 
 def test_as_many_kv_heads_as_heads_is_the_plain_layer():

@@ -376,6 +376,11 @@ class TaylorShiftKernel(AttentionKernel):
     def attend(self, q, k, v, attn_mask, is_causal):
         if not self.local_heads:
             return self._taylor_heads(q, k, v, attn_mask, is_causal)
+        if k.shape[1] != q.shape[1]:
+            raise ValueError(
+                f"local_heads need as many key/value heads as query heads; got {k.shape[1]} "
+                f"key/value heads for {q.shape[1]} query heads"
+            )
         if is_causal and q.shape[-2] != k.shape[-2]:
             raise ValueError(
                 "local_heads with is_causal need self-attention (as many queries as keys); "
