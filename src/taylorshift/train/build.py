@@ -126,4 +126,7 @@ def build_model(
 ) -> nn.Module:
     """``create_model`` with :func:`model_overrides` applied."""
     overrides = model_overrides(config, spec, num_classes, vocab_size)
-    return create_model(config.model.name, device=device, **overrides)
+    try:
+        return create_model(config.model.name, device=device, **overrides)
+    except ValueError as err:  # a setting that conflicts with the run's kernel options
+        raise ConfigError(f"model: {err}") from None
