@@ -72,7 +72,7 @@ def _mistakes(tmp: Path) -> list[tuple[list[str], str]]:
          "dropout must be a number in [0, 1); got 1.5"),
         # (the preset's run options give its kernel a local head)
         (["train", "--preset", "text-bytes-cpu", "--out", out, "--set",
-          "model.overrides.num_kv_heads=1"], "does not combine with kernel_args local_heads"),
+          "model.overrides.num_kv_heads=1"], "does not combine with local_heads"),
         (["eval", "--checkpoint", str(tmp / "no-run")], "no checkpoint at"),
         (["generate", "--checkpoint", str(tmp / "no-run"), "--ids", "1,2,3,4"],
          "no checkpoint at"),

@@ -51,8 +51,9 @@ def _snapshot(caches: list) -> list[dict]:
 
 
 def _restore(caches: list, snapshot: list[dict]) -> None:
-    # Decoding replaces the tensors of a cache (torch.cat, a new state); putting the old
-    # references back undoes a step at no cost.
+    # A key/value cache writes a step past its length in its buffers: its old length (and
+    # buffers, had they moved) back undoes the step. A TaylorShift state is updated in
+    # place, which changes its sums but not the cost of the next step.
     for cache, saved in zip(caches, snapshot, strict=True):
         vars(cache).update(saved)
 

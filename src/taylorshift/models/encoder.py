@@ -184,14 +184,8 @@ def check_trunk(config: Any, projections: tuple[str, ...]) -> None:
     if check_int("short_conv", config.short_conv, ge=0) and config.projection == "super":
         raise ValueError("short_conv needs projection 'standard', 'optimized' or 'query-only'")
     check_kernel_args(config.kernel_args)
-    if config.num_kv_heads is not None:
-        check_kv_heads(config.num_kv_heads, config.num_heads, config.projection)
-        if config.num_kv_heads != config.num_heads and config.kernel_args.get("local_heads"):
-            raise ValueError(
-                f"num_kv_heads < num_heads does not combine with kernel_args local_heads; got "
-                f"num_kv_heads={config.num_kv_heads}, local_heads="
-                f"{config.kernel_args['local_heads']}"
-            )
+    local_heads = config.kernel_args.get("local_heads", 0)
+    check_kv_heads(config.num_kv_heads, config.num_heads, config.projection, local_heads)
 
 
 def position_embedding(kind: str, dim: int, max_len: int | None, *, device=None, dtype=None):

@@ -105,8 +105,11 @@ def padding_to_mask(attn_mask: Tensor | None, batch: int, n_key: int) -> Tensor 
     return attn_mask
 
 
-def check_kv_heads(num_kv_heads: int | None, num_heads: int, projection: object) -> int:
-    """Key/value heads: ``num_heads`` for None; else a divisor of it, projection standard."""
+def check_kv_heads(
+    num_kv_heads: int | None, num_heads: int, projection: object, local_heads: object = 0
+) -> int:
+    """Key/value heads: ``num_heads`` for None; else a divisor of it, with projection
+    standard and no local heads (``kernel_args`` local_heads) if fewer."""
     if num_kv_heads is None:
         return num_heads
     check_int("num_kv_heads", num_kv_heads, ge=1)
@@ -118,6 +121,12 @@ def check_kv_heads(num_kv_heads: int | None, num_heads: int, projection: object)
         raise ValueError(
             f"num_kv_heads < num_heads needs projection='standard' (the others slice keys "
             f"or values out of the input, dim features); got projection={projection!r}"
+        )
+    if num_kv_heads != num_heads and local_heads:
+        raise ValueError(
+            f"num_kv_heads < num_heads does not combine with local_heads (the local heads "
+            f"would share key/value heads with TaylorShift heads); got num_kv_heads="
+            f"{num_kv_heads}, local_heads={local_heads}"
         )
     return num_kv_heads
 
@@ -187,7 +196,8 @@ class Attention(nn.Module):
             )
         check_choice("projection", projection, PROJECTIONS)
         context_dim = dim if context_dim is None else context_dim
-        num_kv_heads = check_kv_heads(num_kv_heads, num_heads, projection)
+        local_heads = (kernel_args or {}).get("local_heads", 0)
+        num_kv_heads = check_kv_heads(num_kv_heads, num_heads, projection, local_heads)
         if projection != "standard" and context_dim != dim:
             raise ValueError(
                 f"projection={projection!r} slices keys or values out of the context, so "
@@ -231,12 +241,6 @@ class Attention(nn.Module):
             attn_kernel, num_heads, self.head_dim, attn_drop=attn_drop, **(kernel_args or {})
         )
         self.kernel.to(**fk)
-        if num_kv_heads != num_heads and getattr(self.kernel, "local_heads", 0):
-            raise ValueError(
-                f"num_kv_heads < num_heads does not combine with local_heads (the local heads "
-                f"would share key/value heads with TaylorShift heads); got num_kv_heads="
-                f"{num_kv_heads}, num_heads={num_heads}, local_heads={self.kernel.local_heads}"
-            )
         self.norm = norm_layer(dim, **fk) if scale_norm else nn.Identity()
         self.proj = nn.Linear(dim, dim, bias=proj_bias, **fk)
         self.proj_drop = nn.Dropout(proj_drop)
