@@ -6,6 +6,9 @@ import json
 
 import pytest
 
+from taylorshift.bench import decode
+from taylorshift.bench.core import OK
+from taylorshift.bench.measure import TimeResult
 from taylorshift.cli import main
 
 ARGS = ["--dim", "16", "--depth", "2", "--heads", "2", "--vocab", "11", "--target", "0.01",
@@ -32,6 +35,28 @@ def test_decode_bench_rows_and_cache_sizes(tmp_path, capsys):
         assert rows["softmax", "kv", n]["tokens_per_s"] > 0
     assert (out / "decode.csv").is_file() and (out / "decode.md").is_file()
     assert "| taylorshift | state | 32 |" in (out / "decode.md").read_text()
+    # the cases of a context timed in interleaved rounds (default 5), each against the first
+    assert result["settings"]["rounds"] == 5
+    for (kernel, cache, _), row in rows.items():
+        assert row["rounds"] == 5
+        if (kernel, cache) == ("taylorshift", "state"):  # the first case
+            assert "step_vs_first" not in row
+        else:
+            low, high = row["step_vs_first_range"]
+            assert low <= row["step_vs_first"] <= high
+
+
+def test_step_fields_pool_the_rounds_and_take_the_median_ratio():
+    first = [TimeResult(OK, median_s=m, times_s=[m, m]) for m in (1.0, 2.0, 4.0)]
+    mine = [TimeResult(OK, median_s=2.0, times_s=[1.0, 3.0]) for _ in range(3)]
+    row = decode.step_fields(mine, first)
+    assert row["step_s"] == 2.0 and row["reps"] == 6 and row["rounds"] == 3
+    assert row["step_vs_first"] == 1.0  # the ratios 2, 1, 0.5
+    assert row["step_vs_first_range"] == (0.5, 2.0)
+    assert "step_vs_first" not in decode.step_fields(first, first)
+    failed = [*first[:1], TimeResult("oom", error="out of memory")]
+    assert decode.step_fields(failed, first)["status"] == "oom"
+    assert "step_vs_first" not in decode.step_fields(mine, failed)
 
 
 def test_decode_bench_kv_heads_shrink_every_cache(tmp_path):

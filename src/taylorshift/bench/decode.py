@@ -2,17 +2,21 @@
 
 For each context length N and each (kernel, cache) case, a causal LM is prefilled with N
 random tokens, then one more token is decoded and timed (the cache is put back after
-every timed call, so all reps see the same N). Reported per point: tokens/s (batch ·
-1 / median step time), the prefill time, and the bytes the decoding caches hold — exact,
-from the cache tensors: a TaylorShift state holds B · H · (D · (dv + 1) + 1) floats per
-layer, D = d(d+1)/2 + d + 1, whatever N; a key/value cache 2 · B · H · N · d floats (and a
-mask) per layer. On CUDA the peak allocated memory of a decoding step is added.
+every timed call, so all reps see the same N); the cases of a context are timed in
+interleaved rounds (``--rounds``). Reported per point: tokens/s (batch · 1 / median step
+time), the median of the per-round ratios of its step to the first case's, the prefill
+time, and the bytes the decoding caches hold — exact, from the cache tensors: a
+TaylorShift state holds B · H · (D · (dv + 1) + 1) floats per layer, D = d(d+1)/2 + d + 1,
+whatever N; a key/value cache 2 · B · H · N · d floats (and a mask) per layer. On CUDA the
+peak allocated memory of a decoding step is added.
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -58,7 +62,7 @@ def _restore(caches: list, snapshot: list[dict]) -> None:
         vars(cache).update(saved)
 
 
-def measure_point(
+def prepare_point(
     model: CausalLM,
     cache_kind: str,
     context: int,
@@ -66,8 +70,9 @@ def measure_point(
     device: torch.device,
     generator: torch.Generator,
     target_s: float,
-) -> dict:
-    """Prefill ``context`` random tokens, then time one decoding step; one result row."""
+) -> tuple[dict, Callable[[], None] | None]:
+    """Prefill ``context`` random tokens (timed) and return (the row so far, the decoding
+    step to time), or (a failed row, None)."""
     vocab = model.config.vocab_size
     prompt = torch.randint(0, vocab, (batch, context), generator=generator).to(device)
     caches = model.new_caches(cache_kind)
@@ -81,7 +86,7 @@ def measure_point(
         min_warmup=1,
     )
     if prefill.status != OK:
-        return {"status": prefill.status, "error": prefill.error}
+        return {"status": prefill.status, "error": prefill.error}, None
     model.decode(prompt, caches, positions)
     token = torch.randint(0, vocab, (batch, 1), generator=generator).to(device)
     step_pos = torch.full((batch, 1), context, device=device)
@@ -91,25 +96,46 @@ def measure_point(
         model.decode(token, caches, step_pos)
         _restore(caches, saved)
 
-    timed = time_call(step, device=device, target_s=target_s)
-    row = {
-        "status": timed.status,
-        "prefill_s": prefill.median_s,
-        "step_s": timed.median_s,
-        "step_q1_s": timed.q1_s,
-        "step_q3_s": timed.q3_s,
-        "reps": timed.reps,
-        "tokens_per_s": batch / timed.median_s if timed.status == OK else None,
-        "cache_bytes": sum(c.nbytes for c in caches),
-    }
-    if device.type == "cuda" and timed.status == OK:
-        row["step_peak_extra_bytes"] = cuda_peak_memory(step, device).peak_extra_bytes
+    row = {"prefill_s": prefill.median_s, "cache_bytes": sum(c.nbytes for c in caches)}
+    return row, step
+
+
+def time_rounds(steps: list, device: torch.device, target_s: float, rounds: int) -> list:
+    """Time the steps (None: a failed point, skipped) in ``rounds`` interleaved rounds, each
+    timing every step once for ``target_s / rounds`` seconds: on a shared machine the
+    cases of a round see the same load. Per step: the TimeResult of each round, or None."""
+    results: list = [[] if step else None for step in steps]
+    for r in range(rounds):
+        for step, timed in zip(steps, results, strict=True):
+            if step is None or (timed and timed[-1].status != OK):
+                continue
+            warm = dict(warmup_s=0.0, min_warmup=1) if r else {}
+            timed.append(time_call(step, device=device, target_s=target_s / rounds, **warm))
+    return results
+
+
+def step_fields(timed: list, first: list | None) -> dict:
+    """A row's step fields from its rounds: the median step over all timed calls, quartiles,
+    and, against the first case's rounds (``first``), the median of the per-round ratios."""
+    if timed[-1].status != OK:
+        return {"status": timed[-1].status, "error": timed[-1].error}
+    times = [t for result in timed for t in result.times_s]
+    median = statistics.median(times)
+    q1, _, q3 = statistics.quantiles(times, n=4) if len(times) > 1 else (times[0],) * 3
+    row = {"status": OK, "step_s": median, "step_q1_s": q1, "step_q3_s": q3,
+           "reps": len(times), "rounds": len(timed)}  # fmt: skip
+    if first and first[-1].status == OK and first is not timed:
+        pairs = zip(timed, first, strict=True)
+        ratios = [mine.median_s / theirs.median_s for mine, theirs in pairs]
+        row["step_vs_first"] = statistics.median(ratios)
+        row["step_vs_first_range"] = (min(ratios), max(ratios))
     return row
 
 
 def run_sweep(args, device: torch.device, progress=None) -> list[dict]:
+    """Every case at each context, the cases of a context timed in interleaved rounds."""
     dtype = DTYPES[args.dtype]
-    rows = []
+    models = []
     for kernel, cache_kind in args.cases:
         config = CausalLMConfig(
             vocab_size=args.vocab,
@@ -123,12 +149,31 @@ def run_sweep(args, device: torch.device, progress=None) -> list[dict]:
         model = CausalLM(config, device=device, dtype=dtype).eval()
         if cache_kind == "state":
             model.new_caches("state")  # refuse a kernel without a state before timing
-        for context in args.context:
+        models.append(model)
+    rows = []
+    for context in args.context:
+        prepared = []
+        for (kernel, cache_kind), model in zip(args.cases, models, strict=True):
             if progress:
                 progress(kernel, cache_kind, context)
             g = torch.Generator().manual_seed(context)
             with torch.inference_mode():
-                row = measure_point(model, cache_kind, context, args.batch, device, g, args.target)
+                prepared.append(
+                    prepare_point(model, cache_kind, context, args.batch, device, g, args.target)
+                )
+        with torch.inference_mode():
+            timed = time_rounds([step for _, step in prepared], device, args.target, args.rounds)
+        for (kernel, cache_kind), (row, step), rounds in zip(
+            args.cases, prepared, timed, strict=True
+        ):
+            if step is not None:
+                row = row | step_fields(rounds, timed[0])
+                if row["status"] == OK:
+                    row["tokens_per_s"] = args.batch / row["step_s"]
+                    if device.type == "cuda":
+                        row["step_peak_extra_bytes"] = cuda_peak_memory(
+                            step, device
+                        ).peak_extra_bytes
             rows.append({"kernel": kernel, "cache": cache_kind, "context": context, **row})
     return rows
 
@@ -139,10 +184,11 @@ def _mib(n: int | None) -> str:
 
 def report_markdown(result: dict) -> str:
     s = result["settings"]
+    first = s.get("cases", ["the first case"])[0]
     rows = []
     for r in result["rows"]:
         if r["status"] != OK:
-            rows.append([r["kernel"], r["cache"], r["context"], r["status"], "", "", ""])
+            rows.append([r["kernel"], r["cache"], r["context"], r["status"], "", "", "", ""])
             continue
         rows.append(
             [
@@ -151,11 +197,13 @@ def report_markdown(result: dict) -> str:
                 r["context"],
                 f"{r['tokens_per_s']:.1f}",
                 f"{r['step_s'] * 1e3:.3f}",
+                _vs_first(r),
                 f"{r['prefill_s']:.3f}",
                 _mib(r["cache_bytes"]),
             ]
         )
-    headers = ["kernel", "cache", "context N", "tokens/s", "step ms", "prefill s", "cache MiB"]
+    headers = ["kernel", "cache", "context N", "tokens/s", "step ms", f"step / {first}",
+               "prefill s", "cache MiB"]  # fmt: skip
     lines = [
         "# Decoding: constant-size state vs key/value cache",
         "",
@@ -166,9 +214,20 @@ def report_markdown(result: dict) -> str:
         "",
         f"Command: `{result['command']}`",
         "",
+        f"Step: the median over {s.get('rounds', 1)} interleaved rounds, each timing every "
+        f"case of a context in turn; step / {first}: the median of the per-round ratios "
+        "(least-most in brackets).",
+        "",
         markdown_table(headers, rows),
     ]
     return "\n".join(lines) + "\n"
+
+
+def _vs_first(row: dict) -> str:
+    if "step_vs_first" not in row:
+        return ""
+    low, high = row["step_vs_first_range"]
+    return f"{row['step_vs_first']:.3f} ({low:.2f}-{high:.2f})"
 
 
 def make_figure(result: dict):
@@ -232,6 +291,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--target", type=float, default=0.5, help="seconds of timed calls per point (0.5)"
     )
+    parser.add_argument(
+        "--rounds",
+        type=positive_int,
+        default=5,
+        help="interleaved rounds per context: each times every case for --target / rounds "
+        "seconds, and each case's step is also given as the median of its per-round ratios "
+        "to the first case's (5)",
+    )
     parser.add_argument("--quick", action="store_true", help="shorter contexts, a small model")
     parser.add_argument("--out", type=Path, default=Path("bench-decode"), help="output folder")
     parser.add_argument("--no-plot", action="store_true", help="skip the PNG")
@@ -242,7 +309,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-SETTINGS = ("dim", "depth", "heads", "kv_heads", "vocab", "batch", "dtype", "context", "target")
+SETTINGS = ("dim", "depth", "heads", "kv_heads", "vocab", "batch", "dtype", "context", "target",
+            "rounds")  # fmt: skip
 
 
 def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
@@ -281,11 +349,14 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             f"{r['kernel']}:{r['cache']}",
             r["context"],
             "" if r.get("tokens_per_s") is None else f"{r['tokens_per_s']:.1f}",
+            _vs_first(r),
             _mib(r.get("cache_bytes")),
             r["status"],
         )
         for r in rows
     ]
-    print(format_table(("case", "N", "tokens/s", "cache MiB", "status"), table_rows))
+    first = f"{args.cases[0][0]}:{args.cases[0][1]}"
+    headers = ("case", "N", "tokens/s", f"step / {first}", "cache MiB", "status")
+    print(format_table(headers, table_rows))
     print(f"Wrote {', '.join(str(p) for p in written)}")
     return 0
