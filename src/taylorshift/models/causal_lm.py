@@ -19,6 +19,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 
+from .._inference import inference_only
 from .._validate import check_bool, check_int, check_number, values_readable
 from ..nn import CACHE_KINDS
 from .encoder import (
@@ -176,7 +177,7 @@ class CausalLM(nn.Module):
         one)."""
         return [block.attn.new_cache(kind) for block in self.blocks]
 
-    @torch.no_grad()
+    @inference_only
     def decode(
         self,
         tokens: Tensor,
@@ -194,7 +195,7 @@ class CausalLM(nn.Module):
             x = block.decode(x, cache, padding_mask)
         return self.head(self.norm(x))
 
-    @torch.no_grad()
+    @inference_only
     def generate(
         self,
         prompt: Tensor,

@@ -50,6 +50,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .._inference import inference_only
 from .._validate import check_choice, check_int
 from .kernels import create_kernel
 
@@ -389,7 +390,7 @@ class Attention(nn.Module):
             )
         return self.kernel.new_cache(kind)
 
-    @torch.no_grad()
+    @inference_only
     def decode(self, x: Tensor, cache, key_padding_mask: Tensor | None = None) -> Tensor:
         """Causal self-attention of T new tokens x (B, T, dim) after those in ``cache``.
 

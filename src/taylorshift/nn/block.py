@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from .._inference import inference_only
 from .._validate import check_number, check_probability
 from .attention import Attention
 
@@ -114,7 +115,7 @@ class Block(nn.Module):
         x = x + self.drop_path(self.attn(self.norm1(x), attn_mask=attn_mask, is_causal=is_causal))
         return x + self.drop_path(self.mlp(self.norm2(x)))
 
-    @torch.no_grad()
+    @inference_only
     def decode(self, x: Tensor, cache, key_padding_mask: Tensor | None = None) -> Tensor:
         """Causal block for T new tokens (B, T, dim) after those in ``cache`` (see
         ``Attention.decode``); inference only."""

@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .._inference import inference_only
 from .._validate import check_bool, check_choice, check_int, check_probability
 from ..ops.holt import holt_attention
 from ..ops.linear_attention import linear_attention, linear_attention_decode
@@ -139,7 +140,7 @@ class AttentionKernel(nn.Module):
     def _why_no_state(self) -> str:
         return ""
 
-    @torch.no_grad()
+    @inference_only
     def decode(
         self, q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Tensor | None, cache
     ) -> Tensor:
@@ -289,7 +290,7 @@ class TaylorShiftKernel(AttentionKernel):
             text += f", local_heads={self.local_heads}, window={self.window}"
         return text
 
-    @torch.no_grad()
+    @inference_only
     def decode(self, q, k, v, key_padding_mask, cache):
         if not (self.local_heads and isinstance(cache, KVCache)):
             return super().decode(q, k, v, key_padding_mask, cache)

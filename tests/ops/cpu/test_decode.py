@@ -63,6 +63,9 @@ def _steps(q, k, v, n_prompt, mask=None, **kwargs):
         (2, 2, 17, 8, False, None),
         (1, 8, 32, 32, True, "tensor"),
         (1, 1, 64, 7, True, "float"),
+        (2, 1, 3, 23, True, "float"),
+        (1, 2, 8, 40, True, "tensor"),
+        (1, 1, 4, 128, False, None),
     ],
     ids=lambda x: str(x),
 )
@@ -176,12 +179,14 @@ def test_other_steps_stay_on_pytorch(kernel_calls, monkeypatch):
     assert len(kernel_calls) == 1
 
 
-@pytest.mark.parametrize("tau", ["float", "tensor"])
-def test_grouped_steps_match_reference_and_pytorch_step(tau, kernel_calls, monkeypatch):
+@pytest.mark.parametrize(
+    ("tau", "dv"), [("float", 5), ("tensor", 5), ("tensor", 20), ("float", 65)]
+)
+def test_grouped_steps_match_reference_and_pytorch_step(tau, dv, kernel_calls, monkeypatch):
     # enable_gqa: 6 query heads read 2 key/value states (3 per group) in one pass; a padded
     # token in the middle of item 1; against the float64 reference with repeated heads and
     # the PyTorch step on the same inputs
-    b, h, kv, d, dv, n = 2, 6, 2, 9, 5, 8
+    b, h, kv, d, n = 2, 6, 2, 9, 8
     g = torch.Generator().manual_seed(8)
     q = torch.randn(b, h, n, d, generator=g)
     k, v = (torch.randn(b, kv, n, x, generator=g) for x in (d, dv))

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "rows.h"
+#include "vectors.h"
 
 /* The decoding step (ops/cpu/decode.py): one new token per head on the state of
    ops/taylor_shift/decode.py, S (BH, D, V + 1), unweighted, rows x_a x_b (a <= b < d, row by
@@ -19,123 +20,163 @@
    Grouped queries (groups > 1): bh counts the states (key/value heads); q, factor and out
    hold groups rows per state (query head h * groups + g reads state h), k, v, real and
    count one. Each state row is then updated once and read by the group's queries while
-   it is in L1. */
-static inline void decode_row(int width, float fk, float fq, const float *restrict u,
-                              float *restrict s, float *restrict y) {
-#pragma omp simd
-    for (int c = 0; c < width; c++) {
-        const float sc = s[c] + fk * u[c];
-        s[c] = sc;
-        y[c] += fq * sc;
-    }
+   it is in registers. */
+
+/* Rows of V + 1 >= LANES floats are swept in column tiles of at most TILE_VECS vectors,
+   whose sums Y stay in registers for the whole sweep (docs/cpu-kernel.md): a tile of width
+   tw has vectors at 0, 8, ..., and its last at tw - 8, which overlaps the one before when tw
+   is not a multiple of 8. The overlapped columns are then computed twice from the same
+   floats by the same operations: both copies are equal, and stored twice. Narrower rows
+   take row_narrow. */
+enum { TILE_VECS = 5 };
+
+/* One state row of a tile, s at the tile's first column: s += fk u, then query g's sums
+   acc[g] += fq[g] s, the row still in registers. */
+static inline __attribute__((always_inline)) void tile_row(
+    const int nvec, const int groups, const int *off, float fk, const float *fq,
+    const vec *uv, float *s, vec (*acc)[TILE_VECS]) {
+    vec sv[TILE_VECS];
+    for (int j = 0; j < nvec; j++) sv[j] = load(s + off[j]);
+    for (int j = 0; j < nvec; j++) sv[j] += splat(fk) * uv[j];
+    for (int j = 0; j < nvec; j++) store(s + off[j], sv[j]);
+    for (int g = 0; g < groups; g++)
+        for (int j = 0; j < nvec; j++) acc[g][j] += splat(fq[g]) * sv[j];
 }
 
-/* One state row for the queries of a group: updated once, then read by query g into
-   y + g * width (fq[g] its feature), the row still in L1. */
-static inline void group_row(int width, int groups, float fk, const float *fq,
-                             const float *restrict u, float *restrict s, float *restrict y) {
-#pragma omp simd
-    for (int c = 0; c < width; c++) s[c] += fk * u[c];
-    for (int g = 0; g < groups; g++) {
-        float *restrict yg = y + (size_t)g * width;
-        const float f = fq[g];
-#pragma omp simd
-        for (int c = 0; c < width; c++) yg[c] += f * s[c];
-    }
-}
-
-/* The pass over one state for a group of queries qx (groups x d), in the rows' order. */
-static void decode_group(int d, int width, int groups, const float *qx, const float *kx,
-                         const float *u, float *s, float *y) {
+/* The sweep of one tile, columns [c0, c0 + tw) of every row of the state s, for the group's
+   queries qx (groups x d): Y of query g into y + g * width. */
+static inline __attribute__((always_inline)) void tile_sweep(
+    const int nvec, const int groups, int d, int width, int c0, int tw, const float *qx,
+    const float *kx, const float *u, float *s, float *y) {
+    int off[TILE_VECS];
+    vec uv[TILE_VECS], acc[groups][TILE_VECS];
     float fq[groups];
+    for (int j = 0; j < nvec; j++) {
+        off[j] = j < nvec - 1 ? j * LANES : tw - LANES;
+        uv[j] = load(u + c0 + off[j]);
+        for (int g = 0; g < groups; g++) acc[g][j] = splat(0.0f);
+    }
+    s += c0;
     for (int a = 0; a < d; a++) {
         for (int g = 0; g < groups; g++) fq[g] = 0.5f * qx[g * d + a] * qx[g * d + a];
-        group_row(width, groups, kx[a] * kx[a], fq, u, s, y);
+        tile_row(nvec, groups, off, kx[a] * kx[a], fq, uv, s, acc);
         s += width;
         for (int b = a + 1; b < d; b++, s += width) {
             for (int g = 0; g < groups; g++) fq[g] = qx[g * d + a] * qx[g * d + b];
-            group_row(width, groups, kx[a] * kx[b], fq, u, s, y);
+            tile_row(nvec, groups, off, kx[a] * kx[b], fq, uv, s, acc);
         }
     }
     for (int a = 0; a < d; a++, s += width) {
         for (int g = 0; g < groups; g++) fq[g] = qx[g * d + a];
-        group_row(width, groups, kx[a], fq, u, s, y);
+        tile_row(nvec, groups, off, kx[a], fq, uv, s, acc);
     }
     for (int g = 0; g < groups; g++) fq[g] = 1.0f;
-    group_row(width, groups, 1.0f, fq, u, s, y);
+    tile_row(nvec, groups, off, 1.0f, fq, uv, s, acc);
+    for (int g = 0; g < groups; g++)
+        for (int j = 0; j < nvec; j++) store(y + (size_t)g * width + c0 + off[j], acc[g][j]);
 }
 
-/* The new token of state h: kx = k' and u = [v, 1], both zero for a padded token (its key,
-   NaN say, never reaches S), and the state's count one more for a real one. */
-static inline void new_token(int d, int nv, const float *kh, const float *vh, int add,
-                             int normalize, float eps, float *kx, float *u, float *count) {
-    if (add) scale_row(d, kh, 1.0f, normalize, eps, kx);
-    else memset(kx, 0, (size_t)d * sizeof(float));
-    for (int c = 0; c < nv; c++) u[c] = add ? vh[c] : 0.0f;
-    u[nv] = add ? 1.0f : 0.0f;
-    if (add) *count += 1.0f;
-}
-
-/* ts_decode_step with one query per state: each row updated and read in one pass. */
-static void decode_heads(int bh, int d, int nv, const float *q, const float *k, const float *v,
-                         const float *factor, float scalar, const uint8_t *real, int normalize,
-                         float eps, float *state, float *count, float *out, int threads) {
-    const int width = nv + 1;
-    const long rows = (long)d * (d + 1) / 2 + d + 1;
-#pragma omp parallel for num_threads(bh > 1 ? threads : 1) schedule(static)
-    for (int h = 0; h < bh; h++) {
-        const float *qh = q + (size_t)h * d, *kh = k + (size_t)h * d;
-        float qx[d], kx[d], u[width], y[width];
-        scale_row(d, qh, factor ? factor[h] : scalar, normalize, eps, qx);
-        new_token(d, nv, kh, v + (size_t)h * nv, !real || real[h], normalize, eps, kx, u,
-                  count + h);
-        memset(y, 0, sizeof y);
-        float *s = state + (size_t)h * rows * width;
-        for (int a = 0; a < d; a++) {
-            decode_row(width, kx[a] * kx[a], 0.5f * qx[a] * qx[a], u, s, y);
-            s += width;
-            for (int b = a + 1; b < d; b++, s += width)
-                decode_row(width, kx[a] * kx[b], qx[a] * qx[b], u, s, y);
+/* The sweeps of one state: tiles of balanced widths, each at least LANES floats. With one
+   query (groups == 1) the compiler knows the group's size, and keeps the sums in registers. */
+#define SWEEP(nvec, groups) \
+    tile_sweep(nvec, groups, d, width, c0, tw, qx, kx, u, s, y)
+static void sweep_one(int d, int width, const float *qx, const float *kx, const float *u,
+                      float *s, float *y) {
+    const int tiles = (width + TILE_VECS * LANES - 1) / (TILE_VECS * LANES);
+    for (int t = 0, c0 = 0; t < tiles; t++) {
+        const int tw = (width - c0) / (tiles - t);
+        switch ((tw + LANES - 1) / LANES) {
+        case 1: SWEEP(1, 1); break;
+        case 2: SWEEP(2, 1); break;
+        case 3: SWEEP(3, 1); break;
+        case 4: SWEEP(4, 1); break;
+        default: SWEEP(5, 1); break;
         }
-        for (int a = 0; a < d; a++, s += width) decode_row(width, kx[a], qx[a], u, s, y);
-        decode_row(width, 1.0f, 1.0f, u, s, y);
-        const float total = count[h];
-        const float f = total > 0.0f
-            ? (normalize ? sqrtf(total / (float)d) : 1.0f) / y[nv] : 0.0f;
-        for (int c = 0; c < nv; c++) out[(size_t)h * nv + c] = y[c] * f;
+        c0 += tw;
     }
+}
+static void sweep_group(int d, int width, int groups, const float *qx, const float *kx,
+                        const float *u, float *s, float *y) {
+    const int tiles = (width + TILE_VECS * LANES - 1) / (TILE_VECS * LANES);
+    for (int t = 0, c0 = 0; t < tiles; t++) {
+        const int tw = (width - c0) / (tiles - t);
+        switch ((tw + LANES - 1) / LANES) {
+        case 1: SWEEP(1, groups); break;
+        case 2: SWEEP(2, groups); break;
+        case 3: SWEEP(3, groups); break;
+        case 4: SWEEP(4, groups); break;
+        default: SWEEP(5, groups); break;
+        }
+        c0 += tw;
+    }
+}
+#undef SWEEP
+
+/* A row narrower than LANES floats (V < 7): updated once, then read by each query. */
+static inline void row_narrow(int width, int groups, float fk, const float *fq,
+                              const float *restrict u, float *restrict s, float *restrict y) {
+    for (int c = 0; c < width; c++) s[c] += fk * u[c];
+    for (int g = 0; g < groups; g++)
+        for (int c = 0; c < width; c++) y[(size_t)g * width + c] += fq[g] * s[c];
+}
+
+static void sweep_narrow(int d, int width, int groups, const float *qx, const float *kx,
+                         const float *u, float *s, float *y) {
+    float fq[groups];
+    for (int a = 0; a < d; a++) {
+        for (int g = 0; g < groups; g++) fq[g] = 0.5f * qx[g * d + a] * qx[g * d + a];
+        row_narrow(width, groups, kx[a] * kx[a], fq, u, s, y);
+        s += width;
+        for (int b = a + 1; b < d; b++, s += width) {
+            for (int g = 0; g < groups; g++) fq[g] = qx[g * d + a] * qx[g * d + b];
+            row_narrow(width, groups, kx[a] * kx[b], fq, u, s, y);
+        }
+    }
+    for (int a = 0; a < d; a++, s += width) {
+        for (int g = 0; g < groups; g++) fq[g] = qx[g * d + a];
+        row_narrow(width, groups, kx[a], fq, u, s, y);
+    }
+    for (int g = 0; g < groups; g++) fq[g] = 1.0f;
+    row_narrow(width, groups, 1.0f, fq, u, s, y);
 }
 
 void ts_decode_step(int bh, int groups, int d, int nv, const float *q, const float *k,
                     const float *v, const float *factor, float scalar, const uint8_t *real,
                     int normalize, float eps, float *state, float *count, float *out,
                     int threads) {
-    if (groups == 1) {
-        decode_heads(bh, d, nv, q, k, v, factor, scalar, real, normalize, eps, state, count,
-                     out, threads);
-        return;
-    }
     const int width = nv + 1;
     const long rows = (long)d * (d + 1) / 2 + d + 1;
 #pragma omp parallel for num_threads(bh > 1 ? threads : 1) schedule(static)
     for (int h = 0; h < bh; h++) {
-        const float *kh = k + (size_t)h * d;
-        float qx[groups][d], kx[d], u[width], y[groups][width];
+        float qx[groups * d], kx[d], u[width], y[groups * width];
         for (int g = 0; g < groups; g++) {
             const size_t r = (size_t)h * groups + g;
-            scale_row(d, q + r * d, factor ? factor[r] : scalar, normalize, eps, qx[g]);
+            scale_row(d, q + r * d, factor ? factor[r] : scalar, normalize, eps, qx + g * d);
         }
-        new_token(d, nv, kh, v + (size_t)h * nv, !real || real[h], normalize, eps, kx, u,
-                  count + h);
-        memset(y, 0, sizeof y);
-        decode_group(d, width, groups, &qx[0][0], kx, u, state + (size_t)h * rows * width,
-                     &y[0][0]);
+        /* the new token: k' and [v, 1], both zero for a padded token (its key, NaN say,
+           never reaches S), and the count one more for a real one */
+        const int add = !real || real[h];
+        if (add) scale_row(d, k + (size_t)h * d, 1.0f, normalize, eps, kx);
+        else memset(kx, 0, sizeof kx);
+        for (int c = 0; c < nv; c++) u[c] = add ? v[(size_t)h * nv + c] : 0.0f;
+        u[nv] = add ? 1.0f : 0.0f;
+        if (add) count[h] += 1.0f;
+        float *s = state + (size_t)h * rows * width;
+        if (width < LANES) {
+            memset(y, 0, sizeof y);
+            sweep_narrow(d, width, groups, qx, kx, u, s, y);
+        } else if (groups == 1) {
+            sweep_one(d, width, qx, kx, u, s, y);
+        } else {
+            sweep_group(d, width, groups, qx, kx, u, s, y);
+        }
         const float total = count[h];
         for (int g = 0; g < groups; g++) {
+            const float *yg = y + (size_t)g * width;
             const float f = total > 0.0f
-                ? (normalize ? sqrtf(total / (float)d) : 1.0f) / y[g][nv] : 0.0f;
+                ? (normalize ? sqrtf(total / (float)d) : 1.0f) / yg[nv] : 0.0f;
             float *o = out + ((size_t)h * groups + g) * nv;
-            for (int c = 0; c < nv; c++) o[c] = y[g][c] * f;
+            for (int c = 0; c < nv; c++) o[c] = yg[c] * f;
         }
     }
 }

@@ -62,26 +62,34 @@ def decode_step(
         real = None if key_mask is None else key_mask.expand(b, kv_heads, 1).reshape(-1)
         return cpu_decode_step(query, key, value, sums, count, factors, real, normalize)
     dv = value.shape[-1]
-    q, k, v = (_rows(x) for x in (query, key, value))
-    factors = None if not isinstance(tau, Tensor) else _factors(tau, b, h)
-    scalar = 1.0 if isinstance(tau, Tensor) else float(tau)
+    q, k, v = _rows(query), _rows(key), _rows(value)
+    factors = _factors(tau, b, h) if isinstance(tau, Tensor) else None
+    scalar = 1.0 if factors is not None else float(tau)
     real = None if key_mask is None else _real(key_mask, b, kv_heads)
-    out = float32_empty(b * h, dv)
+    out = torch.empty(b, h, 1, dv, dtype=torch.float32)
     groups = h // kv_heads if kv_heads else 1
     library().ts_decode_step(b * kv_heads, groups, d, dv, ptr(q), ptr(k), ptr(v), ptr(factors),
                              scalar, ptr(real), int(normalize), NORM_EPS, ptr(sums), ptr(count),
                              ptr(out), kernel_threads())  # fmt: skip
-    return out.view(b, h, 1, dv).to(query.dtype)
+    return out if query.dtype == torch.float32 else out.to(query.dtype)
 
 
 def _rows(x: Tensor) -> Tensor:
-    """(B, H, 1, k) -> contiguous float32 (B·H, k) (no copy when it already is)."""
-    return x.reshape(-1, x.shape[-1]).to(torch.float32).contiguous()
+    """What C reads of (B, H, 1, k): contiguous float32, i.e. (B·H, k) rows at its address;
+    returned as it is when it already is (a step is a few µs of arithmetic: each torch call
+    counts)."""
+    if x.dtype == torch.float32 and x.is_contiguous():
+        return x
+    return x.to(torch.float32).contiguous()
 
 
 def _factors(tau: Tensor | float, b: int, h: int) -> Tensor:
+    """The query factors per head, (B·H,) float32 at the address (a (B, H, 1, 1) or, with
+    B = 1, a (1, H, 1, 1) float32 tensor as it is)."""
     if not isinstance(tau, Tensor):
         return torch.full((b * h,), float(tau), dtype=torch.float32)
+    if tau.dtype == torch.float32 and tau.numel() == b * h and tau.is_contiguous():
+        return tau
     return tau.to(torch.float32).expand(b, h, 1, 1).reshape(b * h).contiguous()
 
 

@@ -20,9 +20,13 @@ ignored, as with a padded query of the parallel form.
 
 from __future__ import annotations
 
+import functools
+from types import ModuleType
+
 import torch
 from torch import Tensor
 
+from ..._inference import inference_only
 from ..._validate import check_bool
 from .checks import check_inputs
 from .efficient import query_factor
@@ -37,10 +41,11 @@ from .features import (
     score_factor,
     state_weights,
 )
+from .fused import cpu_kernels_ready
 from .state import TaylorShiftState, check_state
 
 
-@torch.no_grad()
+@inference_only
 def taylor_shift_decode(
     query: Tensor,
     key: Tensor,
@@ -138,7 +143,7 @@ def taylor_shift_decode(
     return out, after
 
 
-@torch.no_grad()
+@inference_only
 def decode_token(
     query: Tensor,
     key: Tensor,
@@ -156,10 +161,17 @@ def decode_token(
     second token on (their own projections and state: the checks would only cost time,
     15-18 % of the op's step). Returns out (B, H, 1, dv) in the dtype of ``query``,
     as ``taylor_shift_decode(..., inplace=True)[0]``.
+
+    The CPU kernel's step is called with as few torch operations as it needs (the step is
+    a few µs of arithmetic; docs/cpu-kernel.md).
     """
     b, h, _, d = query.shape
-    cd = state.sums.dtype
     factor = score_factor(temperature, None, normalize, d)
+    if _cpu_kernel(state.sums, state.count, query, value):
+        return _cpu_decode().decode_step(
+            query, key, value, state.sums, state.count, factor, None, normalize
+        )
+    cd = state.sums.dtype
     tau = query_factor(factor, 0.0, cd, b, h) if isinstance(factor, Tensor) else float(factor)
     return _decode_one(query, key, value, state, None, tau, normalize, True)[0]
 
@@ -180,9 +192,7 @@ def _decode_one(query, key, value, state, key_mask, tau, normalize, inplace):
     if not inplace:
         sums, count = sums.clone(), count.clone()
     if _cpu_kernel(sums, count, query, value):
-        from ..cpu.decode import decode_step
-
-        out = decode_step(query, key, value, sums, count, tau, key_mask, normalize)
+        out = _cpu_decode().decode_step(query, key, value, sums, count, tau, key_mask, normalize)
         return out, state if inplace else TaylorShiftState(sums, count)
     if groups == 1:
         x = torch.cat([query, key], dim=2).to(cd)  # (B, H, 2, d): the query, then the key
@@ -224,10 +234,16 @@ def _cpu_kernel(sums: Tensor, count: Tensor, query: Tensor, value: Tensor) -> bo
     the CPU, head dims up to 128, the kernels built."""
     if sums.device.type != "cpu":  # (a GPU state: no need to import the CPU kernels)
         return False
-    from ..cpu.decode import decode_step_supported
-    from .fused import cpu_kernels_ready
+    return _cpu_decode().decode_step_supported(sums, count, query, value) and cpu_kernels_ready()
 
-    return decode_step_supported(sums, count, query, value) and cpu_kernels_ready()
+
+@functools.cache
+def _cpu_decode() -> ModuleType:
+    """``taylorshift.ops.cpu.decode``, imported by the first CPU step (an import statement
+    in the step itself costs a few µs a token)."""
+    from ..cpu import decode
+
+    return decode
 
 
 def _query_key_factor(tau: Tensor | float, x: Tensor) -> Tensor | float:

@@ -48,6 +48,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
+from ..cpu import build
 from ..triton.layout import layout
 from .checks import Problem
 
@@ -202,14 +203,12 @@ def _as_is(x: Tensor) -> Tensor:
 def cpu_kernels_ready() -> bool:
     """Whether the CPU kernels can run in this process (built on the first call; warns once
     with the reason when they cannot, unless turned off)."""
-    from ..cpu import build
-
-    if build.setting() == "off":
-        return False
-    reason = build.unavailable_reason()
-    if reason is not None:
+    reason = build.unavailable_reason()  # (reads the setting first: one read a call)
+    if reason is None:
+        return True
+    if build.setting() != "off":
         _warn_cpu_once(reason)
-    return reason is None
+    return False
 
 
 # What torch.compiler.assume_constant_result sets (interface.mark_constant): traced code
