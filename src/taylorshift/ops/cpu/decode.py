@@ -8,20 +8,18 @@ out, ``y = (c ⊙ φ(q')) S`` finished by ``sqrt(n/d) / den``, in one pass over 
 (the PyTorch step runs about fifteen tensor operations and reads the state twice). The
 state is the PyTorch step's, in place, so a decoding loop can switch between the two at any
 token (docs/lm.md). Eagerly the kernel is called directly (a decoding step is a few µs of
-arithmetic: dispatch would dominate); under ``torch.compile`` through the custom op
+arithmetic: dispatch would dominate); under ``torch.compile`` through the operator
 ``taylorshift::cpu_decode_step``, which mutates the state.
 """
 
 from __future__ import annotations
-
-from typing import Optional  # custom_op reads Optional[Tensor] from annotations
 
 import torch
 from torch import Tensor
 
 from ..taylor_shift.features import NORM_EPS
 from .build import library
-from .wrapper import MAX_HEAD_DIM, float32_empty, kernel_threads, ptr
+from .wrapper import MAX_HEAD_DIM, kernel_threads, ptr
 
 
 def decode_step_supported(sums: Tensor, count: Tensor, query: Tensor, value: Tensor) -> bool:
@@ -97,33 +95,49 @@ def _real(key_mask: Tensor, b: int, h: int) -> Tensor:
     return key_mask.expand(b, h, 1).reshape(b * h).to(torch.uint8).contiguous()
 
 
-@torch.library.custom_op("taylorshift::cpu_decode_step", mutates_args=("sums", "count"))
-def cpu_decode_step(
+# The step as an operator for torch.compile, declared with torch.library.Library rather than
+# torch.library.custom_op: compiled code calls it through the dispatcher, where a mutating
+# custom_op's layer re-reads its schema argument by argument on every call (~80 µs a step
+# here, three times the kernel; this way ~20 µs: benchmarks/decode_cpu/tiled-step).
+_LIBRARY = torch.library.Library("taylorshift", "FRAGMENT")
+_LIBRARY.define(
+    "cpu_decode_step(Tensor query, Tensor key, Tensor value, Tensor(a!) sums, Tensor(b!) count, "
+    "Tensor factors, Tensor? real, bool normalize) -> Tensor"
+)
+
+
+def _cpu_decode_step(
     query: Tensor,
     key: Tensor,
     value: Tensor,
     sums: Tensor,
     count: Tensor,
     factors: Tensor,
-    real: Optional[Tensor],  # noqa: UP045
+    real: Tensor | None,
     normalize: bool,
 ) -> Tensor:
     """``decode_step`` for ``torch.compile``: per-query-head factors (B·H,) float32 and the
     key mask as bool (B·Hkv,) or None; updates ``sums`` and ``count``."""
     b, h, _, d = query.shape
     kv_heads, dv = key.shape[1], value.shape[-1]
-    q, k, v = (_rows(x) for x in (query, key, value))
+    q, k, v = _rows(query), _rows(key), _rows(value)
     factors = factors.to(torch.float32).contiguous()
     mask = None if real is None else real.to(torch.uint8).contiguous()
-    out = float32_empty(b * h, dv)
+    out = torch.empty(b, h, 1, dv, dtype=torch.float32)
     groups = h // kv_heads if kv_heads else 1
     library().ts_decode_step(b * kv_heads, groups, d, dv, ptr(q), ptr(k), ptr(v), ptr(factors),
                              1.0, ptr(mask), int(normalize), NORM_EPS, ptr(sums), ptr(count),
                              ptr(out), kernel_threads())  # fmt: skip
-    return out.view(b, h, 1, dv).to(query.dtype)
+    return out if query.dtype == torch.float32 else out.to(query.dtype)
 
 
-@cpu_decode_step.register_fake
+_LIBRARY.impl("cpu_decode_step", _cpu_decode_step, "CPU")
+
+
+@torch.library.register_fake("taylorshift::cpu_decode_step", lib=_LIBRARY)
 def _(query, key, value, sums, count, factors, real, normalize):
     b, h = query.shape[:2]
     return query.new_empty((b, h, 1, value.shape[-1]))
+
+
+cpu_decode_step = torch.ops.taylorshift.cpu_decode_step

@@ -20,7 +20,6 @@ ignored, as with a padded query of the parallel form.
 
 from __future__ import annotations
 
-import functools
 from types import ModuleType
 
 import torch
@@ -167,8 +166,9 @@ def decode_token(
     """
     b, h, _, d = query.shape
     factor = score_factor(temperature, None, normalize, d)
-    if _cpu_kernel(state.sums, state.count, query, value):
-        return _cpu_decode().decode_step(
+    kernel = _cpu_step(state.sums, state.count, query, value)
+    if kernel is not None:
+        return kernel.decode_step(
             query, key, value, state.sums, state.count, factor, None, normalize
         )
     cd = state.sums.dtype
@@ -191,8 +191,9 @@ def _decode_one(query, key, value, state, key_mask, tau, normalize, inplace):
     cd = sums.dtype
     if not inplace:
         sums, count = sums.clone(), count.clone()
-    if _cpu_kernel(sums, count, query, value):
-        out = _cpu_decode().decode_step(query, key, value, sums, count, tau, key_mask, normalize)
+    kernel = _cpu_step(sums, count, query, value)
+    if kernel is not None:
+        out = kernel.decode_step(query, key, value, sums, count, tau, key_mask, normalize)
         return out, state if inplace else TaylorShiftState(sums, count)
     if groups == 1:
         x = torch.cat([query, key], dim=2).to(cd)  # (B, H, 2, d): the query, then the key
@@ -229,21 +230,17 @@ def _decode_one(query, key, value, state, key_mask, tau, normalize, inplace):
     return out, state if inplace else TaylorShiftState(sums, count)
 
 
-def _cpu_kernel(sums: Tensor, count: Tensor, query: Tensor, value: Tensor) -> bool:
-    """Whether the step runs in the CPU kernel (``ops/cpu/decode.py``): a float32 state on
-    the CPU, head dims up to 128, the kernels built."""
-    if sums.device.type != "cpu":  # (a GPU state: no need to import the CPU kernels)
-        return False
-    return _cpu_decode().decode_step_supported(sums, count, query, value) and cpu_kernels_ready()
-
-
-@functools.cache
-def _cpu_decode() -> ModuleType:
-    """``taylorshift.ops.cpu.decode``, imported by the first CPU step (an import statement
-    in the step itself costs a few µs a token)."""
+def _cpu_step(sums: Tensor, count: Tensor, query: Tensor, value: Tensor) -> ModuleType | None:
+    """The CPU kernel's module (``ops/cpu/decode.py``) when the step runs there: a float32
+    state on the CPU, head dims up to 128, the kernels built; else None. (Imported here, not
+    with this module: the package imports without the CPU kernels' operators.)"""
+    if sums.device.type != "cpu":
+        return None
     from ..cpu import decode
 
-    return decode
+    if decode.decode_step_supported(sums, count, query, value) and cpu_kernels_ready():
+        return decode
+    return None
 
 
 def _query_key_factor(tau: Tensor | float, x: Tensor) -> Tensor | float:
