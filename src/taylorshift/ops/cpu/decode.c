@@ -76,36 +76,22 @@ static inline __attribute__((always_inline)) void tile_sweep(
         for (int j = 0; j < nvec; j++) store(y + (size_t)g * width + c0 + off[j], acc[g][j]);
 }
 
-/* The sweeps of one state: tiles of balanced widths, each at least LANES floats. With one
-   query (groups == 1) the compiler knows the group's size, and keeps the sums in registers. */
-#define SWEEP(nvec, groups) \
-    tile_sweep(nvec, groups, d, width, c0, tw, qx, kx, u, s, y)
-static void sweep_one(int d, int width, const float *qx, const float *kx, const float *u,
-                      float *s, float *y) {
+/* The sweeps of one state: tiles of balanced widths, each at least LANES floats. Inlined
+   at each call: called with groups == 1, the compiler knows the group's size and keeps the
+   sums in registers. */
+#define SWEEP(nvec) tile_sweep(nvec, groups, d, width, c0, tw, qx, kx, u, s, y)
+static inline __attribute__((always_inline)) void sweep_tiles(
+    const int groups, int d, int width, const float *qx, const float *kx, const float *u,
+    float *s, float *y) {
     const int tiles = (width + TILE_VECS * LANES - 1) / (TILE_VECS * LANES);
     for (int t = 0, c0 = 0; t < tiles; t++) {
         const int tw = (width - c0) / (tiles - t);
         switch ((tw + LANES - 1) / LANES) {
-        case 1: SWEEP(1, 1); break;
-        case 2: SWEEP(2, 1); break;
-        case 3: SWEEP(3, 1); break;
-        case 4: SWEEP(4, 1); break;
-        default: SWEEP(5, 1); break;
-        }
-        c0 += tw;
-    }
-}
-static void sweep_group(int d, int width, int groups, const float *qx, const float *kx,
-                        const float *u, float *s, float *y) {
-    const int tiles = (width + TILE_VECS * LANES - 1) / (TILE_VECS * LANES);
-    for (int t = 0, c0 = 0; t < tiles; t++) {
-        const int tw = (width - c0) / (tiles - t);
-        switch ((tw + LANES - 1) / LANES) {
-        case 1: SWEEP(1, groups); break;
-        case 2: SWEEP(2, groups); break;
-        case 3: SWEEP(3, groups); break;
-        case 4: SWEEP(4, groups); break;
-        default: SWEEP(5, groups); break;
+        case 1: SWEEP(1); break;
+        case 2: SWEEP(2); break;
+        case 3: SWEEP(3); break;
+        case 4: SWEEP(4); break;
+        default: SWEEP(5); break;
         }
         c0 += tw;
     }
@@ -166,9 +152,9 @@ void ts_decode_step(int bh, int groups, int d, int nv, const float *q, const flo
             memset(y, 0, sizeof y);
             sweep_narrow(d, width, groups, qx, kx, u, s, y);
         } else if (groups == 1) {
-            sweep_one(d, width, qx, kx, u, s, y);
+            sweep_tiles(1, d, width, qx, kx, u, s, y);
         } else {
-            sweep_group(d, width, groups, qx, kx, u, s, y);
+            sweep_tiles(groups, d, width, qx, kx, u, s, y);
         }
         const float total = count[h];
         for (int g = 0; g < groups; g++) {

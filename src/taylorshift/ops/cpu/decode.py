@@ -53,17 +53,24 @@ def decode_step(
     the scale folded in); key_mask (B, 1 or Hkv, 1) bool or None (a padded token joins no
     sum). The state must pass ``decode_step_supported`` and ``count`` be a contiguous
     float32 (B, Hkv)."""
-    b, h, _, d = query.shape
+    b, h = query.shape[:2]
     kv_heads = key.shape[1]
     if torch.compiler.is_compiling():
         factors = _factors(tau, b, h)
         real = None if key_mask is None else key_mask.expand(b, kv_heads, 1).reshape(-1)
         return cpu_decode_step(query, key, value, sums, count, factors, real, normalize)
-    dv = value.shape[-1]
-    q, k, v = _rows(query), _rows(key), _rows(value)
     factors = _factors(tau, b, h) if isinstance(tau, Tensor) else None
     scalar = 1.0 if factors is not None else float(tau)
     real = None if key_mask is None else _real(key_mask, b, kv_heads)
+    return _step(query, key, value, sums, count, factors, scalar, real, normalize)
+
+
+def _step(query, key, value, sums, count, factors, scalar, real, normalize) -> Tensor:
+    """One ``ts_decode_step`` call: factors (B·H,) float32 or None for the float ``scalar``,
+    real (B·Hkv,) uint8 or None; out (B, H, 1, dv) in query's dtype."""
+    b, h, _, d = query.shape
+    kv_heads, dv = key.shape[1], value.shape[-1]
+    q, k, v = _rows(query), _rows(key), _rows(value)
     out = torch.empty(b, h, 1, dv, dtype=torch.float32)
     groups = h // kv_heads if kv_heads else 1
     library().ts_decode_step(b * kv_heads, groups, d, dv, ptr(q), ptr(k), ptr(v), ptr(factors),
@@ -98,7 +105,7 @@ def _real(key_mask: Tensor, b: int, h: int) -> Tensor:
 # The step as an operator for torch.compile, declared with torch.library.Library rather than
 # torch.library.custom_op: compiled code calls it through the dispatcher, where a mutating
 # custom_op's layer re-reads its schema argument by argument on every call (~80 µs a step
-# here, three times the kernel; this way ~20 µs: benchmarks/decode_cpu/tiled-step).
+# here, three times the kernel; this way ~25 µs: benchmarks/decode_cpu/tiled-step).
 _LIBRARY = torch.library.Library("taylorshift", "FRAGMENT")
 _LIBRARY.define(
     "cpu_decode_step(Tensor query, Tensor key, Tensor value, Tensor(a!) sums, Tensor(b!) count, "
@@ -118,17 +125,9 @@ def _cpu_decode_step(
 ) -> Tensor:
     """``decode_step`` for ``torch.compile``: per-query-head factors (B·H,) float32 and the
     key mask as bool (B·Hkv,) or None; updates ``sums`` and ``count``."""
-    b, h, _, d = query.shape
-    kv_heads, dv = key.shape[1], value.shape[-1]
-    q, k, v = _rows(query), _rows(key), _rows(value)
     factors = factors.to(torch.float32).contiguous()
     mask = None if real is None else real.to(torch.uint8).contiguous()
-    out = torch.empty(b, h, 1, dv, dtype=torch.float32)
-    groups = h // kv_heads if kv_heads else 1
-    library().ts_decode_step(b * kv_heads, groups, d, dv, ptr(q), ptr(k), ptr(v), ptr(factors),
-                             1.0, ptr(mask), int(normalize), NORM_EPS, ptr(sums), ptr(count),
-                             ptr(out), kernel_threads())  # fmt: skip
-    return out if query.dtype == torch.float32 else out.to(query.dtype)
+    return _step(query, key, value, sums, count, factors, 1.0, mask, normalize)
 
 
 _LIBRARY.impl("cpu_decode_step", _cpu_decode_step, "CPU")
