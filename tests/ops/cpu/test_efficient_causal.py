@@ -4,8 +4,9 @@ causal form.
 Outputs and gradients (query, key, value, tensor temperature) in float32 and float16 /
 bfloat16 (SPEC §8 rule), chunks that cut the lengths unevenly (N = 1, 7, 70 with chunks of
 8 and the default 256), key padding with fully masked rows, Nq != Nk both ways, dv != d;
-the routing of ``taylor_shift_attention`` (eager and traced calls to the kernels, stateful
-ones to the PyTorch form) and the custom ops.
+grouped-query attention (key and value with fewer heads, the state per key/value head);
+the routing of ``taylor_shift_attention`` (eager and traced calls to the kernels, grouped
+ones with their key/value heads, stateful ones to the PyTorch form) and the custom ops.
 """
 
 from __future__ import annotations
@@ -13,11 +14,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from taylorshift import taylor_shift_attention
+from taylorshift import naive_taylor_shift_attention, taylor_shift_attention
+from taylorshift.ops.cpu import wrapper
 from taylorshift.ops.cpu.efficient_causal import cpu_causal_efficient_taylor_shift
 from taylorshift.ops.taylor_shift import fused
 from taylorshift.ops.taylor_shift.efficient_causal import causal_efficient_taylor_shift
-from tests.helpers import assert_rel_close
+from tests.helpers import assert_rel_close, key_padding
 from tests.ops.kernel_cases import (
     Case,
     check_default_dtype,
@@ -119,6 +121,93 @@ def test_public_op_routes_eager_causal_calls_to_the_kernels(routed, monkeypatch)
         assert_rel_close(a, e, 2e-5, f"compiled grad {name}", atol=1e-6)
 
 
+GROUPED = [  # (B, H, Hkv, Nq, Nk, d, dv, chunk, key padding, temperature per head)
+    (2, 6, 2, 37, 37, 8, 5, 8, False, False),
+    (1, 4, 1, 50, 50, 16, 16, 16, True, True),
+    (1, 4, 2, 30, 45, 8, 8, 7, True, False),
+    (1, 4, 2, 45, 30, 17, 12, 7, False, True),
+    (2, 8, 2, 300, 300, 16, 16, None, True, True),  # d <= 20, 4 x 256 tokens: token lanes
+]
+
+
+@pytest.mark.parametrize("b, h, hk, nq, nk, d, dv, chunk, padded, per_head", GROUPED)
+def test_grouped_heads_match_repeated_keys(b, h, hk, nq, nk, d, dv, chunk, padded, per_head):
+    # key and value with Hkv heads, query head i reading head i // G: outputs and gradients
+    # (q, k, v, τ) against the float64 reference on key and value repeated to H heads
+    # (SPEC §8), and against the kernel on the repeated heads, which the grouped sweep
+    # must match to float32 rounding (the state is the same per key/value head)
+    gen = torch.Generator().manual_seed(nq + nk)
+    q = torch.randn(b, h, nq, d, generator=gen)
+    k, v = torch.randn(b, hk, nk, d, generator=gen), torch.randn(b, hk, nk, dv, generator=gen)
+    tau = torch.linspace(0.6, 1.8, h).view(1, h, 1, 1) if per_head else torch.tensor(1.3)
+    mask = key_padding(b, nk, seed=nq) if padded else None
+    key_mask = None if mask is None else mask[:, :, 0, :]
+    groups = h // hk
+    grad = torch.randn(b, h, nq, dv, generator=gen)
+    results = []
+    for dtype, grouped in ((torch.float32, True), (torch.float32, False), (torch.float64, False)):
+        leaves = [x.to(dtype).requires_grad_() for x in (q, k, v, tau)]
+        ql, kl, vl, tl = leaves
+        if not grouped:
+            kl, vl = kl.repeat_interleave(groups, 1), vl.repeat_interleave(groups, 1)
+        if dtype == torch.float64:
+            out = naive_taylor_shift_attention(ql, kl, vl, mask, True, temperature=tl)
+        else:
+            out = cpu_causal_efficient_taylor_shift(ql, kl, vl, key_mask, tl, None, True, chunk)
+        results.append((out, *torch.autograd.grad(out, leaves, grad.to(dtype))))
+    names = ["out", "dq", "dk", "dv", "dtau"]
+    for name, got, repeated, want in zip(names, *results, strict=True):
+        assert got.dtype == torch.float32 and got.shape == want.shape, name
+        assert_rel_close(got, want, 2e-5, f"grouped {name} vs float64", atol=1e-6)
+        assert_rel_close(got, repeated, 1e-6, f"grouped {name} vs repeated", atol=1e-7)
+
+
+def test_public_op_gives_grouped_causal_calls_their_key_value_heads(routed, monkeypatch):
+    calls = routed
+    # enable_gqa, causal, efficient: the kernel takes key and value with their 2 heads (the
+    # state per key/value head); the direct form and a mask that differs between the heads
+    # of a group take them repeated to the query's 4
+    seen = []
+    real = wrapper.forward_pass
+
+    def spy(form, option, query, key, *args):
+        seen.append((form, key.shape[1]))
+        return real(form, option, query, key, *args)
+
+    monkeypatch.setattr(wrapper, "forward_pass", spy)
+    gen = torch.Generator().manual_seed(5)
+    q = torch.randn(1, 4, 40, 8, generator=gen, requires_grad=True)
+    k, v = (torch.randn(1, 2, 40, 8, generator=gen, requires_grad=True) for _ in "kv")
+    pad = key_padding(1, 40, seed=2)
+    want = naive_taylor_shift_attention(
+        *(x.double() for x in (q, k.repeat_interleave(2, 1), v.repeat_interleave(2, 1))), pad,
+        True,
+    )  # fmt: skip
+    y = taylor_shift_attention(q, k, v, pad, True, mode="efficient", enable_gqa=True)
+    assert calls == [fused.CPU_EFFICIENT_CAUSAL] and seen == [("causal", 2)]
+    assert_rel_close(y, want, 1e-5, "grouped output", atol=1e-7)
+    seen.clear()
+    taylor_shift_attention(q, k, v, pad, True, mode="direct", enable_gqa=True)
+    per_head = torch.rand(1, 4, 1, 40, generator=gen) > 0.3
+    taylor_shift_attention(q, k, v, per_head, True, mode="efficient", enable_gqa=True)
+    assert seen == [("direct", 4), ("causal", 4)]
+    # traced whole: the custom ops with the key/value heads, forward and backward
+    seen.clear()
+    compiled = torch.compile(
+        lambda *x: taylor_shift_attention(*x, pad, True, mode="efficient", enable_gqa=True),
+        backend="aot_eager", fullgraph=True,
+    )  # fmt: skip
+    y_compiled = compiled(q, k, v)
+    assert seen == [("causal", 2)]
+    assert_rel_close(y_compiled, want, 1e-5, "compiled grouped output", atol=1e-7)
+    g = torch.randn(y.shape, generator=gen)
+    for name, a, e in zip(
+        "qkv", torch.autograd.grad(y_compiled, (q, k, v), g),
+        torch.autograd.grad(y, (q, k, v), g), strict=True,
+    ):  # fmt: skip
+        assert_rel_close(a, e, 1e-6, f"compiled grouped grad {name}", atol=1e-7)
+
+
 def test_custom_op_registration_passes_opcheck():
     case = Case(1, 2, 21, 21, 16, 12, mask="padding")
     low, _, mask, _ = make_problem(case, torch.float32)
@@ -128,3 +217,6 @@ def test_custom_op_registration_passes_opcheck():
     op = torch.ops.taylorshift.cpu_forward.default
     torch.library.opcheck(op, ("causal", 8, q, k, v, key_mask, factors, True))
     torch.library.opcheck(op, ("causal", 8, q, k, v, None, factors, False))
+    # grouped: key, value and key mask with 1 head for the query's 2
+    k1, v1 = (x[:, :1].detach().requires_grad_() for x in (k, v))
+    torch.library.opcheck(op, ("causal", 8, q, k1, v1, key_mask[:, :1], factors, True))

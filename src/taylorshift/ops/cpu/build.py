@@ -214,8 +214,8 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.ts_pair_grad.argtypes = [i, i, i, p, p, i, i, p, p, i, p, i]
     lib.ts_pair_grad.restype = i
     # the passes, one signature for the three forms (kernels.h)
-    forward = [i, i, i, i, i, p, p, p, p, p, f, i, f, i, p, p, p, p, i]
-    backward = [i, i, i, i, i, p, p, p, p, p, f, i, f, i, p, p, p, p, p, p, p, p, p, i]
+    forward = [i, i, i, i, i, p, p, p, p, p, f, i, f, i, i, p, p, p, p, i]
+    backward = [i, i, i, i, i, p, p, p, p, p, f, i, f, i, i, p, p, p, p, p, p, p, p, p, i]
     for form in ("efficient", "causal", "direct"):
         for name, argtypes in ((f"ts_{form}_forward", forward), (f"ts_{form}_backward", backward)):
             getattr(lib, name).argtypes, getattr(lib, name).restype = argtypes, i

@@ -274,8 +274,9 @@ int direct_backward(int bh, int nq, int nk, int d, int nv, const float *q, const
 /* The passes in the signature of kernels.h: option is causal (0 or 1); state is not read. */
 int ts_direct_forward(int bh, int nq, int nk, int d, int nv, const float *q, const float *k,
                       const float *v, const uint8_t *mask, const float *factor, float scalar,
-                      int normalize, float eps, int option, float *y, float *den, float *count,
-                      float *state, int threads) {
+                      int normalize, float eps, int option, int group, float *y, float *den,
+                      float *count, float *state, int threads) {
+    (void)group; /* always 1 here: grouped calls reach this form with key and value repeated */
     (void)state;
     return direct_forward(bh, nq, nk, d, nv, q, k, v, mask, factor, scalar, option, normalize,
                           eps, 0, y, den, count, threads);
@@ -283,9 +284,11 @@ int ts_direct_forward(int bh, int nq, int nk, int d, int nv, const float *q, con
 
 int ts_direct_backward(int bh, int nq, int nk, int d, int nv, const float *q, const float *k,
                        const float *v, const uint8_t *mask, const float *factor, float scalar,
-                       int normalize, float eps, int option, const float *g, const float *y,
-                       const float *den, const float *count, const float *state, float *gq,
-                       float *gk, float *gv, float *gfactor, int threads) {
+                       int normalize, float eps, int option, int group, const float *g,
+                       const float *y, const float *den, const float *count,
+                       const float *state, float *gq, float *gk, float *gv, float *gfactor,
+                       int threads) {
+    (void)group; /* always 1 here, as in the forward */
     (void)state;
     return direct_backward(bh, nq, nk, d, nv, q, k, v, mask, factor, scalar, option, normalize,
                            eps, 0, g, y, den, count, gq, gk, gv, gfactor, threads);

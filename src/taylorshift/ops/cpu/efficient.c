@@ -573,9 +573,10 @@ int ts_pair_grad(int bh, int n, int d, const float *x, const float *values, int 
    call. Returns 0, or 1 when scratch memory could not be allocated. */
 int ts_efficient_forward(int bh, int nq, int nk, int d, int nv, const float *q, const float *k,
                          const float *v, const uint8_t *mask, const float *factor,
-                         float scalar, int normalize, float eps, int option, float *y,
-                         float *den, float *count, float *state, int threads) {
+                         float scalar, int normalize, float eps, int option, int group,
+                         float *y, float *den, float *count, float *state, int threads) {
     (void)option;
+    (void)group; /* always 1: grouped non-causal calls stack a group's queries (grouped.py) */
     const size_t nqd = (size_t)bh * nq * d, nkd = (size_t)bh * nk * d;
     float *qp = malloc(sizeof(float) * (nqd + nkd + (bh > 0 ? bh : 1)));
     if (!qp) return 1;
@@ -608,10 +609,11 @@ int ts_efficient_forward(int bh, int nq, int nk, int d, int nv, const float *q, 
 int ts_efficient_backward(int bh, int nq, int nk, int d, int nv, const float *q,
                           const float *k, const float *v, const uint8_t *mask,
                           const float *factor, float scalar, int normalize, float eps,
-                          int option, const float *g, const float *y, const float *den,
-                          const float *count, const float *state, float *gq, float *gk,
-                          float *gv, float *gfactor, int threads) {
+                          int option, int group, const float *g, const float *y,
+                          const float *den, const float *count, const float *state, float *gq,
+                          float *gk, float *gv, float *gfactor, int threads) {
     (void)option;
+    (void)group; /* always 1, as in the forward */
     const int rows = ts_state_rows(d), cols = ts_state_cols(nv + 1);
     const size_t nqd = (size_t)bh * nq * d, nkd = (size_t)bh * nk * d;
     const size_t ngy = (size_t)bh * nq * (nv + 1), nr = (size_t)bh * rows * cols;

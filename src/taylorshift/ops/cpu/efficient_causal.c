@@ -18,9 +18,18 @@
    gradients added back. A masked key's row of k' is zeroed with its row of u, so NaN in a
    padded key never reaches a sum. Query i attends key j iff j <= i (and j < Nk).
 
-   float32, contiguous, heads flattened: q (BH, Nq, d), k (BH, Nk, d), v (BH, Nk, V),
-   mask (BH, Nk) uint8 or NULL, factor (BH) or NULL for the float scalar. Sums never change
-   order with the thread count. */
+   Grouped-query attention (group G > 1, docs/efficient-form.md §6): key, value and mask have
+   BH / G heads, query head h reading key/value head h / G. The prefix state and its
+   gradient are kept per key/value head: the scratch chunk of the G query heads of a group is
+   one run of G C rows, so the feature products read it as one head of G C tokens (the
+   state's readout and pair gradient for G query heads at once; G_>c summed over them), and
+   the key side (the state update, the key gradients through G_>c) runs once per key/value
+   head. Only the intra-chunk block, O(C^2 d) per query head, takes the chunk's keys repeated
+   G times (a copy of C rows), its key gradients summed over the group.
+
+   float32, contiguous, heads flattened: q (BH, Nq, d), k (BH / G, Nk, d), v (BH / G, Nk, V),
+   mask (BH / G, Nk) uint8 or NULL, factor (BH) or NULL for the float scalar. Sums never
+   change order with the thread count. */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -36,38 +45,50 @@ static void take_rows(int bh, int n, int w, const float *x, int i0, int i1, floa
         memcpy(dst + h * len, x + ((size_t)h * n + i0) * w, len * sizeof(float));
 }
 
-/* The first ws columns of rows [i0, i1) of every head of x (BH, n, wx) += src
-   (BH, i1 - i0, ws). */
-static void add_rows(int bh, int n, int wx, float *x, int i0, int i1, int ws,
-                     const float *src, int threads) {
+/* The first ws columns of rows [i0, i1) of every head h of x (H, n, wx) += the sum over
+   g < group of src's head h * group + g (src: (H * group, i1 - i0, ws)), added in the order
+   of g. */
+static void add_rows(int heads, int n, int wx, float *x, int i0, int i1, int ws,
+                     const float *src, int group, int threads) {
     const int m = i1 - i0;
 #pragma omp parallel for num_threads(threads) schedule(static)
-    for (int h = 0; h < bh; h++)
-        for (int t = 0; t < m; t++) {
-            float *row = x + ((size_t)h * n + i0 + t) * wx;
-            const float *part = src + ((size_t)h * m + t) * ws;
-            for (int c = 0; c < ws; c++) row[c] += part[c];
-        }
+    for (int h = 0; h < heads; h++)
+        for (int g = 0; g < group; g++)
+            for (int t = 0; t < m; t++) {
+                float *row = x + ((size_t)h * n + i0 + t) * wx;
+                const float *part = src + (((size_t)h * group + g) * m + t) * ws;
+                for (int c = 0; c < ws; c++) row[c] += part[c];
+            }
 }
 
-/* n_i (BH, Nq): the real keys j <= i. */
-static void causal_counts(int bh, int nq, int nk, const uint8_t *mask, float *count) {
+/* dst (H * group, len, w) = src (H, len, w) with each head repeated group times. */
+static void repeat_heads(int heads, int group, int len, int w, const float *src, float *dst) {
+    const size_t size = (size_t)len * w;
+    for (int h = 0; h < heads * group; h++)
+        memcpy(dst + h * size, src + (size_t)(h / group) * size, size * sizeof(float));
+}
+
+/* n_i (BH, Nq): the real keys j <= i of query head h's key/value head h / group. */
+static void causal_counts(int bh, int nq, int nk, const uint8_t *mask, int group,
+                          float *count) {
     for (int h = 0; h < bh; h++) {
         long seen = 0;
+        const uint8_t *mh = mask ? mask + (size_t)(h / group) * nk : NULL;
         for (int i = 0, j = 0; i < nq; i++) {
-            for (; j <= i && j < nk; j++) seen += !mask || mask[(size_t)h * nk + j];
+            for (; j <= i && j < nk; j++) seen += !mh || mh[j];
             count[(size_t)h * nq + i] = (float)seen;
         }
     }
 }
 
-/* q' (BH, Nq, d), k' (BH, Nk, d) with masked keys' rows zero, u = [v m, m] (BH, Nk, V + 1). */
-static void operands(int bh, int nq, int nk, int d, int nv, const float *q, const float *k,
-                     const float *v, const uint8_t *mask, const float *factor, int normalize,
-                     float eps, float *qp, float *kp, float *u, int threads) {
+/* q' (BH, Nq, d), k' (HK, Nk, d) with masked keys' rows zero, u = [v m, m] (HK, Nk, V + 1),
+   HK = BH / group. */
+static void operands(int bh, int group, int nq, int nk, int d, int nv, const float *q,
+                     const float *k, const float *v, const uint8_t *mask, const float *factor,
+                     int normalize, float eps, float *qp, float *kp, float *u, int threads) {
     ts_scale_rows(bh, nq, d, q, factor, normalize, eps, qp, threads);
-    ts_scale_rows(bh, nk, d, k, NULL, normalize, eps, kp, threads);
-    const long rows = (long)bh * nk;
+    ts_scale_rows(bh / group, nk, d, k, NULL, normalize, eps, kp, threads);
+    const long rows = (long)(bh / group) * nk;
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (long r = 0; r < rows; r++) {
         const int keep = !mask || mask[r];
@@ -78,26 +99,28 @@ static void operands(int bh, int nq, int nk, int d, int nv, const float *q, cons
     }
 }
 
-/* Forward, in the signature of kernels.h (option: tokens per chunk; state not read: the
-   prefix state lives in scratch memory): y (BH, Nq, V), den (BH, Nq) = Y'[V], count
-   (BH, Nq) = n_i. Returns 0, or 1 when scratch memory could not be allocated. */
+/* Forward, in the signature of kernels.h (option: tokens per chunk; group: query heads per
+   key/value head; state not read: the prefix state lives in scratch memory): y (BH, Nq, V),
+   den (BH, Nq) = Y'[V], count (BH, Nq) = n_i. Returns 0, or 1 when scratch memory could not
+   be allocated. */
 int ts_causal_forward(int bh, int nq, int nk, int d, int nv, const float *q, const float *k,
                       const float *v, const uint8_t *mask, const float *factor, float scalar,
-                      int normalize, float eps, int chunk, float *y, float *den, float *count,
-                      float *state_out, int threads) {
+                      int normalize, float eps, int chunk, int group, float *y, float *den,
+                      float *count, float *state_out, int threads) {
     (void)state_out;
-    const int nu = nv + 1, rows = ts_state_rows(d), cols = ts_state_cols(nu);
+    const int nu = nv + 1, rows = ts_state_rows(d), cols = ts_state_cols(nu), hk = bh / group;
     const int span = nq > nk ? nq : nk, c = chunk < span ? chunk : (span > 0 ? span : 1);
-    const size_t nqd = (size_t)bh * nq * d, nkd = (size_t)bh * nk * d;
-    const size_t nku = (size_t)bh * nk * nu, ns = (size_t)bh * rows * cols;
+    const size_t nqd = (size_t)bh * nq * d, nkd = (size_t)hk * nk * d;
+    const size_t nku = (size_t)hk * nk * nu, ns = (size_t)hk * rows * cols;
     const size_t cd = (size_t)bh * c * d, cu = (size_t)bh * c * nu;
-    float *qp = malloc(sizeof(float) * (nqd + nkd + nku + ns + 2 * cd + 3 * cu + bh + 1));
+    float *qp = malloc(sizeof(float) * (nqd + nkd + nku + ns + 3 * cd + 4 * cu + bh + 1));
     if (!qp) return 1;
     float *kp = qp + nqd, *u = kp + nkd, *state = u + nku, *qc = state + ns, *kc = qc + cd;
-    float *uc = kc + cd, *yc = uc + cu, *block = yc + cu, *heads = block + cu;
+    float *uc = kc + cd, *yc = uc + cu, *block = yc + cu, *kr = block + cu, *ur = kr + cd;
+    float *heads = ur + cu;
     const float *f = head_factors(bh, factor, scalar, heads);
-    operands(bh, nq, nk, d, nv, q, k, v, mask, f, normalize, eps, qp, kp, u, threads);
-    causal_counts(bh, nq, nk, mask, count);
+    operands(bh, group, nq, nk, d, nv, q, k, v, mask, f, normalize, eps, qp, kp, u, threads);
+    causal_counts(bh, nq, nk, mask, group, count);
     int failed = 0, have_state = 0;
     for (int i0 = 0; i0 < span && !failed; i0 += c) {
         const int i1 = i0 + c < span ? i0 + c : span;
@@ -105,13 +128,21 @@ int ts_causal_forward(int bh, int nq, int nk, int d, int nv, const float *q, con
             const int q1 = i1 < nq ? i1 : nq, m = q1 - i0;
             take_rows(bh, nq, d, qp, i0, q1, qc);
             memset(yc, 0, sizeof(float) * bh * m * nu);
-            if (have_state)
-                ts_readout(bh, m, d, qc, state, cols, yc, nu, NULL, NULL, 0, NULL, threads);
+            if (have_state) /* a group's G chunks: one head of G m tokens (the state's) */
+                ts_readout(hk, group * m, d, qc, state, cols, yc, nu, NULL, NULL, 0, NULL,
+                           threads);
             if (i0 < nk) { /* the chunk's own keys, up to its last query */
                 const int ck = (q1 < nk ? q1 : nk) - i0;
-                take_rows(bh, nk, d, kp, i0, i0 + ck, kc);
-                take_rows(bh, nk, nu, u, i0, i0 + ck, uc);
-                failed |= direct_forward(bh, m, ck, d, nu, qc, kc, uc, NULL, NULL, 1.0f, 1, 0,
+                take_rows(hk, nk, d, kp, i0, i0 + ck, kc);
+                take_rows(hk, nk, nu, u, i0, i0 + ck, uc);
+                const float *kb = kc, *ub = uc; /* the keys of each query head's block */
+                if (group > 1) {
+                    repeat_heads(hk, group, ck, d, kc, kr);
+                    repeat_heads(hk, group, ck, nu, uc, ur);
+                    kb = kr;
+                    ub = ur;
+                }
+                failed |= direct_forward(bh, m, ck, d, nu, qc, kb, ub, NULL, NULL, 1.0f, 1, 0,
                                          eps, 1, block, NULL, NULL, threads);
                 for (size_t e = 0; e < (size_t)bh * m * nu; e++) yc[e] += block[e];
             }
@@ -128,7 +159,7 @@ int ts_causal_forward(int bh, int nq, int nk, int d, int nv, const float *q, con
         if (i0 < nk && i1 < nq) { /* later queries attend this chunk through the state */
             /* kc, uc hold keys [i0, min(i1, nk)) already: the chunk's block read them */
             const int j1 = i1 < nk ? i1 : nk;
-            failed |= ts_state(bh, j1 - i0, d, kc, uc, nu, 0, NULL, state, have_state, threads);
+            failed |= ts_state(hk, j1 - i0, d, kc, uc, nu, 0, NULL, state, have_state, threads);
             have_state = 1;
         }
     }
@@ -136,31 +167,33 @@ int ts_causal_forward(int bh, int nq, int nk, int d, int nv, const float *q, con
     return failed;
 }
 
-/* Backward, in the signature of kernels.h (option: tokens per chunk; state not read):
-   gq (BH, Nq, d), gk (BH, Nk, d), gv (BH, Nk, V) and, where gfactor is not NULL, gfactor
-   (BH), from g = dL/dy and the forward's y, den, count. Returns 0, or 1 when scratch memory
-   could not be allocated. */
+/* Backward, in the signature of kernels.h (option: tokens per chunk; group: query heads per
+   key/value head; state not read): gq (BH, Nq, d), gk (BH / G, Nk, d), gv (BH / G, Nk, V)
+   and, where gfactor is not NULL, gfactor (BH), from g = dL/dy and the forward's y, den,
+   count. Returns 0, or 1 when scratch memory could not be allocated. */
 int ts_causal_backward(int bh, int nq, int nk, int d, int nv, const float *q, const float *k,
                        const float *v, const uint8_t *mask, const float *factor, float scalar,
-                       int normalize, float eps, int chunk, const float *g, const float *y,
-                       const float *den, const float *count, const float *state_in, float *gq,
-                       float *gk, float *gv, float *gfactor, int threads) {
+                       int normalize, float eps, int chunk, int group, const float *g,
+                       const float *y, const float *den, const float *count,
+                       const float *state_in, float *gq, float *gk, float *gv, float *gfactor,
+                       int threads) {
     (void)state_in;
-    const int nu = nv + 1, rows = ts_state_rows(d), cols = ts_state_cols(nu);
+    const int nu = nv + 1, rows = ts_state_rows(d), cols = ts_state_cols(nu), hk = bh / group;
     const int span = nq > nk ? nq : nk, c = chunk < span ? chunk : (span > 0 ? span : 1);
-    const size_t nqd = (size_t)bh * nq * d, nkd = (size_t)bh * nk * d;
-    const size_t nqu = (size_t)bh * nq * nu, nku = (size_t)bh * nk * nu;
-    const size_t ns = (size_t)bh * rows * cols;
+    const size_t nqd = (size_t)bh * nq * d, nkd = (size_t)hk * nk * d;
+    const size_t nqu = (size_t)bh * nq * nu, nku = (size_t)hk * nk * nu;
+    const size_t ns = (size_t)hk * rows * cols;
     const size_t cd = (size_t)bh * c * d, cu = (size_t)bh * c * nu;
     float *qp = malloc(sizeof(float) *
-                       (2 * nqd + 2 * nkd + 2 * nku + nqu + 2 * ns + 4 * cd + 3 * cu + bh + 1));
+                       (2 * nqd + 2 * nkd + 2 * nku + nqu + 2 * ns + 5 * cd + 4 * cu + bh + 1));
     if (!qp) return 1;
     float *kp = qp + nqd, *u = kp + nkd, *gy = u + nku, *g_qp = gy + nqu, *g_kp = g_qp + nqd;
     float *g_u = g_kp + nkd, *state = g_u + nku, *grad_state = state + ns;
     float *qc = grad_state + ns, *kc = qc + cd, *part_q = kc + cd, *part_k = part_q + cd;
-    float *gc = part_k + cd, *uc = gc + cu, *part_u = uc + cu, *heads = part_u + cu;
+    float *gc = part_k + cd, *uc = gc + cu, *part_u = uc + cu, *kr = part_u + cu;
+    float *ur = kr + cd, *heads = ur + cu;
     const float *f = head_factors(bh, factor, scalar, heads);
-    operands(bh, nq, nk, d, nv, q, k, v, mask, f, normalize, eps, qp, kp, u, threads);
+    operands(bh, group, nq, nk, d, nv, q, k, v, mask, f, normalize, eps, qp, kp, u, threads);
     ts_output_grad(bh, nq, nv, d, g, y, den, count, 1, normalize, gy, threads);
     memset(g_qp, 0, sizeof(float) * (nqd + nkd + nku)); /* g_qp, g_kp, g_u */
     int failed = 0;
@@ -173,26 +206,33 @@ int ts_causal_backward(int bh, int nq, int nk, int d, int nv, const float *q, co
             const int q1 = i1 < nq ? i1 : nq, m = q1 - i0;
             take_rows(bh, nq, d, qp, i0, q1, qc);
             take_rows(bh, nq, nu, gy, i0, q1, gc);
-            if (have_state) {
-                failed |= ts_pair_grad(bh, m, d, qc, gc, nu, 0, NULL, state, cols, part_q,
-                                       threads);
-                add_rows(bh, nq, d, g_qp, i0, q1, d, part_q, threads);
+            if (have_state) { /* a group's G chunks: one head of G m tokens (the state's) */
+                failed |= ts_pair_grad(hk, group * m, d, qc, gc, nu, 0, NULL, state, cols,
+                                       part_q, threads);
+                add_rows(bh, nq, d, g_qp, i0, q1, d, part_q, 1, threads);
             }
             if (i0 < nk) {
                 const int ck = (q1 < nk ? q1 : nk) - i0;
-                take_rows(bh, nk, d, kp, i0, i0 + ck, kc);
-                take_rows(bh, nk, nu, u, i0, i0 + ck, uc);
-                failed |= direct_backward(bh, m, ck, d, nu, qc, kc, uc, NULL, NULL, 1.0f, 1, 0,
+                take_rows(hk, nk, d, kp, i0, i0 + ck, kc);
+                take_rows(hk, nk, nu, u, i0, i0 + ck, uc);
+                const float *kb = kc, *ub = uc; /* the keys of each query head's block */
+                if (group > 1) {
+                    repeat_heads(hk, group, ck, d, kc, kr);
+                    repeat_heads(hk, group, ck, nu, uc, ur);
+                    kb = kr;
+                    ub = ur;
+                }
+                failed |= direct_backward(bh, m, ck, d, nu, qc, kb, ub, NULL, NULL, 1.0f, 1, 0,
                                           eps, 1, gc, NULL, NULL, NULL, part_q, part_k,
                                           part_u, NULL, threads);
-                add_rows(bh, nq, d, g_qp, i0, q1, d, part_q, threads);
-                add_rows(bh, nk, d, g_kp, i0, i0 + ck, d, part_k, threads);
-                add_rows(bh, nk, nu, g_u, i0, i0 + ck, nu, part_u, threads);
+                add_rows(bh, nq, d, g_qp, i0, q1, d, part_q, 1, threads);
+                add_rows(hk, nk, d, g_kp, i0, i0 + ck, d, part_k, group, threads);
+                add_rows(hk, nk, nu, g_u, i0, i0 + ck, nu, part_u, group, threads);
             }
         }
         if (i0 < nk && i1 < nq) { /* kc, uc hold keys [i0, min(i1, nk)) from the block */
             const int j1 = i1 < nk ? i1 : nk;
-            failed |= ts_state(bh, j1 - i0, d, kc, uc, nu, 0, NULL, state, have_state, threads);
+            failed |= ts_state(hk, j1 - i0, d, kc, uc, nu, 0, NULL, state, have_state, threads);
             have_state = 1;
         }
     }
@@ -203,27 +243,28 @@ int ts_causal_backward(int bh, int nq, int nk, int d, int nv, const float *q, co
         const int i1 = i0 + c < span ? i0 + c : span;
         if (i0 < nk && have_grad) {
             const int j1 = i1 < nk ? i1 : nk, len = j1 - i0;
-            take_rows(bh, nk, d, kp, i0, j1, kc);
-            take_rows(bh, nk, nu, u, i0, j1, uc);
-            ts_readout(bh, len, d, kc, grad_state, cols, part_u, nv, NULL, NULL, 0, NULL,
+            take_rows(hk, nk, d, kp, i0, j1, kc);
+            take_rows(hk, nk, nu, u, i0, j1, uc);
+            ts_readout(hk, len, d, kc, grad_state, cols, part_u, nv, NULL, NULL, 0, NULL,
                        threads);
-            add_rows(bh, nk, nu, g_u, i0, j1, nv, part_u, threads);
-            failed |= ts_pair_grad(bh, len, d, kc, uc, nu, 0, NULL, grad_state, cols, part_k,
+            add_rows(hk, nk, nu, g_u, i0, j1, nv, part_u, 1, threads);
+            failed |= ts_pair_grad(hk, len, d, kc, uc, nu, 0, NULL, grad_state, cols, part_k,
                                    threads);
-            add_rows(bh, nk, d, g_kp, i0, j1, d, part_k, threads);
+            add_rows(hk, nk, d, g_kp, i0, j1, d, part_k, 1, threads);
         }
         if (i0 < nq && i0 > 0) { /* (chunk 0's queries feed no earlier keys) */
             const int q1 = i1 < nq ? i1 : nq;
             take_rows(bh, nq, d, qp, i0, q1, qc);
             take_rows(bh, nq, nu, gy, i0, q1, gc);
-            failed |= ts_state(bh, q1 - i0, d, qc, gc, nu, 0, NULL, grad_state, have_grad,
-                               threads);
+            /* G_>c summed over a group's query heads: one head of G (q1 - i0) tokens */
+            failed |= ts_state(hk, group * (q1 - i0), d, qc, gc, nu, 0, NULL, grad_state,
+                               have_grad, threads);
             have_grad = 1;
         }
     }
 
     if (!failed) {
-        const long keys = (long)bh * nk;
+        const long keys = (long)hk * nk;
         for (long r = 0; r < keys; r++) { /* dv: the first V columns of du, masked keys zero */
             const int keep = !mask || mask[r];
             for (int cc = 0; cc < nv; cc++)
@@ -231,7 +272,7 @@ int ts_causal_backward(int bh, int nq, int nk, int d, int nv, const float *q, co
         }
         failed |= ts_scale_rows_grad(bh, nq, d, q, g_qp, f, normalize, eps, gq, gfactor,
                                      threads);
-        failed |= ts_scale_rows_grad(bh, nk, d, k, g_kp, NULL, normalize, eps, gk, NULL,
+        failed |= ts_scale_rows_grad(hk, nk, d, k, g_kp, NULL, normalize, eps, gk, NULL,
                                      threads);
     }
     free(qp);

@@ -48,8 +48,10 @@ def cpu_causal_efficient_taylor_shift(
 
     Same contract and signature as
     ``taylorshift.ops.taylor_shift.efficient_causal.causal_efficient_taylor_shift`` without
-    its initial and final states: query (B, H, Nq, d), key (B, H, Nk, d), value
-    (B, H, Nk, dv), key_mask (B, H, Nk) bool or None; query i attends key j iff j <= i.
+    its initial and final states: query (B, H, Nq, d), key (B, Hkv, Nk, d), value
+    (B, Hkv, Nk, dv), key_mask (B, Hkv, Nk) bool or None; query i attends key j iff j <= i.
+    Hkv = H, or grouped-query attention: Hkv dividing H, query head h reading key/value head
+    h // (H / Hkv), the prefix state kept per key/value head.
     Returns (B, H, Nq, dv) in value's dtype. CPU tensors of float32, float16 or bfloat16
     (sums in float32). ``chunk_size``: tokens per chunk (default: ``default_chunk(d)``).
     """

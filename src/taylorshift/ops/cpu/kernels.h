@@ -40,7 +40,9 @@ int direct_backward(int bh, int nq, int nk, int d, int nv, const float *q, const
    (direct.c). Heads flattened, float32, contiguous: q (BH, Nq, d), k (BH, Nk, d),
    v (BH, Nk, V); mask (BH, Nk) uint8 or NULL; factor (BH), the query's factor per head, or
    NULL for the float scalar; option, the form's one integer (causal: tokens per chunk;
-   direct: causal 0 or 1; efficient: not read). The forward writes y (BH, Nq, V), den
+   direct: causal 0 or 1; efficient: not read); group, the query heads per key/value head of
+   grouped-query attention (causal form only, key, value and mask then with BH / group
+   heads; the others take 1). The forward writes y (BH, Nq, V), den
    (BH, Nq), count ((BH) for the efficient form, else (BH, Nq)) and, efficient form only,
    the key state (BH, ts_state_rows(d), ts_state_cols(V + 1)) (the others do not read
    state). The backward reads g = dL/dy and the forward's outputs and writes gq, gk, gv in
@@ -49,12 +51,12 @@ int direct_backward(int bh, int nq, int nk, int d, int nv, const float *q, const
 #define TS_FORWARD(name)                                                                      \
     int name(int bh, int nq, int nk, int d, int nv, const float *q, const float *k,           \
              const float *v, const uint8_t *mask, const float *factor, float scalar,          \
-             int normalize, float eps, int option, float *y, float *den, float *count,        \
-             float *state, int threads)
+             int normalize, float eps, int option, int group, float *y, float *den,           \
+             float *count, float *state, int threads)
 #define TS_BACKWARD(name)                                                                     \
     int name(int bh, int nq, int nk, int d, int nv, const float *q, const float *k,           \
              const float *v, const uint8_t *mask, const float *factor, float scalar,          \
-             int normalize, float eps, int option, const float *g, const float *y,            \
+             int normalize, float eps, int option, int group, const float *g, const float *y, \
              const float *den, const float *count, const float *state, float *gq, float *gk,  \
              float *gv, float *gfactor, int threads)
 TS_FORWARD(ts_efficient_forward);

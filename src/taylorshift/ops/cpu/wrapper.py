@@ -96,7 +96,8 @@ def checked(status: int) -> None:
 
 
 def flat_mask(key_mask: Tensor | None, b: int, h: int, n: int) -> Tensor | None:
-    """The key mask (B, H, N) bool (broadcast views too) as contiguous uint8 (B·H, N)."""
+    """The key mask (B, H, N) bool (broadcast views too) as contiguous uint8 (B·H, N), H the
+    key's heads (the query's, or a grouped causal call's key/value heads)."""
     if key_mask is None:
         return None
     return key_mask.expand(b, h, n).reshape(b * h, n).to(torch.uint8).contiguous()
@@ -113,13 +114,15 @@ def forward_pass(
 ) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:  # fmt: skip
     """One C call ``ts_<form>_forward``: (y (B, H, Nq, dv) in value's dtype, the denominators
     (B·H, Nq), the counts, the state or None) in the shapes of ``saved_shapes``, float32.
-    ``mask`` (B·H, Nk) uint8 (``flat_mask``) or None; ``factors`` (B·H,) float32, the
-    query's factor per head, or None for the float ``factor``. What the efficient forms form
+    ``mask`` (B·Hkv, Nk) uint8 (``flat_mask``) or None; ``factors`` (B·H,) float32, the
+    query's factor per head, or None for the float ``factor``. Key and value have Hkv = H
+    heads, or (the causal form only: grouped-query attention) Hkv dividing H, passed to C
+    as the group G = H / Hkv. What the efficient forms form
     inside (q', k') lives in the call's scratch memory and is recomputed by the backward
     (O(N d))."""
     b, h, nq, d = query.shape
     nk, dv = key.shape[2], value.shape[3]
-    bh = b * h
+    bh, group = b * h, h // key.shape[1]
     # (every tensor whose address goes to C is held by a name until the call returns; the
     # addresses of tensors that are never None taken directly: ``ptr`` costs a Python call)
     q, k, v = c_operand(query), c_operand(key), c_operand(value)
@@ -129,7 +132,7 @@ def forward_pass(
     state = float32_empty(*state_shape_) if form == "efficient" else None
     checked(getattr(library(), c_passes(form)[0])(
         bh, nq, nk, d, dv, q.data_ptr(), k.data_ptr(), v.data_ptr(), ptr(mask), ptr(factors),
-        factor, int(normalize), NORM_EPS, option, out.data_ptr(), den.data_ptr(),
+        factor, int(normalize), NORM_EPS, option, group, out.data_ptr(), den.data_ptr(),
         count.data_ptr(), ptr(state), kernel_threads(),
     ))  # fmt: skip
     y = out if value.dtype == torch.float32 else out.to(value.dtype)
@@ -154,7 +157,8 @@ def backward_pass(
     g_factor = float32_empty(b * h) if need_factor else None
     checked(getattr(library(), c_passes(form)[1])(
         b * h, nq, nk, d, dv, q.data_ptr(), k.data_ptr(), v.data_ptr(), ptr(mask),
-        ptr(factors), factor, int(normalize), NORM_EPS, option, g.data_ptr(), y32.data_ptr(),
+        ptr(factors), factor, int(normalize), NORM_EPS, option, h // key.shape[1], g.data_ptr(),
+        y32.data_ptr(),
         den.data_ptr(), count.data_ptr(), ptr(state), gq.data_ptr(), gk.data_ptr(),
         gv.data_ptr(), ptr(g_factor), kernel_threads(),
     ))  # fmt: skip
@@ -176,7 +180,7 @@ class KernelFunction(torch.autograd.Function):
         if temperature is not None:
             factors = temperature.detach().to(torch.float32).expand(b, h, 1, 1).reshape(b * h)
             factors = factors.contiguous()
-        mask = flat_mask(key_mask, b, h, key.shape[2])
+        mask = flat_mask(key_mask, b, key.shape[1], key.shape[2])
         saved = forward_pass(form, option, query, key, value, mask, factors, factor, normalize)
         ctx.save_for_backward(query, key, value, temperature, factors, *saved)
         ctx.form, ctx.option, ctx.factor, ctx.normalize = form, option, factor, normalize
@@ -221,10 +225,9 @@ def cpu_forward(
     factors: Tensor,
     normalize: bool,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """``forward_pass`` with the key mask (B, H, Nk) bool, flattened here and again by the
-    backward: (y, denominators, counts, state)."""
-    b, h = query.shape[:2]
-    mask = flat_mask(key_mask, b, h, key.shape[2])
+    """``forward_pass`` with the key mask (B, Hkv, Nk) bool (Hkv: the key's heads),
+    flattened here and again by the backward: (y, denominators, counts, state)."""
+    mask = flat_mask(key_mask, query.shape[0], key.shape[1], key.shape[2])
     y, den, count, state = forward_pass(form, option, query, key, value, mask, factors, 1.0,
                                         normalize)  # fmt: skip
     return y, den, count, (y.new_empty(0, dtype=torch.float32) if state is None else state)
@@ -261,8 +264,7 @@ def cpu_backward(
     state: Tensor,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """``backward_pass``: gradients of query, key, value and the per-head factors."""
-    b, h = query.shape[:2]
-    mask = flat_mask(key_mask, b, h, key.shape[2])
+    mask = flat_mask(key_mask, query.shape[0], key.shape[1], key.shape[2])
     saved = (y, den, count, state)
     gq, gk, gv, g_factor = backward_pass(form, option, grad_out, query, key, value, mask,
                                          factors, 1.0, normalize, saved, True)  # fmt: skip

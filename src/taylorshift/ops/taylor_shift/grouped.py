@@ -13,7 +13,9 @@ key or value is copied. ``mode="auto"`` then weighs the forms for the stacked ca
 operation counts are the grouped call's. This needs the query heads of a group to differ
 in nothing but their queries: a mask or a temperature that varies over heads, and causal
 calls (stacked, a query would lose its position), repeat key and value to H heads first
-(a copy, as SDPA's reference path does).
+(a copy, as SDPA's reference path does) — except causal calls of the efficient form that
+the CPU kernel takes (``interface._grouped_causal_kernel``): it keeps its prefix state per
+key/value head and reads each for the G query heads of its group (ops/cpu/efficient_causal.c).
 
 Decoding (``decode.py``) and causal calls with ``initial_state`` or ``output_final_state``
 (``interface._grouped_state_call``) keep the causal state per key/value head instead: the

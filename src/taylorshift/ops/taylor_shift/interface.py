@@ -82,8 +82,10 @@ def taylor_shift_attention(
             "efficient"; no fused kernel).
         enable_gqa: grouped-query attention, as SDPA's: key and value may have Hkv heads,
             Hkv dividing H; query head h attends through key/value head h // (H / Hkv).
-            Non-causal calls do the key side once per key/value head (``grouped.py``);
-            with ``initial_state`` or ``output_final_state`` the state has Hkv heads, as
+            Non-causal calls do the key side once per key/value head (``grouped.py``), and
+            so do causal calls of the efficient form on the CPU kernels (its prefix state
+            per key/value head; elsewhere causal calls repeat key and value); with
+            ``initial_state`` or ``output_final_state`` the state has Hkv heads, as
             ``taylor_shift_decode``'s (the efficient form's PyTorch code).
 
     Returns:
@@ -117,6 +119,13 @@ def taylor_shift_attention(
                 query, key, value, problem, attn_mask, is_causal, temperature, scale,
                 normalize, order, mode, initial_state, output_final_state,
             )  # fmt: skip
+        if is_causal:
+            out = _grouped_causal_kernel(
+                query, key, value, problem, attn_mask, temperature, scale, normalize, order,
+                mode,
+            )  # fmt: skip
+            if out is not None:
+                return out
         return grouped_attention(
             taylor_shift_attention, query, key, value, attn_mask, is_causal, temperature,
             scale=scale, normalize=normalize, order=order, mode=mode,
@@ -409,6 +418,42 @@ def check_plain_score_range(
             f"keys could overflow {cd} (largest value {torch.finfo(cd).max:.3g}); use "
             f"normalize=True, smaller query/key (or scale), or float64 inputs"
         )
+
+
+def _grouped_causal_kernel(
+    query, key, value, problem, attn_mask, temperature, scale, normalize, order, mode,
+):  # fmt: skip
+    """A causal call with key/value heads fewer than the query's through the CPU causal
+    kernel, which keeps its prefix state per key/value head (``ops/cpu/efficient_causal.c``):
+    its output, or None where that kernel does not take the call (not on the CPU, ``auto``
+    picking the direct form, a mask that varies over heads or queries, the kernels
+    unavailable or failing here); the caller then repeats key and value
+    (``grouped_attention``). Inputs checked with ``enable_gqa``."""
+    if query.device.type != "cpu" or order != 2 or _torch_func_active():
+        return None
+    if varies_over_heads(attn_mask) or problem.mask_varies_over_queries:
+        return None
+    if mode == "auto":
+        mode = _auto_mode(
+            problem, causal=True, order=order, mask_varies=False, device=query.device,
+            dtype=query.dtype, backward=backward_follows(query, key, value, temperature),
+        )  # fmt: skip
+    if mode != "efficient":  # (direct, or a symbolic choice under torch.export)
+        return None
+    fused = fused_form(query, problem, mode, True, order)
+    if fused is None:
+        return None
+    key_mask = None if problem.key_mask is None else problem.key_mask[:, : key.shape[1]]
+    if key_mask is not None:
+        key, value = drop_masked_content(key, value, key_mask)
+    if not normalize:
+        check_plain_score_range(query, key, value, scale, order)
+    args = (query, key, value, key_mask, temperature, scale, normalize)
+    if torch.compiler.is_compiling():
+        return fused(*args)
+    # (a CPU kernel needs no probe of its backward: fused_form refused failed shape classes)
+    kernel = shape_class(kernel_name(mode, True, query.device), query, problem, True)
+    return run_guarded(kernel, lambda: fused(*args))
 
 
 def _check_state_call(
