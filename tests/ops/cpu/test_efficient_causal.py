@@ -17,7 +17,8 @@ import torch
 from taylorshift import naive_taylor_shift_attention, taylor_shift_attention
 from taylorshift.ops.cpu import wrapper
 from taylorshift.ops.cpu.efficient_causal import cpu_causal_efficient_taylor_shift
-from taylorshift.ops.taylor_shift import fused
+from taylorshift.ops.taylor_shift import dispatch, fused, interface
+from taylorshift.ops.taylor_shift.checks import Problem
 from taylorshift.ops.taylor_shift.efficient_causal import causal_efficient_taylor_shift
 from tests.helpers import assert_rel_close, key_padding
 from tests.ops.kernel_cases import (
@@ -206,6 +207,43 @@ def test_public_op_gives_grouped_causal_calls_their_key_value_heads(routed, monk
         torch.autograd.grad(y, (q, k, v), g), strict=True,
     ):  # fmt: skip
         assert_rel_close(a, e, 1e-6, f"compiled grouped grad {name}", atol=1e-7)
+
+
+def test_grouped_problem_scales_the_lengths_by_the_shared_key_side():
+    # G query heads per key/value head: cost ~ (1 + 1/G) / 2 of an ungrouped call, so the
+    # lengths auto weighs grow by 2G / (G + 1); one group per head weighs as it is
+    problem = Problem(1, 8, 100, 60, 16, 16, None, None, False)
+    assert (interface.grouped_problem(problem, 1).n_query, problem.n_query) == (100, 100)
+    scaled = interface.grouped_problem(problem, 4)
+    assert (scaled.n_query, scaled.n_key, scaled.heads) == (160, 96, problem.heads)
+
+
+def test_auto_runs_grouped_causal_calls_efficient_earlier(isolated_cache_dir, monkeypatch):
+    # a length between the grouped switch (the ungrouped one x 5/8 for G = 4) and the
+    # ungrouped switch: the grouped call runs the efficient kernel, the same call with key
+    # and value repeated (no grouping) the direct form
+    seen = []
+    real = wrapper.forward_pass
+
+    def spy(form, option, query, key, *args):
+        seen.append((form, key.shape[1]))
+        return real(form, option, query, key, *args)
+
+    monkeypatch.setattr(wrapper, "forward_pass", spy)
+    d, heads = 16, 8
+    switch = dispatch.switch_length(
+        d, d, causal=True, order=2, mask_varies=False, device=torch.device("cpu"),
+        dtype=torch.float32, backward=False, batch_heads=heads,
+    )  # fmt: skip
+    n = switch * 4 // 5  # in (5/8, 1) of the switch
+    gen = torch.Generator().manual_seed(9)
+    q = torch.randn(1, heads, n, d, generator=gen)
+    k, v = (torch.randn(1, 2, n, d, generator=gen) for _ in "kv")
+    grouped = taylor_shift_attention(q, k, v, is_causal=True, enable_gqa=True)
+    plain = taylor_shift_attention(q, k.repeat_interleave(4, 1), v.repeat_interleave(4, 1),
+                                   is_causal=True)  # fmt: skip
+    assert seen == [("causal", 2), ("direct", heads)]
+    assert_rel_close(grouped, plain, 1e-5, "grouped auto vs plain auto", atol=1e-7)
 
 
 def test_custom_op_registration_passes_opcheck():
