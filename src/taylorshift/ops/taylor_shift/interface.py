@@ -17,7 +17,14 @@ from .dispatch import choose_mode, switch_length
 from .efficient import efficient_taylor_shift
 from .efficient_causal import causal_efficient_taylor_shift
 from .features import backward_follows, compute_dtype, drop_masked_content
-from .fused import fused_form, kernel_name, probe_backward, run_guarded, shape_class
+from .fused import (
+    CPU_EFFICIENT_CAUSAL,
+    fused_form,
+    kernel_name,
+    probe_backward,
+    run_guarded,
+    shape_class,
+)
 from .grouped import grouped_attention, varies_over_heads
 from .naive import naive_taylor_shift_attention
 from .state import TaylorShiftState, check_state
@@ -431,6 +438,9 @@ def _grouped_causal_kernel(
     unavailable or failing here); the caller then repeats key and value
     (``grouped_attention``). Inputs checked with ``enable_gqa``."""
     if query.device.type != "cpu" or order != 2 or _torch_func_active():
+        return None
+    # (on the CPU under the Triton interpreter the efficient form is the Triton kernel's)
+    if kernel_name("efficient", True, query.device) != CPU_EFFICIENT_CAUSAL:
         return None
     if varies_over_heads(attn_mask) or problem.mask_varies_over_queries:
         return None
