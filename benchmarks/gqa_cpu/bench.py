@@ -47,6 +47,17 @@ def timed(fn, min_s=0.2) -> float:
             return spent / calls
 
 
+def shuffled_rounds(fns: dict, rounds: int) -> list[dict]:
+    """``rounds`` rounds of ``timed`` seconds per call of each function, in a shuffled order
+    each round: one dict per round (for ratios paired by round)."""
+    out = []
+    for _ in range(rounds):
+        order = list(fns)
+        random.shuffle(order)
+        out.append({name: timed(fns[name]) for name in order})
+    return out
+
+
 def cases(mode, causal, d, n, backward):
     g = torch.Generator().manual_seed(0)
     q = torch.randn(1, HEADS, n, d, generator=g, requires_grad=backward)
@@ -88,17 +99,10 @@ def main() -> None:
         if args.causal_only and not causal:
             continue
         for backward in (False, True):
-            fns = cases(mode, causal, d, n, backward)
-            times = {name: [] for name in fns}
-            ratios = []
-            for _ in range(args.rounds):
-                order = list(fns)
-                random.shuffle(order)
-                got = {name: timed(fns[name]) for name in order}
-                for name, t in got.items():
-                    times[name].append(t)
-                ratios.append(got["repeated"] / got["grouped"])
-            rep, grp = (statistics.median(times[x]) * 1e3 for x in ("repeated", "grouped"))
+            rounds = shuffled_rounds(cases(mode, causal, d, n, backward), args.rounds)
+            ratios = [got["repeated"] / got["grouped"] for got in rounds]
+            rep, grp = (statistics.median(got[x] for got in rounds) * 1e3
+                        for x in ("repeated", "grouped"))  # fmt: skip
             pass_name = "forward + backward" if backward else "forward"
             print(
                 f"| {mode} | {'yes' if causal else 'no'} | {pass_name} | {d} | {n} | "

@@ -13,29 +13,19 @@ from __future__ import annotations
 
 import argparse
 import platform
-import random
 import statistics
-import time
+import sys
+from pathlib import Path
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench import shuffled_rounds  # (this folder's bench.py)
 from taylorshift import taylor_shift_attention
 from taylorshift.ops.taylor_shift import dispatch
 
 POINTS = {16: (256, 512, 1024), 32: (512, 768, 1152), 64: (1536, 2048, 3072)}
 HEADS, KV_HEADS = 8, 2
-
-
-def timed(fn, min_s=0.2) -> float:
-    """Seconds per call over a loop of at least min_s."""
-    fn()
-    calls, start = 0, time.perf_counter()
-    while True:
-        fn()
-        calls += 1
-        spent = time.perf_counter() - start
-        if spent >= min_s:
-            return spent / calls
 
 
 def calls(d: int, n: int, backward: bool) -> dict:
@@ -88,17 +78,10 @@ def main() -> None:
     for backward in (False, True):
         for d, lengths in POINTS.items():
             for n in lengths:
-                fns = calls(d, n, backward)
-                times = {name: [] for name in fns}
-                ratios = []
-                for _ in range(args.rounds):
-                    order = list(fns)
-                    random.shuffle(order)
-                    got = {name: timed(fns[name]) for name in order}
-                    for name, t in got.items():
-                        times[name].append(t)
-                    ratios.append(got["auto"] / min(got["efficient"], got["direct"]))
-                med = {name: statistics.median(ts) * 1e3 for name, ts in times.items()}
+                rounds = shuffled_rounds(calls(d, n, backward), args.rounds)
+                ratios = [got["auto"] / min(got["efficient"], got["direct"]) for got in rounds]
+                med = {name: statistics.median(got[name] for got in rounds) * 1e3
+                       for name in rounds[0]}  # fmt: skip
                 pass_name = "forward + backward" if backward else "forward"
                 print(
                     f"| {pass_name} | {d} | {n} | {med['efficient']:.2f} | {med['direct']:.2f} "

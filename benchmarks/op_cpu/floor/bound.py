@@ -63,6 +63,19 @@ def without_kernels(fn):
     return call
 
 
+def per_call_rounds(fns: dict, rounds: int) -> dict:
+    """Seconds per call of each function in ``rounds`` shuffled rounds, each timing as many
+    back-to-back calls as ``fns["form"]`` runs in about 20 ms (one call of ``"matmul"``)."""
+    for fn in fns.values():
+        fn()
+    start = time.perf_counter()
+    fns["form"]()
+    calls = max(1, round(TIMED_S / (time.perf_counter() - start)))
+    timed = {key: fn if key == "matmul" else repeated(fn, calls) for key, fn in fns.items()}
+    return {key: [t / (1 if key == "matmul" else calls) for t in ts]
+            for key, ts in shuffled_rounds(timed, rounds).items()}  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("points", nargs="+", help="d x N, e.g. 16x256")
@@ -94,14 +107,7 @@ def main() -> None:
                 "floor": lambda: run(Floor.apply),
                 "matmul": lambda: a @ b,
             }
-            for fn in fns.values():
-                fn()
-            start = time.perf_counter()
-            fns["form"]()
-            calls = max(1, round(TIMED_S / (time.perf_counter() - start)))
-            timed = {key: fn if key == "matmul" else repeated(fn, calls) for key, fn in fns.items()}
-            times = {key: [t / (1 if key == "matmul" else calls) for t in ts]
-                     for key, ts in shuffled_rounds(timed, args.rounds).items()}  # fmt: skip
+            times = per_call_rounds(fns, args.rounds)
             med = {key: statistics.median(ts) for key, ts in times.items()}
             big_d = (d + 1) * (d + 2) // 2
             ops = (6 if backward else 2) * 2 * 4 * n * big_d * d / (2 * 4096**3 / med["matmul"])

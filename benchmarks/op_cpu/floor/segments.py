@@ -6,7 +6,7 @@ measured in one process.
 For each d x N (B 1, H 4, dv = d, float32, no mask, normalised q and k, τ = 1, 2 threads):
 
 1. In shuffled rounds, each timing as many back-to-back calls as the form runs in about
-   20 ms (as bound.py):
+   20 ms (bound.py's ``per_call_rounds``):
    - ``form``: ``cpu_efficient_taylor_shift`` forward + ``torch.autograd.grad``, as a user
      calls it;
    - ``C passes``: its two C calls alone (``ts_efficient_forward``, then
@@ -36,9 +36,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "workspace"))
-from ab import repeated, shuffled_rounds  # (benchmarks/op_cpu/workspace/ab.py)
-from bound import TIMED_S, without_kernels  # (this folder)
+from bound import per_call_rounds, without_kernels  # (this folder)
 
 import taylorshift.ops.cpu.wrapper as wrapper
 from taylorshift.ops.cpu.efficient import cpu_efficient_taylor_shift as kernels
@@ -161,15 +159,7 @@ def main() -> None:
         operands = inputs(d, n, gen)
         form, passes = form_call(*operands), c_passes(*operands)
         fns = {"form": form, "C passes": passes, "matmul": lambda: a @ b}
-        for fn in fns.values():
-            fn()
-        start = time.perf_counter()
-        form()
-        calls = max(1, round(TIMED_S / (time.perf_counter() - start)))
-        timed = {key: fn if key == "matmul" else repeated(fn, calls) for key, fn in fns.items()}
-        times = {key: [t / (1 if key == "matmul" else calls) for t in ts]
-                 for key, ts in shuffled_rounds(timed, args.rounds).items()}  # fmt: skip
-        med = {key: statistics.median(ts) for key, ts in times.items()}
+        med = {key: statistics.median(ts) for key, ts in per_call_rounds(fns, args.rounds).items()}
         big_d = (d + 1) * (d + 2) // 2
         ops = 6 * 2 * H * n * big_d * d / (2 * 4096**3 / med["matmul"])
         rows.append((d, n, ops, med, segments(form), python_alone(form, passes)))

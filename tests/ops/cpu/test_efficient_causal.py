@@ -163,11 +163,9 @@ def test_grouped_heads_match_repeated_keys(b, h, hk, nq, nk, d, dv, chunk, padde
         assert_rel_close(got, repeated, 1e-6, f"grouped {name} vs repeated", atol=1e-7)
 
 
-def test_public_op_gives_grouped_causal_calls_their_key_value_heads(routed, monkeypatch):
-    calls = routed
-    # enable_gqa, causal, efficient: the kernel takes key and value with their 2 heads (the
-    # state per key/value head); the direct form and a mask that differs between the heads
-    # of a group take them repeated to the query's 4
+@pytest.fixture
+def key_heads_seen(monkeypatch) -> list:
+    """(form, key heads) of every CPU kernel forward pass during the test."""
     seen = []
     real = wrapper.forward_pass
 
@@ -176,6 +174,14 @@ def test_public_op_gives_grouped_causal_calls_their_key_value_heads(routed, monk
         return real(form, option, query, key, *args)
 
     monkeypatch.setattr(wrapper, "forward_pass", spy)
+    return seen
+
+
+def test_public_op_gives_grouped_causal_calls_their_key_value_heads(routed, key_heads_seen):
+    calls, seen = routed, key_heads_seen
+    # enable_gqa, causal, efficient: the kernel takes key and value with their 2 heads (the
+    # state per key/value head); the direct form and a mask that differs between the heads
+    # of a group take them repeated to the query's 4
     gen = torch.Generator().manual_seed(5)
     q = torch.randn(1, 4, 40, 8, generator=gen, requires_grad=True)
     k, v = (torch.randn(1, 2, 40, 8, generator=gen, requires_grad=True) for _ in "kv")
@@ -218,18 +224,11 @@ def test_grouped_problem_scales_the_lengths_by_the_shared_key_side():
     assert (scaled.n_query, scaled.n_key, scaled.heads) == (160, 96, problem.heads)
 
 
-def test_auto_runs_grouped_causal_calls_efficient_earlier(isolated_cache_dir, monkeypatch):
+def test_auto_runs_grouped_causal_calls_efficient_earlier(isolated_cache_dir, key_heads_seen):
     # a length between the grouped switch (the ungrouped one x 5/8 for G = 4) and the
     # ungrouped switch: the grouped call runs the efficient kernel, the same call with key
     # and value repeated (no grouping) the direct form
-    seen = []
-    real = wrapper.forward_pass
-
-    def spy(form, option, query, key, *args):
-        seen.append((form, key.shape[1]))
-        return real(form, option, query, key, *args)
-
-    monkeypatch.setattr(wrapper, "forward_pass", spy)
+    seen = key_heads_seen
     d, heads = 16, 8
     switch = dispatch.switch_length(
         d, d, causal=True, order=2, mask_varies=False, device=torch.device("cpu"),

@@ -68,6 +68,24 @@ static void repeat_heads(int heads, int group, int len, int w, const float *src,
         memcpy(dst + h * size, src + (size_t)(h / group) * size, size * sizeof(float));
 }
 
+/* The keys [i0, i1) of the HK key/value heads: kc (HK, i1 - i0, d) from k', uc from u
+   (w = nu columns), and in *kb, *ub those of each of the HK * group query heads, for the
+   intra-chunk block: kc, uc themselves (group 1) or their heads repeated into kr, ur. */
+static void chunk_keys(int hk, int group, int nk, int d, int nu, const float *kp,
+                       const float *u, int i0, int i1, float *kc, float *uc, float *kr,
+                       float *ur, const float **kb, const float **ub) {
+    take_rows(hk, nk, d, kp, i0, i1, kc);
+    take_rows(hk, nk, nu, u, i0, i1, uc);
+    *kb = kc;
+    *ub = uc;
+    if (group > 1) {
+        repeat_heads(hk, group, i1 - i0, d, kc, kr);
+        repeat_heads(hk, group, i1 - i0, nu, uc, ur);
+        *kb = kr;
+        *ub = ur;
+    }
+}
+
 /* n_i (BH, Nq): the real keys j <= i of query head h's key/value head h / group. */
 static void causal_counts(int bh, int nq, int nk, const uint8_t *mask, int group,
                           float *count) {
@@ -133,15 +151,8 @@ int ts_causal_forward(int bh, int nq, int nk, int d, int nv, const float *q, con
                            threads);
             if (i0 < nk) { /* the chunk's own keys, up to its last query */
                 const int ck = (q1 < nk ? q1 : nk) - i0;
-                take_rows(hk, nk, d, kp, i0, i0 + ck, kc);
-                take_rows(hk, nk, nu, u, i0, i0 + ck, uc);
-                const float *kb = kc, *ub = uc; /* the keys of each query head's block */
-                if (group > 1) {
-                    repeat_heads(hk, group, ck, d, kc, kr);
-                    repeat_heads(hk, group, ck, nu, uc, ur);
-                    kb = kr;
-                    ub = ur;
-                }
+                const float *kb, *ub; /* the keys of each query head's block */
+                chunk_keys(hk, group, nk, d, nu, kp, u, i0, i0 + ck, kc, uc, kr, ur, &kb, &ub);
                 failed |= direct_forward(bh, m, ck, d, nu, qc, kb, ub, NULL, NULL, 1.0f, 1, 0,
                                          eps, 1, block, NULL, NULL, threads);
                 for (size_t e = 0; e < (size_t)bh * m * nu; e++) yc[e] += block[e];
@@ -213,15 +224,8 @@ int ts_causal_backward(int bh, int nq, int nk, int d, int nv, const float *q, co
             }
             if (i0 < nk) {
                 const int ck = (q1 < nk ? q1 : nk) - i0;
-                take_rows(hk, nk, d, kp, i0, i0 + ck, kc);
-                take_rows(hk, nk, nu, u, i0, i0 + ck, uc);
-                const float *kb = kc, *ub = uc; /* the keys of each query head's block */
-                if (group > 1) {
-                    repeat_heads(hk, group, ck, d, kc, kr);
-                    repeat_heads(hk, group, ck, nu, uc, ur);
-                    kb = kr;
-                    ub = ur;
-                }
+                const float *kb, *ub; /* the keys of each query head's block */
+                chunk_keys(hk, group, nk, d, nu, kp, u, i0, i0 + ck, kc, uc, kr, ur, &kb, &ub);
                 failed |= direct_backward(bh, m, ck, d, nu, qc, kb, ub, NULL, NULL, 1.0f, 1, 0,
                                           eps, 1, gc, NULL, NULL, NULL, part_q, part_k,
                                           part_u, NULL, threads);
