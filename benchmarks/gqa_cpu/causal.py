@@ -1,7 +1,8 @@
-"""Causal grouped-query attention on the CPU: what the op runs (key and value repeated to the
-query heads, then the fused causal kernel) against the grouped PyTorch causal form (a state
-per key/value head, ``causal_efficient_taylor_shift`` called directly), forward + backward,
-one process, shuffled rounds.
+"""Causal grouped-query attention on the CPU: what the op runs (``kernel``: up to b52cd16's
+record, causal.txt, key and value repeated to the query heads, then the fused causal
+kernel; since the fifteenth session the grouped CPU causal kernel, README.md) against the
+grouped PyTorch causal form (a state per key/value head, ``causal_efficient_taylor_shift``
+called directly), forward + backward, one process, shuffled rounds.
 
     python benchmarks/gqa_cpu/causal.py [--rounds 7] [--threads 2]
 

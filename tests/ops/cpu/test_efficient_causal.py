@@ -245,6 +245,32 @@ def test_auto_runs_grouped_causal_calls_efficient_earlier(isolated_cache_dir, ke
     assert_rel_close(grouped, plain, 1e-5, "grouped auto vs plain auto", atol=1e-7)
 
 
+def test_grouped_causal_call_that_auto_runs_direct_is_weighed_once(key_heads_seen, monkeypatch):
+    # a short grouped causal call: auto picks the direct form for the grouped call, and the
+    # call with key and value repeated takes that choice instead of weighing again
+    decisions = []
+    real = dispatch.decide_mode
+
+    def spy(*args, **kwargs):
+        decision = real(*args, **kwargs)
+        decisions.append(decision.mode)
+        return decision
+
+    monkeypatch.setattr(dispatch, "decide_mode", spy)
+    q = torch.randn(1, 4, 16, 8)
+    k, v = torch.randn(1, 2, 16, 8), torch.randn(1, 2, 16, 8)
+    taylor_shift_attention(q, k, v, is_causal=True, enable_gqa=True)
+    assert decisions == ["direct"] and key_heads_seen == [("direct", 4)]
+
+
+def test_non_causal_kernel_forms_refuse_fewer_key_heads():
+    # only the causal form's C passes read a group; the others would read one head each
+    q, k = torch.randn(1, 4, 8, 8), torch.randn(1, 2, 8, 8)
+    with pytest.raises(ValueError, match=r"key must have the query's 4 heads for the CPU "
+                                         r"efficient form; got 2"):  # fmt: skip
+        wrapper.forward_pass("efficient", 0, q, k, k, None, None, 1.0, True)
+
+
 def test_custom_op_registration_passes_opcheck():
     case = Case(1, 2, 21, 21, 16, 12, mask="padding")
     low, _, mask, _ = make_problem(case, torch.float32)

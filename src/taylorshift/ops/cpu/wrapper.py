@@ -123,6 +123,10 @@ def forward_pass(
     b, h, nq, d = query.shape
     nk, dv = key.shape[2], value.shape[3]
     bh, group = b * h, h // key.shape[1]
+    if group != 1 and form != "causal":  # (the other forms' C passes read one head each)
+        raise ValueError(
+            f"key must have the query's {h} heads for the CPU {form} form; got {key.shape[1]}"
+        )
     # (every tensor whose address goes to C is held by a name until the call returns; the
     # addresses of tensors that are never None taken directly: ``ptr`` costs a Python call)
     q, k, v = c_operand(query), c_operand(key), c_operand(value)
@@ -149,7 +153,7 @@ def backward_pass(
     from the gradient of y; ``saved`` is ``forward_pass``'s output."""
     y, den, count, state = saved
     b, h, nq, d = query.shape
-    nk, dv = key.shape[2], value.shape[3]
+    nk, dv, group = key.shape[2], value.shape[3], h // key.shape[1]
     q, k, v = c_operand(query), c_operand(key), c_operand(value)
     g, y32 = c_operand(grad_out), c_operand(y)
     gq, gk = float32_empty(*query.shape), float32_empty(*key.shape)
@@ -157,10 +161,9 @@ def backward_pass(
     g_factor = float32_empty(b * h) if need_factor else None
     checked(getattr(library(), c_passes(form)[1])(
         b * h, nq, nk, d, dv, q.data_ptr(), k.data_ptr(), v.data_ptr(), ptr(mask),
-        ptr(factors), factor, int(normalize), NORM_EPS, option, h // key.shape[1], g.data_ptr(),
-        y32.data_ptr(),
-        den.data_ptr(), count.data_ptr(), ptr(state), gq.data_ptr(), gk.data_ptr(),
-        gv.data_ptr(), ptr(g_factor), kernel_threads(),
+        ptr(factors), factor, int(normalize), NORM_EPS, option, group, g.data_ptr(),
+        y32.data_ptr(), den.data_ptr(), count.data_ptr(), ptr(state), gq.data_ptr(),
+        gk.data_ptr(), gv.data_ptr(), ptr(g_factor), kernel_threads(),
     ))  # fmt: skip
     pairs = zip((gq, gk, gv), (query, key, value), strict=True)
     grads = tuple(g if x.dtype == torch.float32 else g.to(x.dtype) for g, x in pairs)

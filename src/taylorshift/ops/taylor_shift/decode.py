@@ -158,8 +158,9 @@ def decode_token(
     dtype, (B, H, D, dv + 1)) must be what ``taylor_shift_decode`` would accept; τ a float or
     a (1 or B, H, 1, 1) tensor. The layer caches of ``taylorshift.nn`` call it from the
     second token on (their own projections and state: the checks would only cost time,
-    about 40 µs a step, 104 against 64 µs at B 1, H 8, d = 32 on the project's 2-core CPU,
-    2026-11-27). Returns out (B, H, 1, dv) in the dtype of ``query``, as
+    32-47 µs a step at B 1, H 8, d = 32 on the project's 2-core CPU, a third of the checked
+    step; benchmarks/decode_cpu/tiled-step/checks.txt). Returns out (B, H, 1, dv) in the
+    dtype of ``query``, as
     ``taylor_shift_decode(..., inplace=True)[0]``.
 
     The CPU kernel's step is called with as few torch operations as it needs (the step is

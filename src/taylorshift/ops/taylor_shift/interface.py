@@ -128,7 +128,7 @@ def taylor_shift_attention(
                 normalize, order, mode, initial_state, output_final_state,
             )  # fmt: skip
         if is_causal:
-            out = _grouped_causal_kernel(
+            out, mode = _grouped_causal_kernel(
                 query, key, value, problem, attn_mask, temperature, scale, normalize, order,
                 mode,
             )  # fmt: skip
@@ -433,28 +433,32 @@ def _grouped_causal_kernel(
 ):  # fmt: skip
     """A causal call with key/value heads fewer than the query's through the CPU causal
     kernel, which keeps its prefix state per key/value head (``ops/cpu/efficient_causal.c``):
-    its output, or None where that kernel does not take the call (not on the CPU, ``auto``
-    picking the direct form, a mask that varies over heads or queries, the kernels
-    unavailable or failing here); the caller then repeats key and value
-    (``grouped_attention``). Inputs checked with ``enable_gqa``."""
-    if query.device.type != "cpu" or order != 2 or _torch_func_active():
-        return None
-    # (on the CPU under the Triton interpreter the efficient form is the Triton kernel's)
+    (its output, mode), or (None, the mode for the call with key and value repeated,
+    ``grouped_attention``) where that kernel does not take the call (no CPU kernel for the
+    efficient form here, ``auto`` picking the direct form, a mask that varies over heads or
+    queries, the kernels unavailable or failing). ``auto`` resolved to the direct form is
+    handed on as "direct" (it is the direct form for the ungrouped call too, whose switch is
+    longer): not weighed twice. Inputs checked with ``enable_gqa``."""
+    # (the CPU kernel's name: CPU tensors, and not the Triton interpreter, where the
+    # efficient form is the Triton kernel's, which takes one key/value head per query head)
+    if order != 2 or _torch_func_active():
+        return None, mode
     if kernel_name("efficient", True, query.device) != CPU_EFFICIENT_CAUSAL:
-        return None
+        return None, mode
     if varies_over_heads(attn_mask) or problem.mask_varies_over_queries:
-        return None
+        return None, mode
+    chosen = mode
     if mode == "auto":
-        mode = _auto_mode(
+        chosen = _auto_mode(
             grouped_problem(problem, query.shape[1] // key.shape[1]), causal=True,
             order=order, mask_varies=False, device=query.device, dtype=query.dtype,
             backward=backward_follows(query, key, value, temperature),
         )  # fmt: skip
-    if mode != "efficient":  # (direct, or a symbolic choice under torch.export)
-        return None
-    fused = fused_form(query, problem, mode, True, order)
+    if chosen != "efficient":  # (direct, or a symbolic choice under torch.export)
+        return None, "direct" if chosen == "direct" else mode
+    fused = fused_form(query, problem, chosen, True, order)
     if fused is None:
-        return None
+        return None, mode
     key_mask = None if problem.key_mask is None else problem.key_mask[:, : key.shape[1]]
     if key_mask is not None:
         key, value = drop_masked_content(key, value, key_mask)
@@ -462,10 +466,10 @@ def _grouped_causal_kernel(
         check_plain_score_range(query, key, value, scale, order)
     args = (query, key, value, key_mask, temperature, scale, normalize)
     if torch.compiler.is_compiling():
-        return fused(*args)
+        return fused(*args), mode
     # (a CPU kernel needs no probe of its backward: fused_form refused failed shape classes)
-    kernel = shape_class(kernel_name(mode, True, query.device), query, problem, True)
-    return run_guarded(kernel, lambda: fused(*args))
+    kernel = shape_class(CPU_EFFICIENT_CAUSAL, query, problem, True)
+    return run_guarded(kernel, lambda: fused(*args)), mode
 
 
 def grouped_problem(problem: Problem, groups: int) -> Problem:
