@@ -6,7 +6,8 @@ bfloat16 (SPEC §8 rule), chunks that cut the lengths unevenly (N = 1, 7, 70 wit
 8 and the default 256), key padding with fully masked rows, Nq != Nk both ways, dv != d;
 grouped-query attention (key and value with fewer heads, the state per key/value head);
 the routing of ``taylor_shift_attention`` (eager and traced calls to the kernels, grouped
-ones with their key/value heads, stateful ones to the PyTorch form) and the custom ops.
+ones with their key/value heads, stateful ones that autograd records to the PyTorch form)
+and the custom ops. Calls with a state and no gradient: test_efficient_causal_state.py.
 """
 
 from __future__ import annotations
@@ -100,7 +101,8 @@ def test_public_op_routes_eager_causal_calls_to_the_kernels(routed, monkeypatch)
     calls.clear()
     ref = causal_efficient_taylor_shift(q, k, v, None, 1.0, None, True)
     assert_rel_close(y, ref, 1e-5, "routed output", atol=1e-7)
-    # a state in or out: the PyTorch form (the kernels keep no state)
+    # a state in or out on inputs that require grad: the PyTorch form (the kernel's state
+    # path has no backward)
     _, state = taylor_shift_attention(
         q, k, v, is_causal=True, mode="efficient", output_final_state=True
     )

@@ -11,7 +11,15 @@
    S_<i0 and gives dq' through it (ts_pair_grad) and the blocks' gradients (the direct
    kernel's raw backward); a reverse sweep accumulates G_>c = c (.) sum_{c' > c}
    phi(q'_c')^T gY'_c' (ts_state) and gives du = phi(k') G (ts_readout) and dk' (ts_pair_grad);
-   then dq, dk and the factor's gradient through the scaling. No prefix state is kept.
+   then dq, dk and the factor's gradient through the scaling. No prefix state is kept
+   between the two calls.
+
+   A prefix state in and out (the forward only: prompt prefill, a sequence in segments with
+   no gradient): where the forward's state is not NULL it holds the keys before the block,
+   in ts_state's layout and weights, per key/value head, and the sweep starts from it
+   (every query attends them; their count, n_0, read from the state's last pair and ones
+   column, the weighted sum of 1 * 1 over them); the forward then adds every key of the
+   block, the last chunk's too, and leaves the state after the block in its place.
 
    The kernels read heads at a stride of their own token count, so each chunk's rows are
    copied into chunk-sized scratch (O(C d) a chunk, against O(C D V) of products) and the
@@ -86,15 +94,20 @@ static void chunk_keys(int hk, int group, int nk, int d, int nu, const float *kp
     }
 }
 
-/* n_i (BH, Nq): the real keys j <= i of query head h's key/value head h / group. */
+/* n_i (BH, Nq): the real keys j <= i of query head h's key/value head h / group, after
+   the n_0 keys of the prefix state (state NULL: none; else its head's count, the entry of
+   its last pair, phi = 1, and ones column nv: rows x cols floats a head). */
 static void causal_counts(int bh, int nq, int nk, const uint8_t *mask, int group,
-                          float *count) {
+                          const float *state, int d, int nv, float *count) {
+    const size_t last = (size_t)((d + 1) * (d + 2) / 2 - 1) * ts_state_cols(nv + 1) + nv;
+    const size_t head = (size_t)ts_state_rows(d) * ts_state_cols(nv + 1);
     for (int h = 0; h < bh; h++) {
         long seen = 0;
         const uint8_t *mh = mask ? mask + (size_t)(h / group) * nk : NULL;
+        const float before = state ? state[(size_t)(h / group) * head + last] : 0.0f;
         for (int i = 0, j = 0; i < nq; i++) {
             for (; j <= i && j < nk; j++) seen += !mh || mh[j];
-            count[(size_t)h * nq + i] = (float)seen;
+            count[(size_t)h * nq + i] = before + (float)seen;
         }
     }
 }
@@ -118,14 +131,14 @@ static void operands(int bh, int group, int nq, int nk, int d, int nv, const flo
 }
 
 /* Forward, in the signature of kernels.h (option: tokens per chunk; group: query heads per
-   key/value head; state not read: the prefix state lives in scratch memory): y (BH, Nq, V),
-   den (BH, Nq) = Y'[V], count (BH, Nq) = n_i. Returns 0, or 1 when scratch memory could not
-   be allocated. */
+   key/value head): y (BH, Nq, V), den (BH, Nq) = Y'[V], count (BH, Nq) = n_i. The prefix
+   state lives in scratch memory, or, where state_io is not NULL (BH / G, ts_state_rows(d),
+   ts_state_cols(V + 1)), starts as state_io and is left there after the block's last key.
+   Returns 0, or 1 when scratch memory could not be allocated. */
 int ts_causal_forward(int bh, int nq, int nk, int d, int nv, const float *q, const float *k,
                       const float *v, const uint8_t *mask, const float *factor, float scalar,
                       int normalize, float eps, int chunk, int group, float *y, float *den,
-                      float *count, float *state_out, int threads) {
-    (void)state_out;
+                      float *count, float *state_io, int threads) {
     const int nu = nv + 1, rows = ts_state_rows(d), cols = ts_state_cols(nu), hk = bh / group;
     const int span = nq > nk ? nq : nk, c = chunk < span ? chunk : (span > 0 ? span : 1);
     const size_t nqd = (size_t)bh * nq * d, nkd = (size_t)hk * nk * d;
@@ -138,10 +151,12 @@ int ts_causal_forward(int bh, int nq, int nk, int d, int nv, const float *q, con
     float *heads = ur + cu;
     const float *f = head_factors(bh, factor, scalar, heads);
     operands(bh, group, nq, nk, d, nv, q, k, v, mask, f, normalize, eps, qp, kp, u, threads);
-    causal_counts(bh, nq, nk, mask, group, count);
-    int failed = 0, have_state = 0;
+    causal_counts(bh, nq, nk, mask, group, state_io, d, nv, count);
+    if (state_io) state = state_io; /* the given prefix, continued in place */
+    int failed = 0, have_state = state_io != NULL;
     for (int i0 = 0; i0 < span && !failed; i0 += c) {
         const int i1 = i0 + c < span ? i0 + c : span;
+        int taken = i0; /* kc, uc hold keys [i0, taken) */
         if (i0 < nq) {
             const int q1 = i1 < nq ? i1 : nq, m = q1 - i0;
             take_rows(bh, nq, d, qp, i0, q1, qc);
@@ -153,6 +168,7 @@ int ts_causal_forward(int bh, int nq, int nk, int d, int nv, const float *q, con
                 const int ck = (q1 < nk ? q1 : nk) - i0;
                 const float *kb, *ub; /* the keys of each query head's block */
                 chunk_keys(hk, group, nk, d, nu, kp, u, i0, i0 + ck, kc, uc, kr, ur, &kb, &ub);
+                taken = i0 + ck;
                 failed |= direct_forward(bh, m, ck, d, nu, qc, kb, ub, NULL, NULL, 1.0f, 1, 0,
                                          eps, 1, block, NULL, NULL, threads);
                 for (size_t e = 0; e < (size_t)bh * m * nu; e++) yc[e] += block[e];
@@ -167,9 +183,13 @@ int ts_causal_forward(int bh, int nq, int nk, int d, int nv, const float *q, con
                     for (int cc = 0; cc < nv; cc++) y[row * nv + cc] = yr[cc] * f;
                 }
         }
-        if (i0 < nk && i1 < nq) { /* later queries attend this chunk through the state */
-            /* kc, uc hold keys [i0, min(i1, nk)) already: the chunk's block read them */
+        /* later queries attend this chunk through the state; a state out takes every key */
+        if (i0 < nk && (i1 < nq || state_io)) {
             const int j1 = i1 < nk ? i1 : nk;
+            if (taken < j1) { /* keys after the last query, which no block read */
+                take_rows(hk, nk, d, kp, i0, j1, kc);
+                take_rows(hk, nk, nu, u, i0, j1, uc);
+            }
             failed |= ts_state(hk, j1 - i0, d, kc, uc, nu, 0, NULL, state, have_state, threads);
             have_state = 1;
         }

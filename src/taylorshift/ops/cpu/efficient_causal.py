@@ -13,16 +13,37 @@ Backward, as the PyTorch form's: a forward sweep rebuilds S_<i0 and gives ∂q' 
 sweep accumulates G_>c = c ⊙ Σ_{c' > c} φ(q'_c')ᵀ ∂Y'_c' (ts_state) and gives ∂v = φ(k') G
 (ts_readout) and ∂k' (ts_pair_grad). The chunk loop itself runs in C
 (``ts_causal_forward``, ``ts_causal_backward``): in Python its few dozen tensor operations
-a chunk cost more than the products at d <= 32. No prefix state is stored. No initial or
-final state (those calls run the PyTorch form). The autograd.Function and the custom ops
-around the two calls are the ones the three kernel forms share (``wrapper.py``).
+a chunk cost more than the products at d <= 32. No prefix state is stored between the two
+calls. The autograd.Function and the custom ops around the two calls are the ones the three
+kernel forms share (``wrapper.py``).
+
+A state in or out (``initial_state``, ``output_final_state``: prompt prefill, a sequence in
+segments) without gradients: one forward call that starts from the given prefix state and
+leaves the state after the block's last key in its place (``state_forward``). The state
+changes layout on the way (``kernel_state``, ``public_state``): the kernels keep the
+pairs (a, b >= a) of [x, 1] row by row with the weights c folded in, padded to tiles of 6
+(``wrapper.state_shape``); ``TaylorShiftState`` keeps x_a x_b, then x, then 1, unweighted.
+Calls that autograd records with a state run the PyTorch form (its backward carries the
+state's gradient; the kernels' does not).
 """
 
 from __future__ import annotations
 
+from functools import lru_cache
+
+import torch
 from torch import Tensor
 
-from .wrapper import check_kernel_inputs, run
+from ..taylor_shift.features import backward_follows, feature_dim, split_factor
+from ..taylor_shift.state import TaylorShiftState
+from .wrapper import (
+    check_kernel_inputs,
+    flat_mask,
+    forward_pass,
+    head_factors,
+    run,
+    state_shape,
+)
 
 
 def default_chunk(d: int) -> int:
@@ -43,18 +64,101 @@ def cpu_causal_efficient_taylor_shift(
     scale: float | None,
     normalize: bool,
     chunk_size: int | None = None,
-) -> Tensor:
+    *,
+    initial_state: TaylorShiftState | None = None,
+    output_final_state: bool = False,
+) -> Tensor | tuple[Tensor, TaylorShiftState]:
     """Causal efficient TaylorShift with the CPU kernels, on validated inputs.
 
     Same contract and signature as
-    ``taylorshift.ops.taylor_shift.efficient_causal.causal_efficient_taylor_shift`` without
-    its initial and final states: query (B, H, Nq, d), key (B, Hkv, Nk, d), value
-    (B, Hkv, Nk, dv), key_mask (B, Hkv, Nk) bool or None; query i attends key j iff j <= i.
-    Hkv = H, or grouped-query attention: Hkv dividing H, query head h reading key/value head
-    h // (H / Hkv), the prefix state kept per key/value head.
-    Returns (B, H, Nq, dv) in value's dtype. CPU tensors of float32, float16 or bfloat16
-    (sums in float32). ``chunk_size``: tokens per chunk (default: ``default_chunk(d)``).
+    ``taylorshift.ops.taylor_shift.efficient_causal.causal_efficient_taylor_shift``:
+    query (B, H, Nq, d), key (B, Hkv, Nk, d), value (B, Hkv, Nk, dv), key_mask
+    (B, Hkv, Nk) bool or None; query i attends key j iff j <= i. Hkv = H, or grouped-query
+    attention: Hkv dividing H, query head h reading key/value head h // (H / Hkv), the
+    prefix state kept per key/value head. Returns (B, H, Nq, dv) in value's dtype, and with
+    ``output_final_state`` the state after the block's last key: ``(out, state)``. CPU
+    tensors of float32, float16 or bfloat16 (sums in float32). ``chunk_size``: tokens per
+    chunk (default: ``default_chunk(d)``). Differentiable in query, key, value and a tensor
+    temperature, except with a state in or out (``initial_state``, ``output_final_state``):
+    such a call refuses inputs that autograd records (``state_forward``).
     """
     check_kernel_inputs(query, value, "causal efficient form")
     chunk = chunk_size or default_chunk(query.shape[-1])
-    return run("causal", chunk, query, key, value, key_mask, temperature, scale, normalize)
+    if initial_state is None and not output_final_state:
+        return run("causal", chunk, query, key, value, key_mask, temperature, scale, normalize)
+    out, state = state_forward(
+        query, key, value, key_mask, temperature, scale, normalize, chunk, initial_state
+    )
+    return (out, state) if output_final_state else out
+
+
+def state_forward(
+    query: Tensor, key: Tensor, value: Tensor, key_mask: Tensor | None,
+    temperature: Tensor | float, scale: float | None, normalize: bool, chunk: int,
+    initial_state: TaylorShiftState | None,
+) -> tuple[Tensor, TaylorShiftState]:  # fmt: skip
+    """The causal sweep from ``initial_state`` (None: no key before the block) in one C
+    call, without autograd: (out (B, H, Nq, dv) in value's dtype, the state after the
+    block's last key, float32, with key's Hkv heads). The count of the keys before the block
+    is read from the state's sums, ``sums[..., -1, -1]`` (``TaylorShiftState.from_sums``;
+    every state this library makes holds it there)."""
+    sums = None if initial_state is None else initial_state.sums
+    if backward_follows(query, key, value, temperature, sums):
+        raise RuntimeError(
+            "initial_state, output_final_state: the CPU kernel continues a causal state "
+            "without gradients; got inputs that require grad (the PyTorch form "
+            "causal_efficient_taylor_shift differentiates such a call)"
+        )
+    b, h, _, d = query.shape
+    kv_heads, nk, dv = key.shape[1], key.shape[2], value.shape[3]
+    temperature, factor = split_factor(temperature, scale, normalize, d)
+    prefix = kernel_state(sums, b * kv_heads, d, dv)
+    mask = flat_mask(key_mask, b, kv_heads, nk)
+    out, _, _, after = forward_pass(
+        "causal", chunk, query, key, value, mask, head_factors(temperature, b, h), factor,
+        normalize, prefix,
+    )  # fmt: skip
+    return out, public_state(after, b, kv_heads, d, dv)
+
+
+@lru_cache(maxsize=32)
+def _pair_order(d: int) -> tuple[Tensor, Tensor]:
+    """For the kernels' pairs p of [x, 1] (a <= b <= d, row a by row a): the index of their
+    feature in ``TaylorShiftState``'s order (x_a x_b for a <= b < d row by row, then x_a,
+    then 1) and their weight c_p (1/2 on x_a², 1 elsewhere), (D,) each."""
+    index, weight = [], []
+    quad = d * (d + 1) // 2
+    for a in range(d + 1):
+        for b in range(a, d + 1):
+            if b < d:  # x_a x_b: row a of the upper triangle starts at a d - a (a - 1) / 2
+                index.append(a * d - a * (a - 1) // 2 + b - a)
+            else:  # x_a, or (a = d) the constant 1
+                index.append(quad + a)
+            weight.append(0.5 if a == b < d else 1.0)
+    with torch.inference_mode(False):  # usable in and out of inference mode
+        return torch.tensor(index), torch.tensor(weight).unsqueeze(-1)
+
+
+def kernel_state(sums: Tensor | None, heads: int, d: int, dv: int) -> Tensor:
+    """The kernels' prefix state (heads, *``state_shape(d, dv + 1)``) float32 contiguous
+    from ``TaylorShiftState.sums`` (B, Hkv, D, dv + 1), heads = B·Hkv (None: zeros, no key
+    yet): its rows reordered into the kernels' pairs and weighted, zero padding around."""
+    state = torch.zeros(heads, *state_shape(d, dv + 1), dtype=torch.float32)
+    if sums is not None:
+        index, weight = _pair_order(d)
+        rows = sums.detach().reshape(heads, feature_dim(d), dv + 1).index_select(1, index)
+        state[:, : feature_dim(d), : dv + 1] = rows * weight
+    return state
+
+
+def public_state(state: Tensor, b: int, kv_heads: int, d: int, dv: int) -> TaylorShiftState:
+    """``TaylorShiftState`` (sums (B, Hkv, D, dv + 1), count (B, Hkv), float32) from the
+    kernels' state (``kernel_state``'s layout): the weights divided out (by 1/2: exact) and
+    the rows put back in the features' order; the count is the sums' last entry."""
+    index, weight = _pair_order(d)
+    rows = state[:, : feature_dim(d), : dv + 1] / weight
+    sums = torch.empty_like(rows).index_copy_(1, index, rows)
+    sums = sums.reshape(b, kv_heads, feature_dim(d), dv + 1)
+    # (the count its own contiguous tensor, as the PyTorch form's: the decoding step's
+    # kernel takes a contiguous one)
+    return TaylorShiftState(sums, sums[..., -1, -1].clone())

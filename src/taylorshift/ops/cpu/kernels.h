@@ -42,12 +42,13 @@ int direct_backward(int bh, int nq, int nk, int d, int nv, const float *q, const
    NULL for the float scalar; option, the form's one integer (causal: tokens per chunk;
    direct: causal 0 or 1; efficient: not read); group, the query heads per key/value head of
    grouped-query attention (causal form only, key, value and mask then with BH / group
-   heads; the others take 1). The forward writes y (BH, Nq, V), den
-   (BH, Nq), count ((BH) for the efficient form, else (BH, Nq)) and, efficient form only,
-   the key state (BH, ts_state_rows(d), ts_state_cols(V + 1)) (the others do not read
-   state). The backward reads g = dL/dy and the forward's outputs and writes gq, gk, gv in
-   the inputs' shapes and, where gfactor is not NULL, gfactor (BH). Each returns 0, or 1 when
-   scratch memory could not be allocated. */
+   heads; the others take 1). The forward writes y (BH, Nq, V), den (BH, Nq), count ((BH)
+   for the efficient form, else (BH, Nq)) and, efficient form only, the key state
+   (BH, ts_state_rows(d), ts_state_cols(V + 1)); the causal form reads state, where it is
+   not NULL, as the prefix before the block (per key/value head) and leaves the state after
+   the block there; the direct form does not read it. The backward reads g = dL/dy and the
+   forward's outputs and writes gq, gk, gv in the inputs' shapes and, where gfactor is not
+   NULL, gfactor (BH). Each returns 0, or 1 when scratch memory could not be allocated. */
 #define TS_FORWARD(name)                                                                      \
     int name(int bh, int nq, int nk, int d, int nv, const float *q, const float *k,           \
              const float *v, const uint8_t *mask, const float *factor, float scalar,          \

@@ -103,6 +103,15 @@ def flat_mask(key_mask: Tensor | None, b: int, h: int, n: int) -> Tensor | None:
     return key_mask.expand(b, h, n).reshape(b * h, n).to(torch.uint8).contiguous()
 
 
+def head_factors(temperature: Tensor | None, b: int, h: int) -> Tensor | None:
+    """The query's factor per head (B·H,) float32 contiguous from a tensor temperature
+    (``split_factor``'s, broadcasting to (B, H, 1, 1)), or None where the factor is the float
+    (it goes to C as a scalar: one tensor fewer per call)."""
+    if temperature is None:
+        return None
+    return temperature.detach().to(torch.float32).expand(b, h, 1, 1).reshape(b * h).contiguous()
+
+
 def kernel_threads() -> int:
     """The kernels' OpenMP threads: torch's intra-op thread count."""
     return max(1, torch.get_num_threads())
@@ -110,10 +119,14 @@ def kernel_threads() -> int:
 
 def forward_pass(
     form: str, option: int, query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None,
-    factors: Tensor | None, factor: float, normalize: bool,
+    factors: Tensor | None, factor: float, normalize: bool, prefix: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:  # fmt: skip
     """One C call ``ts_<form>_forward``: (y (B, H, Nq, dv) in value's dtype, the denominators
     (B·H, Nq), the counts, the state or None) in the shapes of ``saved_shapes``, float32.
+    ``prefix`` (causal form only): a prefix state (B·Hkv, *``state_shape(d, dv + 1)``)
+    float32 contiguous, the keys before the block in the kernels' layout
+    (``efficient_causal.kernel_state``), continued in place: it holds the state after the
+    block's last key on return (and is returned as the state).
     ``mask`` (B·Hkv, Nk) uint8 (``flat_mask``) or None; ``factors`` (B·H,) float32, the
     query's factor per head, or None for the float ``factor``. Key and value have Hkv = H
     heads, or (the causal form only: grouped-query attention) Hkv dividing H, passed to C
@@ -133,7 +146,7 @@ def forward_pass(
     count_shape, state_shape_ = saved_shapes(form, b, h, nq, d, dv)
     out, den = float32_empty(b, h, nq, dv), float32_empty(bh, nq)
     count = float32_empty(*count_shape)
-    state = float32_empty(*state_shape_) if form == "efficient" else None
+    state = float32_empty(*state_shape_) if form == "efficient" else prefix
     checked(getattr(library(), c_passes(form)[0])(
         bh, nq, nk, d, dv, q.data_ptr(), k.data_ptr(), v.data_ptr(), ptr(mask), ptr(factors),
         factor, int(normalize), NORM_EPS, option, group, out.data_ptr(), den.data_ptr(),
@@ -178,11 +191,7 @@ class KernelFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, form, option, query, key, value, temperature, factor, normalize, key_mask):
         b, h = query.shape[:2]
-        # a float factor goes to C as a scalar (one tensor fewer per call)
-        factors = None
-        if temperature is not None:
-            factors = temperature.detach().to(torch.float32).expand(b, h, 1, 1).reshape(b * h)
-            factors = factors.contiguous()
+        factors = head_factors(temperature, b, h)
         mask = flat_mask(key_mask, b, key.shape[1], key.shape[2])
         saved = forward_pass(form, option, query, key, value, mask, factors, factor, normalize)
         ctx.save_for_backward(query, key, value, temperature, factors, *saved)

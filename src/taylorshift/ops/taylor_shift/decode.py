@@ -40,7 +40,13 @@ from .features import (
     score_factor,
     state_weights,
 )
-from .fused import cpu_kernels_ready
+from .fused import (
+    CPU_EFFICIENT_CAUSAL,
+    cpu_kernels_ready,
+    run_guarded,
+    shape_class,
+    stateful_cpu_form,
+)
 from .state import TaylorShiftState, check_state
 
 
@@ -71,7 +77,8 @@ def taylor_shift_decode(
         key_padding_mask: bool (B, T), True = real token; padded tokens join no sum.
         temperature: τ, a float or a tensor broadcastable to (B, H, 1, 1).
         scale, normalize: as ``taylor_shift_attention``.
-        chunk_size: tokens per chunk of the causal sweep (prefill); default 256.
+        chunk_size: tokens per chunk of the causal sweep (prefill); default 256 (the CPU
+            kernel's: ``taylorshift.ops.cpu.efficient_causal.default_chunk``).
         inplace: update ``state`` itself and return it (no new (B, H, D, dv + 1) tensor per
             step, as a decoding loop that never looks back wants; the layer caches do this).
             By default ``state`` is left as it was.
@@ -87,7 +94,9 @@ def taylor_shift_decode(
     ``y' = (c ⊙ φ(q')) S``, which includes the token's attention to itself; a dozen tensor
     operations in all, or, for a float32 state on the CPU, one C kernel that does both in
     one pass over the state (``taylorshift.ops.cpu.decode``). Longer blocks (a prompt) run
-    the chunked causal sweep.
+    the chunked causal sweep: on the CPU in one call of the causal kernel where it applies
+    (``taylorshift.ops.cpu.efficient_causal.state_forward``; float32, float16, bfloat16,
+    d, dv <= 128), else in PyTorch.
     """
     mask = key_padding_mask
     if mask is not None:
@@ -125,16 +134,27 @@ def taylor_shift_decode(
     key, value = drop_masked_content(key, value, key_mask)
     if query.shape[2] == 1:
         return _decode_one(query, key, value, state, key_mask, tau, normalize, inplace)
-    out, _, _, after = causal_forward(
-        query,
-        key,
-        value,
-        tau,
-        normalize,
-        key_mask,
-        chunk_size or DEFAULT_CAUSAL_CHUNK,
-        state,
-    )
+    # a prompt: the CPU causal kernel where it applies, else the PyTorch sweep
+    after = None
+    kernel = stateful_cpu_form(query, problem, 2, temperature)
+    if kernel is not None:
+        args = (query, key, value, key_mask, temperature, scale, normalize, chunk_size)
+        states = {"initial_state": state, "output_final_state": True}
+        name = shape_class(CPU_EFFICIENT_CAUSAL, query, problem, True)
+        done = run_guarded(name, lambda: kernel(*args, **states))
+        if done is not None:
+            out, after = done
+    if after is None:
+        out, _, _, after = causal_forward(
+            query,
+            key,
+            value,
+            tau,
+            normalize,
+            key_mask,
+            chunk_size or DEFAULT_CAUSAL_CHUNK,
+            state,
+        )
     if inplace:
         state.sums.copy_(after.sums)
         state.count.copy_(after.count)

@@ -19,8 +19,9 @@ key/value head and reads each for the G query heads of its group (ops/cpu/effici
 
 Decoding (``decode.py``) and causal calls with ``initial_state`` or ``output_final_state``
 (``interface._grouped_state_call``) keep the causal state per key/value head instead: the
-chunked sweep (``efficient_causal``, forward and backward) and the single-token step (the
-CPU kernel too) read each state for the G query heads of its group. The checks are
+chunked sweep (``efficient_causal``, forward and backward; the CPU causal kernel without
+gradients) and the single-token step (the CPU kernel too) read each state for the G query
+heads of its group. The checks are
 ``checks.check_inputs(..., enable_gqa=True)``.
 """
 

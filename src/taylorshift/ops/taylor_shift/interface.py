@@ -24,6 +24,7 @@ from .fused import (
     probe_backward,
     run_guarded,
     shape_class,
+    stateful_cpu_form,
 )
 from .grouped import grouped_attention, varies_over_heads
 from .naive import naive_taylor_shift_attention
@@ -86,15 +87,17 @@ def taylor_shift_attention(
             be fed in segments. The output is differentiable w.r.t. ``initial_state.sums``.
         output_final_state: causal only: also return the state after this block's last key
             (real keys only under a key-padding mask), to continue with; it carries no
-            gradient. Both run the efficient form's PyTorch code (``mode`` "auto" or
-            "efficient"; no fused kernel).
+            gradient. Both run the efficient form (``mode`` "auto" or "efficient"): its
+            PyTorch code where autograd records the call, else on the CPU the causal
+            kernel, which starts from the state and leaves the next one in place (no
+            Triton kernel).
         enable_gqa: grouped-query attention, as SDPA's: key and value may have Hkv heads,
             Hkv dividing H; query head h attends through key/value head h // (H / Hkv).
             Non-causal calls do the key side once per key/value head (``grouped.py``), and
             so do causal calls of the efficient form on the CPU kernels (its prefix state
             per key/value head; elsewhere causal calls repeat key and value); with
             ``initial_state`` or ``output_final_state`` the state has Hkv heads, as
-            ``taylor_shift_decode``'s (the efficient form's PyTorch code).
+            ``taylor_shift_decode``'s.
 
     Returns:
         (B, H, Nq, dv) in the dtype of ``query``, and with ``output_final_state`` the state
@@ -188,8 +191,8 @@ def taylor_shift_attention(
     else:
         args = (query, key, value, problem.key_mask, temperature, scale, normalize)
         form = causal_efficient_taylor_shift if is_causal else efficient_taylor_shift
-    if stateful:  # the PyTorch causal form (the fused one does not continue a state)
-        return form(*args, initial_state=initial_state, output_final_state=output_final_state)
+    if stateful:  # the PyTorch causal form, or the CPU kernel where no backward follows
+        return _state_call(form, args, problem, order, initial_state, output_final_state)
     fused = fused_form(query, problem, mode, is_causal, order)
     if fused is not None:
         if torch.compiler.is_compiling():
@@ -255,10 +258,26 @@ def _grouped_state_call(
         key, value = drop_masked_content(key, value, key_mask)
     if not normalize:
         check_plain_score_range(query, key, value, scale, order)
-    return causal_efficient_taylor_shift(
-        query, key, value, key_mask, temperature, scale, normalize,
-        initial_state=initial_state, output_final_state=output_final_state,
-    )  # fmt: skip
+    args = (query, key, value, key_mask, temperature, scale, normalize)
+    return _state_call(
+        causal_efficient_taylor_shift, args, problem, order, initial_state, output_final_state
+    )
+
+
+def _state_call(form, args, problem, order, initial_state, output_final_state):
+    """A causal call with a state in or out, checked: ``form`` (the PyTorch causal form) on
+    ``args`` (its positional arguments), or the CPU causal kernel where it applies and
+    autograd records nothing (``stateful_cpu_form``; a kernel failure falls back here too)."""
+    query, key, value, _, temperature = args[:5]
+    sums = None if initial_state is None else initial_state.sums
+    fused = stateful_cpu_form(query, problem, order, query, key, value, temperature, sums)
+    states = {"initial_state": initial_state, "output_final_state": output_final_state}
+    if fused is not None:
+        kernel = shape_class(CPU_EFFICIENT_CAUSAL, query, problem, True)
+        out = run_guarded(kernel, lambda: fused(*args, **states))
+        if out is not None:
+            return out
+    return form(*args, **states)
 
 
 def _torch_func_active() -> bool:

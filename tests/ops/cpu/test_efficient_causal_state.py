@@ -1,0 +1,224 @@
+"""The CPU causal kernel with a prefix state in and out (prompt prefill, a sequence in
+segments), against the float64 PyTorch causal form from the same state and the plain
+reference over the whole sequence.
+
+Outputs and the state after the block: uneven chunks, Nq != Nk both ways (keys after the
+last query join the state too), key padding, grouped-query attention (the state per
+key/value head), tensor and float temperatures, plain scores; float16 / bfloat16 within
+SPEC §8's rule; the layout change both ways; the refusal of inputs that autograd records;
+the routing of ``taylor_shift_attention`` and ``taylor_shift_decode`` (no gradient: the
+kernel; a gradient or a trace: the PyTorch form).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from taylorshift import TaylorShiftState, naive_taylor_shift_attention, taylor_shift_attention
+from taylorshift.ops.cpu import efficient_causal as cpu_causal
+from taylorshift.ops.cpu.efficient_causal import cpu_causal_efficient_taylor_shift
+from taylorshift.ops.taylor_shift import fused
+from taylorshift.ops.taylor_shift.decode import taylor_shift_decode
+from taylorshift.ops.taylor_shift.efficient_causal import causal_efficient_taylor_shift
+from taylorshift.ops.taylor_shift.features import feature_dim
+from tests.helpers import assert_rel_close, key_padding, rel_error
+
+# (B, H, Hkv, N before, Nq, Nk, d, dv, chunk, key padding, temperature, normalize)
+CASES = [
+    (1, 2, 2, 0, 9, 9, 8, 5, 4, False, "float", True),
+    (2, 2, 2, 13, 37, 37, 16, 16, 8, True, "tensor", True),
+    (1, 2, 2, 7, 20, 33, 16, 7, 8, True, "float", True),  # keys after the last query
+    (1, 2, 2, 7, 33, 20, 17, 12, 8, False, "tensor", True),  # queries after the last key
+    (2, 4, 2, 11, 30, 30, 8, 8, 7, True, "tensor", True),  # grouped queries
+    (1, 6, 2, 5, 26, 40, 16, 9, None, False, "float", False),  # grouped, plain scores
+    (1, 4, 4, 300, 300, 300, 16, 16, None, True, "float", True),  # d <= 20, token lanes
+    (1, 1, 1, 20, 70, 70, 64, 3, 16, False, "float", True),
+]
+IDS = [f"B{c[0]}-H{c[1]}-kv{c[2]}-before{c[3]}-Nq{c[4]}-Nk{c[5]}-d{c[6]}" for c in CASES]
+
+
+def _problem(b, h, hk, before, nq, nk, d, dv, padded, temperature, seed=0):
+    """float64 (query, key, value) of the block, the prefix's (key, value), the block's key
+    mask (B, Hkv, Nk) or None and the temperature (float, or a tensor per query head)."""
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(b, h, nq, d, generator=g, dtype=torch.float64)
+    k, k0 = (torch.randn(b, hk, n, d, generator=g, dtype=torch.float64) for n in (nk, before))
+    v, v0 = (torch.randn(b, hk, n, dv, generator=g, dtype=torch.float64) for n in (nk, before))
+    mask = None
+    if padded:
+        mask = key_padding(b, nk, seed=seed, empty_row=False)[:, :, 0].expand(b, hk, nk)
+    tau = 1.3
+    if temperature == "tensor":
+        tau = 0.5 + torch.rand(1, h, 1, 1, generator=g, dtype=torch.float64)
+    return q, k, v, k0, v0, mask, tau
+
+
+def _prefix_state(k0, v0, h, normalize) -> TaylorShiftState | None:
+    """The state after the keys k0, v0 (float64, by the PyTorch form), None for no key."""
+    b, _, before, d = k0.shape
+    if before == 0:
+        return None
+    q0 = torch.zeros(b, h, before, d, dtype=k0.dtype)
+    _, state = causal_efficient_taylor_shift(
+        q0, k0, v0, None, 1.0, None, normalize, output_final_state=True
+    )
+    return state
+
+
+def _float32(state: TaylorShiftState | None) -> TaylorShiftState | None:
+    if state is None:
+        return None
+    return TaylorShiftState(state.sums.float(), state.count.float())
+
+
+def _tau32(tau):
+    return tau.float() if isinstance(tau, torch.Tensor) else tau
+
+
+@pytest.mark.parametrize(
+    "b, h, hk, before, nq, nk, d, dv, chunk, padded, temperature, normalize", CASES, ids=IDS
+)
+def test_state_in_and_out_match_the_float64_torch_form(
+    b, h, hk, before, nq, nk, d, dv, chunk, padded, temperature, normalize
+):
+    q, k, v, k0, v0, mask, tau = _problem(b, h, hk, before, nq, nk, d, dv, padded, temperature)
+    if mask is not None:  # (the op drops masked keys' content before any form sees it)
+        k, v = k * mask.unsqueeze(-1), v * mask.unsqueeze(-1)
+    initial = _prefix_state(k0, v0, h, normalize)
+    exact, exact_state = causal_efficient_taylor_shift(
+        q, k, v, mask, tau, None, normalize, chunk,
+        initial_state=initial, output_final_state=True,
+    )  # fmt: skip
+    out, state = cpu_causal_efficient_taylor_shift(
+        q.float(), k.float(), v.float(), mask, _tau32(tau), None, normalize, chunk,
+        initial_state=_float32(initial), output_final_state=True,
+    )  # fmt: skip
+    assert out.dtype == torch.float32 and state.sums.dtype == torch.float32
+    assert state.sums.shape == (b, hk, feature_dim(d), dv + 1)
+    assert_rel_close(out, exact, 1e-5, "output", atol=1e-7)
+    assert_rel_close(state.sums, exact_state.sums, 1e-6, "state sums")
+    assert torch.equal(state.count, exact_state.count.float())
+    assert state.count.is_contiguous()  # (the decoding step's kernel takes it as it is)
+    # only the output asked for: the same output
+    alone = cpu_causal_efficient_taylor_shift(
+        q.float(), k.float(), v.float(), mask, _tau32(tau), None, normalize, chunk,
+        initial_state=_float32(initial),
+    )  # fmt: skip
+    assert torch.equal(alone, out)
+
+
+@pytest.mark.parametrize("normalize", [True, False], ids=["norm", "plain-scores"])
+def test_segments_equal_one_sweep_over_the_whole(normalize):
+    """Three segments through the kernel, each from the last one's state, give the rows of
+    the plain reference over the whole sequence."""
+    b, h, n, d, dv = 2, 2, 90, 16, 12
+    q, k, v, *_ = _problem(b, h, h, 0, n, n, d, dv, False, "float")
+    exact = naive_taylor_shift_attention(q, k, v, is_causal=True, normalize=normalize)
+    state, parts = None, []
+    for i0, i1 in ((0, 31), (31, 32), (32, 90)):
+        part, state = cpu_causal_efficient_taylor_shift(
+            *(x[:, :, i0:i1].float() for x in (q, k, v)), None, 1.0, None, normalize, 8,
+            initial_state=state, output_final_state=True,
+        )  # fmt: skip
+        parts.append(part)
+    assert_rel_close(torch.cat(parts, 2), exact, 1e-5, "segments", atol=1e-7)
+    assert torch.equal(state.count, torch.full((b, h), float(n)))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_sixteen_bit_error_within_reference_error(dtype):
+    """SPEC §8: the kernel's relative RMS error against float64 at most 2x the PyTorch
+    form's own in ``dtype`` (from the same state), plus 1e-4."""
+    q, k, v, k0, v0, mask, tau = _problem(1, 2, 2, 20, 30, 30, 16, 16, True, "float", seed=2)
+    k, v = k * mask.unsqueeze(-1), v * mask.unsqueeze(-1)
+    initial = _prefix_state(k0, v0, 2, True)
+    exact = causal_efficient_taylor_shift(q, k, v, mask, tau, None, True, initial_state=initial)
+    low = [x.to(dtype) for x in (q, k, v)]
+    start = _float32(initial)
+    ref_low = causal_efficient_taylor_shift(*low, mask, tau, None, True, initial_state=start)
+    fast = cpu_causal_efficient_taylor_shift(*low, mask, tau, None, True, initial_state=start)
+    assert fast.dtype == dtype
+    err_fast, err_ref = rel_error(fast, exact), rel_error(ref_low, exact)
+    assert err_fast <= 2 * err_ref + 1e-4, (err_fast, err_ref)
+
+
+def test_layout_change_is_exact_both_ways():
+    """``kernel_state`` and ``public_state`` undo each other bitwise, and the kernel's layout
+    holds each feature's sum at its pair (a, b) of [x, 1], weighted by 1/2 on x_a²."""
+    d, dv = 5, 3
+    sums = torch.randn(2, 3, feature_dim(d), dv + 1)
+    state = cpu_causal.kernel_state(sums, 6, d, dv)
+    back = cpu_causal.public_state(state, 2, 3, d, dv)
+    assert torch.equal(back.sums, sums)
+    assert torch.equal(back.count, sums[..., -1, -1])
+    # the features' order: x_a x_b (a <= b < d) row by row, then x, then 1; the kernels':
+    # the pairs of [x, 1] row by row, so x_0 (pair (0, d)) comes right after row 0's products
+    flat = state.reshape(2, 3, -1, state.shape[-1])[..., : dv + 1]
+    quad = d * (d + 1) // 2
+    assert torch.equal(flat[:, :, 0], sums[:, :, 0] * 0.5)  # x_0²
+    assert torch.equal(flat[:, :, 1], sums[:, :, 1])  # x_0 x_1
+    assert torch.equal(flat[:, :, d], sums[:, :, quad])  # x_0
+    assert torch.equal(flat[:, :, d + 1], sums[:, :, d] * 0.5)  # x_1²
+    assert torch.equal(flat[:, :, feature_dim(d) - 1], sums[:, :, -1])  # the constant 1
+    assert (state[:, feature_dim(d) :] == 0).all() and (state[..., dv + 1 :] == 0).all()
+
+
+def test_inputs_that_autograd_records_are_refused():
+    q = torch.randn(1, 1, 4, 8, requires_grad=True)
+    with pytest.raises(RuntimeError, match=r"output_final_state.*without gradients.*require"):
+        cpu_causal_efficient_taylor_shift(q, q, q, None, 1.0, None, True, output_final_state=True)
+    state = TaylorShiftState.zeros(1, 1, 8, 8)
+    state.sums.requires_grad_()
+    x = torch.randn(1, 1, 4, 8)
+    with pytest.raises(RuntimeError, match=r"initial_state.*without gradients"):
+        cpu_causal_efficient_taylor_shift(x, x, x, None, 1.0, None, True, initial_state=state)
+    with torch.no_grad():  # nothing recorded: the kernel takes it
+        cpu_causal_efficient_taylor_shift(q, q, q, None, 1.0, None, True, initial_state=state)
+
+
+def test_public_op_routes_state_calls_without_gradients_to_the_kernel(routed):
+    calls = routed
+    b, h, hk, n, d = 1, 4, 2, 40, 16
+    q, k, v, *_ = _problem(b, h, hk, 0, n, n, d, d, False, "float")
+    q, k, v = q.float(), k.float(), v.float()
+    out, state = taylor_shift_attention(
+        q[:, :, :25], k[:, :, :25], v[:, :, :25], is_causal=True, output_final_state=True,
+        enable_gqa=True,
+    )  # fmt: skip
+    rest = taylor_shift_attention(
+        q[:, :, 25:], k[:, :, 25:], v[:, :, 25:], is_causal=True, initial_state=state,
+        enable_gqa=True,
+    )  # fmt: skip
+    assert calls == [fused.CPU_EFFICIENT_CAUSAL] * 2
+    whole = taylor_shift_attention(q, k, v, is_causal=True, enable_gqa=True, mode="efficient")
+    assert_rel_close(torch.cat([out, rest], 2), whole, 1e-5, "segments", atol=1e-7)
+    calls.clear()
+    # autograd records the call: the PyTorch form (its backward carries the state's gradient)
+    qg = q.clone().requires_grad_()
+    taylor_shift_attention(qg, k, v, is_causal=True, initial_state=state, enable_gqa=True)
+    state.sums.requires_grad_()
+    taylor_shift_attention(q, k, v, is_causal=True, initial_state=state, enable_gqa=True)
+    assert calls == []
+
+
+def test_decode_prefills_with_the_kernel_and_continues_token_by_token(routed):
+    calls = routed
+    b, h, n, d = 2, 2, 50, 8
+    q, k, v, _, _, _, tau = _problem(b, h, h, 0, n, n, d, d, False, "tensor")
+    exact = naive_taylor_shift_attention(q, k, v, is_causal=True, temperature=tau)
+    q, k, v, tau = q.float(), k.float(), v.float(), tau.float()
+    mask = torch.ones(b, 40, dtype=torch.bool)
+    mask[1, 30:] = False  # the second prompt is 30 tokens long: right padding
+    prompt = (x[:, :, :40] for x in (q, k, v))
+    out, state = taylor_shift_decode(*prompt, None, mask, temperature=tau)
+    assert calls == [fused.CPU_EFFICIENT_CAUSAL]
+    assert torch.equal(state.count, torch.tensor([[40.0, 40.0], [30.0, 30.0]]))
+    assert_rel_close(out[0], exact[0, :, :40], 1e-5, "prefill", atol=1e-7)
+    assert_rel_close(out[1, :, :30], exact[1, :, :30], 1e-5, "padded prefill", atol=1e-7)
+    # the first prompt goes on token by token from the kernel's state, in place
+    one = TaylorShiftState(state.sums[:1].clone(), state.count[:1].clone())
+    for t in range(40, n):
+        x = (z[:1, :, t : t + 1] for z in (q, k, v))
+        y, one = taylor_shift_decode(*x, one, temperature=tau, inplace=True)
+        assert_rel_close(y, exact[:1, :, t : t + 1], 1e-5, f"token {t}", atol=1e-7)
