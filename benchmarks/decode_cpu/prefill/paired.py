@@ -1,5 +1,5 @@
-"""Prompt prefill before and after the CPU causal kernel took states in and out, timed in
-one process.
+"""Prompt prefill and segments before and after the CPU causal kernel took states in and
+out, timed in one process.
 
 Before: a causal call with a state (``taylor_shift_decode``'s prompt, ``initial_state`` /
 ``output_final_state`` of ``taylor_shift_attention``) ran the PyTorch chunked sweep. After:
@@ -8,9 +8,11 @@ path is restored by making the router find no kernel for such calls
 (``stateful_cpu_form`` -> None: exactly the code the calls ran before); rounds alternate
 old and new on the same inputs, so drift of a shared machine hits both alike.
 
-Two levels: the op (``taylor_shift_decode`` on a prompt of N tokens, B 1, H 8) and the
-4-layer ``CausalLM`` of ../report.md (dim 256, 8 heads of 32) prefilling its state caches,
-with SDPA filling a key/value cache beside it. Usage:
+Three cases: the op (``taylor_shift_decode`` on a prompt of N tokens, B 1, H 8); a
+segment of a sequence with gradients (``taylor_shift_attention`` from a state, forward
++ backward, as sequence parallelism and training on segments run it); and the 4-layer
+``CausalLM`` of ../report.md (dim 256, 8 heads of 32) prefilling its state caches, with
+SDPA filling a key/value cache beside it. Usage:
 python benchmarks/decode_cpu/prefill/paired.py [--rounds 7]
 """
 
@@ -24,6 +26,7 @@ from functools import partial
 
 import torch
 
+from taylorshift import TaylorShiftState, taylor_shift_attention
 from taylorshift.models import CausalLM, CausalLMConfig
 from taylorshift.ops.taylor_shift import decode, interface
 from taylorshift.ops.taylor_shift.decode import taylor_shift_decode
@@ -73,6 +76,34 @@ def op_cases(rounds: int) -> None:
         print(summary(f"{d}, {n:,}", times["old"], times["new"]))
 
 
+def segment_cases(rounds: int) -> None:
+    print(
+        "\nA segment with gradients: taylor_shift_attention(..., initial_state=) forward + "
+        "backward, q, k, v and the state's sums requiring grad, B 1, H 8, dv = d (ms)\n"
+    )
+    print("| d, N | old (PyTorch form) | new (kernel) | old / new, paired by round (q1-q3) |")
+    print("|---|---:|---:|---:|")
+    for d, n in ((16, 2048), (32, 2048), (64, 2048)):
+        g = torch.Generator().manual_seed(0)
+        q, k, v = (torch.randn(1, 8, n, d, generator=g, requires_grad=True) for _ in range(3))
+        with torch.no_grad():
+            _, before = taylor_shift_attention(q, k, v, is_causal=True, output_final_state=True)
+        sums = before.sums.clone().requires_grad_()
+        state = TaylorShiftState(sums, before.count)
+
+        def step(q=q, k=k, v=v, state=state):
+            out = taylor_shift_attention(q, k, v, is_causal=True, initial_state=state)
+            out.sum().backward()
+
+        times = {"old": [], "new": []}
+        for _ in range(rounds):
+            for path in ("old", "new"):
+                use(path)
+                times[path].append(timed(step, 3))
+        use("new")
+        print(summary(f"{d}, {n:,}", times["old"], times["new"]))
+
+
 def model_cases(rounds: int) -> None:
     print("\nThe model: CausalLM dim 256, depth 4, 8 heads of 32, prefill of N tokens (ms)\n")
     print("| N | old (PyTorch sweep) | new (kernel) | old / new (q1-q3) | SDPA, key/value cache |")
@@ -109,6 +140,7 @@ def main() -> None:
         "alternating rounds"
     )
     op_cases(args.rounds)
+    segment_cases(args.rounds)
     model_cases(args.rounds)
 
 

@@ -38,6 +38,7 @@ from ..ops.taylor_shift.efficient_causal import (
     causal_forward,
 )
 from ..ops.taylor_shift.features import drop_masked_content
+from ..ops.taylor_shift.interface import causal_state_call
 from ..ops.taylor_shift.state import TaylorShiftState
 from .collectives import ExclusivePrefixOverRanks, SumOverRanks, group_place
 
@@ -127,10 +128,12 @@ def sequence_parallel_taylor_shift(
     local = KeyStateFunction.apply(key, value, key_mask, normalize, chunk_size)
     if is_causal:
         # Keys of lower ranks precede every local query: they enter as the initial state.
+        # (the CPU causal kernel where it applies: causal_state_call)
         prefix = ExclusivePrefixOverRanks.apply(local, group)
-        return causal_efficient_taylor_shift(
-            query, key, value, key_mask, temperature, scale, normalize, chunk_size,
-            initial_state=TaylorShiftState.from_sums(prefix),
+        args = (query, key, value, key_mask, temperature, scale, normalize, chunk_size)
+        return causal_state_call(
+            causal_efficient_taylor_shift, args, problem, 2, TaylorShiftState.from_sums(prefix),
+            False,
         )  # fmt: skip
     # Every key of every rank precedes every query in the sense of the causal sweep's
     # initial state: the query side is a causal sweep over no local keys started from S.

@@ -6,8 +6,8 @@ bfloat16 (SPEC §8 rule), chunks that cut the lengths unevenly (N = 1, 7, 70 wit
 8 and the default 256), key padding with fully masked rows, Nq != Nk both ways, dv != d;
 grouped-query attention (key and value with fewer heads, the state per key/value head);
 the routing of ``taylor_shift_attention`` (eager and traced calls to the kernels, grouped
-ones with their key/value heads, stateful ones that autograd records to the PyTorch form)
-and the custom ops. Calls with a state and no gradient: test_efficient_causal_state.py.
+ones with their key/value heads, stateful ones too) and the custom ops. Calls with a
+state: test_efficient_causal_state.py.
 """
 
 from __future__ import annotations
@@ -101,13 +101,13 @@ def test_public_op_routes_eager_causal_calls_to_the_kernels(routed, monkeypatch)
     calls.clear()
     ref = causal_efficient_taylor_shift(q, k, v, None, 1.0, None, True)
     assert_rel_close(y, ref, 1e-5, "routed output", atol=1e-7)
-    # a state in or out on inputs that require grad: the PyTorch form (the kernel's state
-    # path has no backward)
+    # a state in or out: the kernel too (test_efficient_causal_state.py)
     _, state = taylor_shift_attention(
         q, k, v, is_causal=True, mode="efficient", output_final_state=True
     )
     taylor_shift_attention(q, k, v, is_causal=True, mode="efficient", initial_state=state)
-    assert calls == []
+    assert calls == [fused.CPU_EFFICIENT_CAUSAL] * 2
+    calls.clear()
     # traced: the kernels' custom ops, whole (fullgraph), forward and backward
     compiled = torch.compile(
         lambda *x: taylor_shift_attention(*x, is_causal=True, mode="efficient"),

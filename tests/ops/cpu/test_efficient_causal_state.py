@@ -1,13 +1,14 @@
 """The CPU causal kernel with a prefix state in and out (prompt prefill, a sequence in
-segments), against the float64 PyTorch causal form from the same state and the plain
-reference over the whole sequence.
+segments, sequence parallelism), against the float64 PyTorch causal form from the same
+state and the plain reference over the whole sequence.
 
-Outputs and the state after the block: uneven chunks, Nq != Nk both ways (keys after the
-last query join the state too), key padding, grouped-query attention (the state per
-key/value head), tensor and float temperatures, plain scores; float16 / bfloat16 within
-SPEC §8's rule; the layout change both ways; the refusal of inputs that autograd records;
-the routing of ``taylor_shift_attention`` and ``taylor_shift_decode`` (no gradient: the
-kernel; a gradient or a trace: the PyTorch form).
+Outputs, the state after the block and the gradients of query, key, value, a tensor
+temperature and the prefix's sums: uneven chunks, Nq != Nk both ways (keys after the last
+query join the state too), key padding, grouped-query attention (the state per key/value
+head), tensor and float temperatures, plain scores; float16 / bfloat16 within SPEC §8's
+rule; the layout change both ways; gradients asked as a graph; the routing of
+``taylor_shift_attention`` and ``taylor_shift_decode`` (eager: the kernel; traced by
+torch.compile: the PyTorch form).
 """
 
 from __future__ import annotations
@@ -76,6 +77,21 @@ def _tau32(tau):
     return tau.float() if isinstance(tau, torch.Tensor) else tau
 
 
+def _tensors(tau, state: TaylorShiftState | None) -> tuple:
+    """The differentiable inputs besides q, k, v: a tensor temperature, the state's sums."""
+    return tuple(x for x in (tau, None if state is None else state.sums) if torch.is_tensor(x))
+
+
+def _tensor_or(tau, inputs: list):
+    """The temperature among ``inputs`` (after q, k, v) if it is a tensor, else the float."""
+    return inputs[3] if isinstance(tau, torch.Tensor) else tau
+
+
+def _with_sums(state: TaylorShiftState | None, inputs: list) -> TaylorShiftState | None:
+    """``state`` with the sums among ``inputs`` (the last one) in place of its own."""
+    return None if state is None else TaylorShiftState(inputs[-1], state.count)
+
+
 @pytest.mark.parametrize(
     "b, h, hk, before, nq, nk, d, dv, chunk, padded, temperature, normalize", CASES, ids=IDS
 )
@@ -86,25 +102,37 @@ def test_state_in_and_out_match_the_float64_torch_form(
     if mask is not None:  # (the op drops masked keys' content before any form sees it)
         k, v = k * mask.unsqueeze(-1), v * mask.unsqueeze(-1)
     initial = _prefix_state(k0, v0, h, normalize)
+    # the inputs whose gradients are compared: q, k, v, a tensor temperature, the sums
+    exact_in = [x.requires_grad_() for x in (q, k, v, *_tensors(tau, initial))]
+    fast_in = [x.detach().float().requires_grad_() for x in exact_in]
     exact, exact_state = causal_efficient_taylor_shift(
-        q, k, v, mask, tau, None, normalize, chunk,
-        initial_state=initial, output_final_state=True,
+        *exact_in[:3], mask, _tensor_or(tau, exact_in), None, normalize, chunk,
+        initial_state=_with_sums(initial, exact_in), output_final_state=True,
     )  # fmt: skip
     out, state = cpu_causal_efficient_taylor_shift(
-        q.float(), k.float(), v.float(), mask, _tau32(tau), None, normalize, chunk,
-        initial_state=_float32(initial), output_final_state=True,
+        *fast_in[:3], mask, _tensor_or(_tau32(tau), fast_in), None, normalize, chunk,
+        initial_state=_with_sums(_float32(initial), fast_in), output_final_state=True,
     )  # fmt: skip
     assert out.dtype == torch.float32 and state.sums.dtype == torch.float32
     assert state.sums.shape == (b, hk, feature_dim(d), dv + 1)
+    assert not state.sums.requires_grad  # (the state returned carries no gradient)
     assert_rel_close(out, exact, 1e-5, "output", atol=1e-7)
-    assert_rel_close(state.sums, exact_state.sums, 1e-6, "state sums")
+    assert_rel_close(state.sums, exact_state.sums.detach(), 1e-6, "state sums")
     assert torch.equal(state.count, exact_state.count.float())
     assert state.count.is_contiguous()  # (the decoding step's kernel takes it as it is)
+    g = torch.randn(exact.shape, generator=torch.Generator().manual_seed(5), dtype=exact.dtype)
+    names = ["query", "key", "value"]
+    names += ["temperature"] * isinstance(tau, torch.Tensor) + ["sums"] * (initial is not None)
+    grads = torch.autograd.grad(out, fast_in, g.float())
+    exact_grads = torch.autograd.grad(exact, exact_in, g)
+    for name, a, e in zip(names, grads, exact_grads, strict=True):
+        assert_rel_close(a, e, 2e-5, f"gradient of {name}", atol=1e-6)
     # only the output asked for: the same output
-    alone = cpu_causal_efficient_taylor_shift(
-        q.float(), k.float(), v.float(), mask, _tau32(tau), None, normalize, chunk,
-        initial_state=_float32(initial),
-    )  # fmt: skip
+    with torch.no_grad():
+        alone = cpu_causal_efficient_taylor_shift(
+            *fast_in[:3], mask, _tensor_or(_tau32(tau), fast_in), None, normalize, chunk,
+            initial_state=_with_sums(_float32(initial), fast_in),
+        )  # fmt: skip
     assert torch.equal(alone, out)
 
 
@@ -164,20 +192,25 @@ def test_layout_change_is_exact_both_ways():
     assert (state[:, feature_dim(d) :] == 0).all() and (state[..., dv + 1 :] == 0).all()
 
 
-def test_inputs_that_autograd_records_are_refused():
-    q = torch.randn(1, 1, 4, 8, requires_grad=True)
-    with pytest.raises(RuntimeError, match=r"output_final_state.*without gradients.*require"):
-        cpu_causal_efficient_taylor_shift(q, q, q, None, 1.0, None, True, output_final_state=True)
-    state = TaylorShiftState.zeros(1, 1, 8, 8)
-    state.sums.requires_grad_()
-    x = torch.randn(1, 1, 4, 8)
-    with pytest.raises(RuntimeError, match=r"initial_state.*without gradients"):
-        cpu_causal_efficient_taylor_shift(x, x, x, None, 1.0, None, True, initial_state=state)
-    with torch.no_grad():  # nothing recorded: the kernel takes it
-        cpu_causal_efficient_taylor_shift(q, q, q, None, 1.0, None, True, initial_state=state)
+def test_gradients_asked_as_a_graph():
+    """create_graph=True: without a prefix the plain reference's gradients, differentiable
+    again; a call continuing a state refuses, as the PyTorch form does."""
+    q, k, v = (torch.randn(1, 2, 9, 8, requires_grad=True) for _ in range(3))
+    out, _ = cpu_causal_efficient_taylor_shift(
+        q, k, v, None, 1.0, None, True, output_final_state=True
+    )
+    (gq,) = torch.autograd.grad(out.square().sum(), q, create_graph=True)
+    exact = naive_taylor_shift_attention(q, k, v, is_causal=True)
+    (gq_exact,) = torch.autograd.grad(exact.square().sum(), q, create_graph=True)
+    assert_rel_close(gq, gq_exact, 2e-5, "gradient", atol=1e-6)
+    assert gq.requires_grad
+    state = TaylorShiftState.zeros(1, 2, 8, 8)
+    out = cpu_causal_efficient_taylor_shift(q, k, v, None, 1.0, None, True, initial_state=state)
+    with pytest.raises(RuntimeError, match=r"initial_state.*first-order gradients only"):
+        torch.autograd.grad(out.sum(), q, create_graph=True)
 
 
-def test_public_op_routes_state_calls_without_gradients_to_the_kernel(routed):
+def test_public_op_routes_eager_state_calls_to_the_kernel(routed):
     calls = routed
     b, h, hk, n, d = 1, 4, 2, 40, 16
     q, k, v, *_ = _problem(b, h, hk, 0, n, n, d, d, False, "float")
@@ -194,12 +227,23 @@ def test_public_op_routes_state_calls_without_gradients_to_the_kernel(routed):
     whole = taylor_shift_attention(q, k, v, is_causal=True, enable_gqa=True, mode="efficient")
     assert_rel_close(torch.cat([out, rest], 2), whole, 1e-5, "segments", atol=1e-7)
     calls.clear()
-    # autograd records the call: the PyTorch form (its backward carries the state's gradient)
-    qg = q.clone().requires_grad_()
-    taylor_shift_attention(qg, k, v, is_causal=True, initial_state=state, enable_gqa=True)
-    state.sums.requires_grad_()
-    taylor_shift_attention(q, k, v, is_causal=True, initial_state=state, enable_gqa=True)
+    # autograd records the call: the kernel too, its gradient w.r.t. the state's sums that
+    # of the PyTorch form (which it also routes to, traced by torch.compile)
+    sums = state.sums.clone().requires_grad_()
+    start = TaylorShiftState(sums, state.count)
+    y = taylor_shift_attention(q, k, v, is_causal=True, initial_state=start, enable_gqa=True)
+    assert calls == [fused.CPU_EFFICIENT_CAUSAL]
+    calls.clear()
+    compiled = torch.compile(
+        lambda *x: taylor_shift_attention(*x, is_causal=True, initial_state=start, enable_gqa=True),
+        backend="eager", fullgraph=True,
+    )  # fmt: skip
+    y_traced = compiled(q, k, v)
     assert calls == []
+    assert_rel_close(y, y_traced, 1e-5, "traced output", atol=1e-7)
+    g = torch.randn_like(y)
+    (a,), (e,) = (torch.autograd.grad(x, sums, g) for x in (y, y_traced))
+    assert_rel_close(a, e, 1e-5, "gradient of the sums", atol=1e-6)
 
 
 def test_decode_prefills_with_the_kernel_and_continues_token_by_token(routed):

@@ -286,7 +286,7 @@ int ts_direct_backward(int bh, int nq, int nk, int d, int nv, const float *q, co
                        const float *v, const uint8_t *mask, const float *factor, float scalar,
                        int normalize, float eps, int option, int group, const float *g,
                        const float *y, const float *den, const float *count,
-                       const float *state, float *gq, float *gk, float *gv, float *gfactor,
+                       float *state, float *gq, float *gk, float *gv, float *gfactor,
                        int threads) {
     (void)group; /* always 1 here, as in the forward */
     (void)state;

@@ -610,7 +610,7 @@ int ts_efficient_backward(int bh, int nq, int nk, int d, int nv, const float *q,
                           const float *k, const float *v, const uint8_t *mask,
                           const float *factor, float scalar, int normalize, float eps,
                           int option, int group, const float *g, const float *y,
-                          const float *den, const float *count, const float *state, float *gq,
+                          const float *den, const float *count, float *state, float *gq,
                           float *gk, float *gv, float *gfactor, int threads) {
     (void)option;
     (void)group; /* always 1, as in the forward */

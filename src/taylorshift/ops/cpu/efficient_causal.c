@@ -19,7 +19,13 @@
    in ts_state's layout and weights, per key/value head, and the sweep starts from it
    (every query attends them; their count, n_0, read from the state's last pair and ones
    column, the weighted sum of 1 * 1 over them); the forward then adds every key of the
-   block, the last chunk's too, and leaves the state after the block in its place.
+   block, the last chunk's too, and leaves the state after the block in its place. The
+   backward's state, where not NULL, is the prefix the forward started from: its forward
+   sweep starts there, and the reverse sweep goes on past the first chunk to the gradient
+   w.r.t. the prefix, which it leaves in the prefix's place: G_>-1 = c (.) sum over every
+   query of phi(q')^T gY', the weights c in it as in every G_>c (the state holds c (.) the
+   sums, so this is the gradient w.r.t. the unweighted sums, pair by pair). The count n_0
+   is not differentiated (a count of keys).
 
    The kernels read heads at a stride of their own token count, so each chunk's rows are
    copied into chunk-sized scratch (O(C d) a chunk, against O(C D V) of products) and the
@@ -199,16 +205,17 @@ int ts_causal_forward(int bh, int nq, int nk, int d, int nv, const float *q, con
 }
 
 /* Backward, in the signature of kernels.h (option: tokens per chunk; group: query heads per
-   key/value head; state not read): gq (BH, Nq, d), gk (BH / G, Nk, d), gv (BH / G, Nk, V)
-   and, where gfactor is not NULL, gfactor (BH), from g = dL/dy and the forward's y, den,
-   count. Returns 0, or 1 when scratch memory could not be allocated. */
+   key/value head): gq (BH, Nq, d), gk (BH / G, Nk, d), gv (BH / G, Nk, V) and, where
+   gfactor is not NULL, gfactor (BH), from g = dL/dy and the forward's y, den, count; where
+   state_io is not NULL, it holds the prefix the forward started from (the forward's layout)
+   and is overwritten by the gradient w.r.t. it. Returns 0, or 1 when scratch memory could
+   not be allocated. */
 int ts_causal_backward(int bh, int nq, int nk, int d, int nv, const float *q, const float *k,
                        const float *v, const uint8_t *mask, const float *factor, float scalar,
                        int normalize, float eps, int chunk, int group, const float *g,
                        const float *y, const float *den, const float *count,
-                       const float *state_in, float *gq, float *gk, float *gv, float *gfactor,
+                       float *state_io, float *gq, float *gk, float *gv, float *gfactor,
                        int threads) {
-    (void)state_in;
     const int nu = nv + 1, rows = ts_state_rows(d), cols = ts_state_cols(nu), hk = bh / group;
     const int span = nq > nk ? nq : nk, c = chunk < span ? chunk : (span > 0 ? span : 1);
     const size_t nqd = (size_t)bh * nq * d, nkd = (size_t)hk * nk * d;
@@ -229,8 +236,10 @@ int ts_causal_backward(int bh, int nq, int nk, int d, int nv, const float *q, co
     memset(g_qp, 0, sizeof(float) * (nqd + nkd + nku)); /* g_qp, g_kp, g_u */
     int failed = 0;
 
-    /* forward sweep: S_<i0 again; dq' through it and the blocks' gradients */
-    int have_state = 0;
+    /* forward sweep: S_<i0 again (from the prefix, if any); dq' through it and the blocks'
+       gradients */
+    int have_state = state_io != NULL;
+    if (state_io) memcpy(state, state_io, sizeof(float) * ns);
     for (int i0 = 0; i0 < span && !failed; i0 += c) {
         const int i1 = i0 + c < span ? i0 + c : span;
         if (i0 < nq) {
@@ -276,7 +285,7 @@ int ts_causal_backward(int bh, int nq, int nk, int d, int nv, const float *q, co
                                    threads);
             add_rows(hk, nk, d, g_kp, i0, j1, d, part_k, 1, threads);
         }
-        if (i0 < nq && i0 > 0) { /* (chunk 0's queries feed no earlier keys) */
+        if (i0 < nq && (i0 > 0 || state_io)) { /* (chunk 0's feed only a prefix) */
             const int q1 = i1 < nq ? i1 : nq;
             take_rows(bh, nq, d, qp, i0, q1, qc);
             take_rows(bh, nq, nu, gy, i0, q1, gc);
@@ -298,6 +307,10 @@ int ts_causal_backward(int bh, int nq, int nk, int d, int nv, const float *q, co
                                      threads);
         failed |= ts_scale_rows_grad(hk, nk, d, k, g_kp, NULL, normalize, eps, gk, NULL,
                                      threads);
+        if (state_io) { /* the prefix's gradient: G over every query (none: zero) */
+            if (have_grad) memcpy(state_io, grad_state, sizeof(float) * ns);
+            else memset(state_io, 0, sizeof(float) * ns);
+        }
     }
     free(qp);
     return failed;

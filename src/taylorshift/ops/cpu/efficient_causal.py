@@ -18,13 +18,12 @@ calls. The autograd.Function and the custom ops around the two calls are the one
 kernel forms share (``wrapper.py``).
 
 A state in or out (``initial_state``, ``output_final_state``: prompt prefill, a sequence in
-segments) without gradients: one forward call that starts from the given prefix state and
-leaves the state after the block's last key in its place (``state_forward``). The state
-changes layout on the way (``kernel_state``, ``public_state``): the kernels keep the
+segments, sequence parallelism): the forward starts from the given prefix state and leaves
+the state after the block's last key in its place; the backward starts from the prefix
+too and leaves the gradient w.r.t. it there (``state_forward``, ``StateFunction``). The
+state changes layout on the way (``kernel_state``, ``public_state``): the kernels keep the
 pairs (a, b >= a) of [x, 1] row by row with the weights c folded in, padded to tiles of 6
 (``wrapper.state_shape``); ``TaylorShiftState`` keeps x_a x_b, then x, then 1, unweighted.
-Calls that autograd records with a state run the PyTorch form (its backward carries the
-state's gradient; the kernels' does not).
 """
 
 from __future__ import annotations
@@ -34,15 +33,18 @@ from functools import lru_cache
 import torch
 from torch import Tensor
 
-from ..taylor_shift.features import backward_follows, feature_dim, split_factor
+from ..taylor_shift.features import feature_dim, split_factor
+from ..taylor_shift.second_order import reference_grads, wants_graph
 from ..taylor_shift.state import TaylorShiftState
 from .wrapper import (
+    backward_pass,
     check_kernel_inputs,
     flat_mask,
     forward_pass,
     head_factors,
     run,
     state_shape,
+    temperature_grad,
 )
 
 
@@ -78,9 +80,8 @@ def cpu_causal_efficient_taylor_shift(
     prefix state kept per key/value head. Returns (B, H, Nq, dv) in value's dtype, and with
     ``output_final_state`` the state after the block's last key: ``(out, state)``. CPU
     tensors of float32, float16 or bfloat16 (sums in float32). ``chunk_size``: tokens per
-    chunk (default: ``default_chunk(d)``). Differentiable in query, key, value and a tensor
-    temperature, except with a state in or out (``initial_state``, ``output_final_state``):
-    such a call refuses inputs that autograd records (``state_forward``).
+    chunk (default: ``default_chunk(d)``). Differentiable in query, key, value, a tensor
+    temperature and ``initial_state.sums`` (the state returned carries no gradient).
     """
     check_kernel_inputs(query, value, "causal efficient form")
     chunk = chunk_size or default_chunk(query.shape[-1])
@@ -97,28 +98,77 @@ def state_forward(
     temperature: Tensor | float, scale: float | None, normalize: bool, chunk: int,
     initial_state: TaylorShiftState | None,
 ) -> tuple[Tensor, TaylorShiftState]:  # fmt: skip
-    """The causal sweep from ``initial_state`` (None: no key before the block) in one C
-    call, without autograd: (out (B, H, Nq, dv) in value's dtype, the state after the
-    block's last key, float32, with key's Hkv heads). The count of the keys before the block
-    is read from the state's sums, ``sums[..., -1, -1]`` (``TaylorShiftState.from_sums``;
-    every state this library makes holds it there)."""
-    sums = None if initial_state is None else initial_state.sums
-    if backward_follows(query, key, value, temperature, sums):
-        raise RuntimeError(
-            "initial_state, output_final_state: the CPU kernel continues a causal state "
-            "without gradients; got inputs that require grad (the PyTorch form "
-            "causal_efficient_taylor_shift differentiates such a call)"
-        )
-    b, h, _, d = query.shape
-    kv_heads, nk, dv = key.shape[1], key.shape[2], value.shape[3]
+    """The causal sweep from ``initial_state`` (None: no key before the block):
+    (out (B, H, Nq, dv) in value's dtype, the state after the block's last key, float32,
+    with key's Hkv heads, no gradient). ``out`` is differentiable in query, key, value, a
+    tensor temperature and ``initial_state.sums`` (``StateFunction``). The count of the keys
+    before the block is read from the state's sums, ``sums[..., -1, -1]``
+    (``TaylorShiftState.from_sums``; every state this library makes holds it there)."""
+    b, _, _, d = query.shape
+    kv_heads, dv = key.shape[1], value.shape[3]
     temperature, factor = split_factor(temperature, scale, normalize, d)
-    prefix = kernel_state(sums, b * kv_heads, d, dv)
-    mask = flat_mask(key_mask, b, kv_heads, nk)
-    out, _, _, after = forward_pass(
-        "causal", chunk, query, key, value, mask, head_factors(temperature, b, h), factor,
-        normalize, prefix,
-    )  # fmt: skip
+    sums = None if initial_state is None else initial_state.sums
+    out, after = StateFunction.apply(
+        query, key, value, temperature, factor, normalize, key_mask, chunk, sums
+    )
     return out, public_state(after, b, kv_heads, d, dv)
+
+
+class StateFunction(torch.autograd.Function):
+    """The causal kernel's two passes with a prefix state: the forward from the prefix
+    (leaving the state after the block, not differentiable), the backward from it too,
+    with the gradient w.r.t. the prefix's sums. Arguments: query, key, value, temperature
+    (a tensor broadcasting to (B, H, 1, 1), or None for the float factor), factor,
+    normalize, key_mask (B, Hkv, Nk) bool or None, chunk, sums (B, Hkv, D, dv + 1) or None.
+    Returns (y, the state after the block in the kernels' layout)."""
+
+    @staticmethod
+    def forward(ctx, query, key, value, temperature, factor, normalize, key_mask, chunk, sums):
+        b, h, _, d = query.shape
+        kv_heads, nk, dv = key.shape[1], key.shape[2], value.shape[3]
+        factors = head_factors(temperature, b, h)
+        mask = flat_mask(key_mask, b, kv_heads, nk)
+        prefix = kernel_state(sums, b * kv_heads, d, dv)
+        y, den, count, after = forward_pass(
+            "causal", chunk, query, key, value, mask, factors, factor, normalize, prefix
+        )
+        ctx.save_for_backward(query, key, value, temperature, factors, sums, y, den, count)
+        ctx.mask, ctx.key_mask = mask, key_mask
+        ctx.factor, ctx.normalize, ctx.chunk = factor, normalize, chunk
+        ctx.mark_non_differentiable(after)
+        return y, after
+
+    @staticmethod
+    def backward(ctx, grad_out, _grad_after):
+        query, key, value, temperature, factors, sums, y, den, count = ctx.saved_tensors
+        b, h, _, d = query.shape
+        kv_heads, dv = key.shape[1], value.shape[3]
+        if wants_graph():  # create_graph=True: gradients that differentiate again
+            if sums is not None or kv_heads != h:
+                raise RuntimeError(
+                    "initial_state, enable_gqa: a causal call that continues a state or "
+                    "groups its heads has first-order gradients only; differentiating its "
+                    "gradient again (create_graph=True) is not supported"
+                )
+            mask = None if ctx.key_mask is None else ctx.key_mask.unsqueeze(2)
+            grads = reference_grads(
+                grad_out, (query, key, value, temperature), ctx.needs_input_grad[:4], mask,
+                True, ctx.factor, ctx.normalize,
+            )  # fmt: skip
+            return (*grads, None, None, None, None, None)
+        # the prefix the forward started from: C starts the backward there too and leaves
+        # the gradient w.r.t. it in its place
+        prefix = None if sums is None else kernel_state(sums, b * kv_heads, d, dv)
+        need_t = ctx.needs_input_grad[3]
+        gq, gk, gv, g_factor = backward_pass(
+            "causal", ctx.chunk, grad_out, query, key, value, ctx.mask, factors, ctx.factor,
+            ctx.normalize, (y, den, count, prefix), need_t,
+        )  # fmt: skip
+        gt = temperature_grad(g_factor, temperature, query) if need_t else None
+        g_sums = None
+        if prefix is not None and ctx.needs_input_grad[8]:
+            g_sums = public_sums(prefix, b, kv_heads, d, dv, weighted=False).to(sums.dtype)
+        return gq, gk, gv, gt, None, None, None, None, g_sums
 
 
 @lru_cache(maxsize=32)
@@ -153,12 +203,23 @@ def kernel_state(sums: Tensor | None, heads: int, d: int, dv: int) -> Tensor:
 
 def public_state(state: Tensor, b: int, kv_heads: int, d: int, dv: int) -> TaylorShiftState:
     """``TaylorShiftState`` (sums (B, Hkv, D, dv + 1), count (B, Hkv), float32) from the
-    kernels' state (``kernel_state``'s layout): the weights divided out (by 1/2: exact) and
-    the rows put back in the features' order; the count is the sums' last entry."""
-    index, weight = _pair_order(d)
-    rows = state[:, : feature_dim(d), : dv + 1] / weight
-    sums = torch.empty_like(rows).index_copy_(1, index, rows)
-    sums = sums.reshape(b, kv_heads, feature_dim(d), dv + 1)
+    kernels' state (``kernel_state``'s layout); the count is the sums' last entry."""
+    sums = public_sums(state, b, kv_heads, d, dv)
     # (the count its own contiguous tensor, as the PyTorch form's: the decoding step's
     # kernel takes a contiguous one)
     return TaylorShiftState(sums, sums[..., -1, -1].clone())
+
+
+def public_sums(
+    state: Tensor, b: int, kv_heads: int, d: int, dv: int, weighted: bool = True
+) -> Tensor:
+    """(B, Hkv, D, dv + 1) in the features' order from a tensor in the kernels' state
+    layout: a state (``weighted``: its weights divided out, by 1/2 exact), or the gradient
+    w.r.t. one that the backward left (``weighted=False``: it is already the gradient
+    w.r.t. the unweighted sums, pair by pair; efficient_causal.c), its rows reordered."""
+    index, weight = _pair_order(d)
+    rows = state[:, : feature_dim(d), : dv + 1]
+    if weighted:
+        rows = rows / weight
+    sums = torch.empty_like(rows).index_copy_(1, index, rows)
+    return sums.reshape(b, kv_heads, feature_dim(d), dv + 1)

@@ -48,7 +48,9 @@ int direct_backward(int bh, int nq, int nk, int d, int nv, const float *q, const
    not NULL, as the prefix before the block (per key/value head) and leaves the state after
    the block there; the direct form does not read it. The backward reads g = dL/dy and the
    forward's outputs and writes gq, gk, gv in the inputs' shapes and, where gfactor is not
-   NULL, gfactor (BH). Each returns 0, or 1 when scratch memory could not be allocated. */
+   NULL, gfactor (BH); the efficient form reads the forward's state, the causal form, where
+   state is not NULL, the prefix the forward started from, and overwrites it with the
+   gradient w.r.t. it. Each returns 0, or 1 when scratch memory could not be allocated. */
 #define TS_FORWARD(name)                                                                      \
     int name(int bh, int nq, int nk, int d, int nv, const float *q, const float *k,           \
              const float *v, const uint8_t *mask, const float *factor, float scalar,          \
@@ -58,7 +60,7 @@ int direct_backward(int bh, int nq, int nk, int d, int nv, const float *q, const
     int name(int bh, int nq, int nk, int d, int nv, const float *q, const float *k,           \
              const float *v, const uint8_t *mask, const float *factor, float scalar,          \
              int normalize, float eps, int option, int group, const float *g, const float *y, \
-             const float *den, const float *count, const float *state, float *gq, float *gk,  \
+             const float *den, const float *count, float *state, float *gq, float *gk,        \
              float *gv, float *gfactor, int threads)
 TS_FORWARD(ts_efficient_forward);
 TS_BACKWARD(ts_efficient_backward);

@@ -163,7 +163,9 @@ def backward_pass(
 ) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:  # fmt: skip
     """One C call ``ts_<form>_backward``: the gradients of query, key, value (each in its
     dtype, contiguous) and, with ``need_factor``, of the per-head factor (B·H,) float32,
-    from the gradient of y; ``saved`` is ``forward_pass``'s output."""
+    from the gradient of y; ``saved`` is ``forward_pass``'s output, for the causal form with
+    the prefix state it started from in the state's place (or None): C overwrites that
+    tensor with the gradient w.r.t. the prefix, in the same layout."""
     y, den, count, state = saved
     b, h, nq, d = query.shape
     nk, dv, group = key.shape[2], value.shape[3], h // key.shape[1]
@@ -216,11 +218,15 @@ class KernelFunction(torch.autograd.Function):
             ctx.form, ctx.option, grad_out, query, key, value, ctx.mask, factors, ctx.factor,
             ctx.normalize, saved, need_t,
         )  # fmt: skip
-        gt = None
-        if need_t:  # the per-head factor's gradient, summed to the temperature's shape
-            b, h = query.shape[:2]
-            gt = g_factor.view(b, h, 1, 1).sum_to_size(temperature.shape).to(temperature.dtype)
+        gt = temperature_grad(g_factor, temperature, query) if need_t else None
         return None, None, gq, gk, gv, gt, None, None, None
+
+
+def temperature_grad(g_factor: Tensor, temperature: Tensor, query: Tensor) -> Tensor:
+    """The gradient of a tensor temperature from the per-head factor's (B·H,): summed to the
+    temperature's shape, in its dtype."""
+    b, h = query.shape[:2]
+    return g_factor.view(b, h, 1, 1).sum_to_size(temperature.shape).to(temperature.dtype)
 
 
 # The same passes as torch.library custom ops, for torch.compile (one opaque call each way).

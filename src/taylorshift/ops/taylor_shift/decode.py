@@ -136,7 +136,7 @@ def taylor_shift_decode(
         return _decode_one(query, key, value, state, key_mask, tau, normalize, inplace)
     # a prompt: the CPU causal kernel where it applies, else the PyTorch sweep
     after = None
-    kernel = stateful_cpu_form(query, problem, 2, temperature)
+    kernel = stateful_cpu_form(query, problem, 2)
     if kernel is not None:
         args = (query, key, value, key_mask, temperature, scale, normalize, chunk_size)
         states = {"initial_state": state, "output_final_state": True}

@@ -3,7 +3,7 @@
 
 The public op computes the same function either way; this only picks who computes it.
 A CPU call goes to the CPU kernels when it is the direct form or the efficient form
-(non-causal, or causal: with an initial or final state only where autograd records nothing,
+(non-causal, or causal, with an initial or final state too when not traced:
 ``stateful_cpu_form``), order 2, of float32,
 float16 or bfloat16 tensors with no mask or a key-padding mask, 1 <= d, dv <=
 ``MAX_HEAD_DIM``, B·H, Nq, Nk >= 1, and the kernels are available
@@ -52,7 +52,6 @@ from torch import Tensor
 from ..cpu import build
 from ..triton.layout import layout
 from .checks import Problem
-from .features import backward_follows
 
 logger = logging.getLogger("taylorshift.dispatch")
 
@@ -259,17 +258,12 @@ def fused_form(
     return load_kernel(kernel)
 
 
-def stateful_cpu_form(
-    query: Tensor, problem: Problem, order: int, *inputs: object
-) -> Callable[..., Tensor] | None:
+def stateful_cpu_form(query: Tensor, problem: Problem, order: int) -> Callable[..., Tensor] | None:
     """The CPU causal kernel for a causal call with a state in or out (``initial_state``,
     ``output_final_state``; its signature keeps them), or None for the PyTorch form: where
-    ``_cpu_form`` gives it for the causal efficient form, eagerly (not traced by
-    torch.compile) and where autograd records nothing of ``inputs`` (the call's tensors, the
-    initial state's sums among them): its state path has no backward."""
-    if query.device.type != "cpu" or _setting() == "interpret":
-        return None
-    if torch.compiler.is_compiling() or backward_follows(*inputs):
+    ``_cpu_form`` gives it for the causal efficient form, eagerly (traced by torch.compile,
+    such calls run the PyTorch form: the kernel's state path has no custom op)."""
+    if query.device.type != "cpu" or _setting() == "interpret" or torch.compiler.is_compiling():
         return None
     return _cpu_form(query, problem, "efficient", True, order)
 

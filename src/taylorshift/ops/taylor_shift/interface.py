@@ -87,10 +87,10 @@ def taylor_shift_attention(
             be fed in segments. The output is differentiable w.r.t. ``initial_state.sums``.
         output_final_state: causal only: also return the state after this block's last key
             (real keys only under a key-padding mask), to continue with; it carries no
-            gradient. Both run the efficient form (``mode`` "auto" or "efficient"): its
-            PyTorch code where autograd records the call, else on the CPU the causal
-            kernel, which starts from the state and leaves the next one in place (no
-            Triton kernel).
+            gradient. Both run the efficient form (``mode`` "auto" or "efficient"): on the
+            CPU its causal kernel, which starts from the state and leaves the next one in
+            place (forward and backward, eagerly), elsewhere and under torch.compile its
+            PyTorch code (no Triton kernel).
         enable_gqa: grouped-query attention, as SDPA's: key and value may have Hkv heads,
             Hkv dividing H; query head h attends through key/value head h // (H / Hkv).
             Non-causal calls do the key side once per key/value head (``grouped.py``), and
@@ -191,8 +191,8 @@ def taylor_shift_attention(
     else:
         args = (query, key, value, problem.key_mask, temperature, scale, normalize)
         form = causal_efficient_taylor_shift if is_causal else efficient_taylor_shift
-    if stateful:  # the PyTorch causal form, or the CPU kernel where no backward follows
-        return _state_call(form, args, problem, order, initial_state, output_final_state)
+    if stateful:  # the PyTorch causal form, or the CPU causal kernel
+        return causal_state_call(form, args, problem, order, initial_state, output_final_state)
     fused = fused_form(query, problem, mode, is_causal, order)
     if fused is not None:
         if torch.compiler.is_compiling():
@@ -259,18 +259,17 @@ def _grouped_state_call(
     if not normalize:
         check_plain_score_range(query, key, value, scale, order)
     args = (query, key, value, key_mask, temperature, scale, normalize)
-    return _state_call(
+    return causal_state_call(
         causal_efficient_taylor_shift, args, problem, order, initial_state, output_final_state
     )
 
 
-def _state_call(form, args, problem, order, initial_state, output_final_state):
+def causal_state_call(form, args, problem, order, initial_state, output_final_state):
     """A causal call with a state in or out, checked: ``form`` (the PyTorch causal form) on
-    ``args`` (its positional arguments), or the CPU causal kernel where it applies and
-    autograd records nothing (``stateful_cpu_form``; a kernel failure falls back here too)."""
-    query, key, value, _, temperature = args[:5]
-    sums = None if initial_state is None else initial_state.sums
-    fused = stateful_cpu_form(query, problem, order, query, key, value, temperature, sums)
+    ``args`` (its positional arguments), or the CPU causal kernel where it applies
+    (``stateful_cpu_form``; a kernel failure falls back to ``form``)."""
+    query = args[0]
+    fused = stateful_cpu_form(query, problem, order)
     states = {"initial_state": initial_state, "output_final_state": output_final_state}
     if fused is not None:
         kernel = shape_class(CPU_EFFICIENT_CAUSAL, query, problem, True)
