@@ -55,7 +55,7 @@ def summary(name: str, old: list[float], new: list[float]) -> str:
     ratio = [o / n for o, n in zip(old, new, strict=True)]
     q1, _, q3 = statistics.quantiles(ratio, n=4)
     return (
-        f"| {name} | {statistics.median(old):.2f} | {statistics.median(new):.2f} | "
+        f"| {name} | {statistics.median(old):.3f} | {statistics.median(new):.3f} | "
         f"{statistics.median(ratio):.2f}x ({q1:.2f}-{q3:.2f}) |"
     )
 
@@ -64,14 +64,24 @@ def op_cases(rounds: int) -> None:
     print("\nThe op: taylor_shift_decode on a prompt, B 1, H 8, dv = d, float32 (ms)\n")
     print("| d, N | old (PyTorch sweep) | new (kernel) | old / new, paired by round (q1-q3) |")
     print("|---|---:|---:|---:|")
-    for d, n in ((32, 512), (32, 2048), (32, 8192), (64, 2048), (16, 2048)):
+    for d, n in (
+        (32, 4),
+        (32, 16),
+        (32, 64),
+        (32, 512),
+        (32, 2048),
+        (32, 8192),
+        (64, 2048),
+        (16, 2048),
+    ):
         g = torch.Generator().manual_seed(0)
         q, k, v = (torch.randn(1, 8, n, d, generator=g) for _ in range(3))
         times = {"old": [], "new": []}
+        repeats = max(3, 1024 // n)  # (short prompts: more calls a round, for the timer)
         for _ in range(rounds):
             for path in ("old", "new"):
                 use(path)
-                times[path].append(timed(partial(taylor_shift_decode, q, k, v), 3))
+                times[path].append(timed(partial(taylor_shift_decode, q, k, v), repeats))
         use("new")
         print(summary(f"{d}, {n:,}", times["old"], times["new"]))
 
