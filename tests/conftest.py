@@ -16,6 +16,10 @@ import torch
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+if os.environ.get("TRITON_INTERPRET") == "1":
+    from tests.triton_interpreter import install
+
+    install()  # the interpreter patches triton.language once a launch (tests/triton_interpreter.py)
 
 from taylorshift.ops.taylor_shift import calibration, dispatch
 
