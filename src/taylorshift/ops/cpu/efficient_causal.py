@@ -88,19 +88,22 @@ def cpu_causal_efficient_taylor_shift(
     if initial_state is None and not output_final_state:
         return run("causal", chunk, query, key, value, key_mask, temperature, scale, normalize)
     out, state = state_forward(
-        query, key, value, key_mask, temperature, scale, normalize, chunk, initial_state
-    )
+        query, key, value, key_mask, temperature, scale, normalize, chunk, initial_state,
+        output_final_state,
+    )  # fmt: skip
     return (out, state) if output_final_state else out
 
 
 def state_forward(
     query: Tensor, key: Tensor, value: Tensor, key_mask: Tensor | None,
     temperature: Tensor | float, scale: float | None, normalize: bool, chunk: int,
-    initial_state: TaylorShiftState | None,
-) -> tuple[Tensor, TaylorShiftState]:  # fmt: skip
+    initial_state: TaylorShiftState | None, final_state: bool = True,
+) -> tuple[Tensor, TaylorShiftState | None]:  # fmt: skip
     """The causal sweep from ``initial_state`` (None: no key before the block):
     (out (B, H, Nq, dv) in value's dtype, the state after the block's last key, float32,
-    with key's Hkv heads, no gradient). ``out`` is differentiable in query, key, value, a
+    with key's Hkv heads, no gradient; None unless ``final_state``: the kernel leaves it in
+    its own layout, and only the change to ``TaylorShiftState``'s is skipped). ``out`` is
+    differentiable in query, key, value, a
     tensor temperature and ``initial_state.sums`` (``StateFunction``). The count of the keys
     before the block is read from the state's sums, ``sums[..., -1, -1]``
     (``TaylorShiftState.from_sums``; every state this library makes holds it there)."""
@@ -111,7 +114,7 @@ def state_forward(
     out, after = StateFunction.apply(
         query, key, value, temperature, factor, normalize, key_mask, chunk, sums
     )
-    return out, public_state(after, b, kv_heads, d, dv)
+    return out, public_state(after, b, kv_heads, d, dv) if final_state else None
 
 
 class StateFunction(torch.autograd.Function):
