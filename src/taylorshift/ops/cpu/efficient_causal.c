@@ -14,8 +14,8 @@
    then dq, dk and the factor's gradient through the scaling. No prefix state is kept
    between the two calls.
 
-   A prefix state in and out (the forward only: prompt prefill, a sequence in segments with
-   no gradient): where the forward's state is not NULL it holds the keys before the block,
+   A prefix state in and out (prompt prefill, a sequence in segments, a rank of sequence
+   parallelism): where the forward's state is not NULL it holds the keys before the block,
    in ts_state's layout and weights, per key/value head, and the sweep starts from it
    (every query attends them; their count, n_0, read from the state's last pair and ones
    column, the weighted sum of 1 * 1 over them); the forward then adds every key of the
