@@ -40,13 +40,8 @@ from .features import (
     score_factor,
     state_weights,
 )
-from .fused import (
-    CPU_EFFICIENT_CAUSAL,
-    cpu_kernels_ready,
-    run_guarded,
-    shape_class,
-    stateful_cpu_form,
-)
+from .fused import cpu_kernels_ready
+from .interface import causal_state_call
 from .state import TaylorShiftState, check_state
 
 
@@ -134,27 +129,17 @@ def taylor_shift_decode(
     key, value = drop_masked_content(key, value, key_mask)
     if query.shape[2] == 1:
         return _decode_one(query, key, value, state, key_mask, tau, normalize, inplace)
-    # a prompt: the CPU causal kernel where it applies, else the PyTorch sweep
-    after = None
-    kernel = stateful_cpu_form(query, problem, 2)
-    if kernel is not None:
-        args = (query, key, value, key_mask, temperature, scale, normalize, chunk_size)
-        states = {"initial_state": state, "output_final_state": True}
-        name = shape_class(CPU_EFFICIENT_CAUSAL, query, problem, True)
-        done = run_guarded(name, lambda: kernel(*args, **states))
-        if done is not None:
-            out, after = done
-    if after is None:
+    # a prompt: the CPU causal kernel where it applies, else the PyTorch sweep (no autograd)
+
+    def sweep(*_args, initial_state, output_final_state):
         out, _, _, after = causal_forward(
-            query,
-            key,
-            value,
-            tau,
-            normalize,
-            key_mask,
-            chunk_size or DEFAULT_CAUSAL_CHUNK,
-            state,
-        )
+            query, key, value, tau, normalize, key_mask, chunk_size or DEFAULT_CAUSAL_CHUNK,
+            initial_state,
+        )  # fmt: skip
+        return out, after
+
+    args = (query, key, value, key_mask, temperature, scale, normalize, chunk_size)
+    out, after = causal_state_call(sweep, args, problem, 2, state, True)
     if inplace:
         state.sums.copy_(after.sums)
         state.count.copy_(after.count)

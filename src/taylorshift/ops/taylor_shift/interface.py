@@ -265,9 +265,10 @@ def _grouped_state_call(
 
 
 def causal_state_call(form, args, problem, order, initial_state, output_final_state):
-    """A causal call with a state in or out, checked: ``form`` (the PyTorch causal form) on
-    ``args`` (its positional arguments), or the CPU causal kernel where it applies
-    (``stateful_cpu_form``; a kernel failure falls back to ``form``)."""
+    """A causal call with a state in or out, checked: ``form`` (the PyTorch causal form, or a
+    function with its signature: decoding's sweep without autograd) on ``args`` (its
+    positional arguments), or the CPU causal kernel where it applies (``stateful_cpu_form``;
+    a kernel failure falls back to ``form``)."""
     query = args[0]
     fused = stateful_cpu_form(query, problem, order)
     states = {"initial_state": initial_state, "output_final_state": output_final_state}
