@@ -455,8 +455,14 @@ def _grad(
 
 
 def _flat(t: Tensor) -> Tensor:
-    """(B, H, N, ...) -> (B·H, N, ...) contiguous."""
-    return t.reshape(t.shape[0] * t.shape[1], *t.shape[2:]).contiguous()
+    """(B, H, N, ...) -> (B·H, N, ...) contiguous.
+
+    Through a flat view, not ``reshape``: inside ``torch.cond`` (``mode="auto"`` under
+    torch.export with a dynamic N), merging B and H by reshape made torch 2.11 emit a guard
+    on N, ``Min(16·N, 32·N) == 16·N``, that export then reported as violated
+    (benchmarks/gpu_h100/2026-11-28); a contiguous tensor's flat view needs no such guard.
+    """
+    return t.contiguous().view(-1).view(t.shape[0] * t.shape[1], *t.shape[2:])
 
 
 # ----------------------------------------------------------------------------------------

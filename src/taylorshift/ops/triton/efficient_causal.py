@@ -34,6 +34,7 @@ from ..taylor_shift.second_order import graph_grads, taylor_sums, wants_graph
 from ..taylor_shift.state import TaylorShiftState
 from .efficient import (
     _apply,
+    _flat,
     _grad,
     _state,
     check_kernel_inputs,
@@ -255,9 +256,9 @@ def triton_causal_efficient_taylor_shift(
         m = key_mask.expand(b, h, nk).to(torch.float32).unsqueeze(-1)
         u = torch.cat([v * m, m], dim=-1)
     y_prime = triton_causal_forward(
-        qp.reshape(b * h, nq, d).contiguous(),
-        kp.reshape(b * h, nk, d).contiguous(),
-        u.reshape(b * h, nk, -1).contiguous(),
+        _flat(qp),
+        _flat(kp),
+        _flat(u),
         chunk,
         dot_kind(query.dtype),
     ).reshape(b, h, nq, -1)
