@@ -419,31 +419,34 @@ def test_cpu_prior_only_for_what_was_measured(isolated_cache_dir, monkeypatch, n
     assert choose_mode(n, n, 16, 16, **FULL, **cpu32) == "efficient"  # off: theory only
 
 
-def test_gpu_without_calibration_switches_past_the_h200_bounds():
+def test_gpu_without_calibration_switches_at_the_measured_bounds():
     # dispatch.GPU_PRIOR = 4 times the counted switch (2,144.5 at d = 64): 8,578 by hand; the
-    # H200 runs put the real switch at about 9,200 (forward) and 7,200 (forward + backward).
+    # H200 runs put the real switch at about 9,200 (forward) and 7,200 (forward + backward),
+    # the H100 run at 8,550 and 7,400.
     gpu16 = dict(device="cuda", dtype=torch.bfloat16)
     assert decide_mode(8577, 8577, 64, 64, **FULL, **gpu16) == Decision("direct", "gpu prior")
     assert decide_mode(8579, 8579, 64, 64, **FULL, **gpu16) == Decision("efficient", "gpu prior")
     assert decide_mode(4096, 4096, 64, 64, **FULL, device="cuda", dtype=torch.float16).mode == (
         "direct"
     )
-    # float32: GPU_FLOAT32_PRIOR = 12.4 times 2,144.5 = 26,592 (the float32 efficient
-    # kernels were 6.2x slower than direct at 4,096, 1.6x at 16,384)
+    # float32: GPU_FLOAT32_PRIOR 2.6 (forward) and 0.22 (forward + backward) times 2,144.5 =
+    # 5,575.7 and 471.8 (the PyTorch efficient form against the direct kernel on an H100:
+    # level at about 5,600 forward, 2.2x faster forward + backward at 1,024)
     gpu32 = dict(device="cuda", dtype=torch.float32)
-    for n in (4096, 16384, 26591):
-        assert decide_mode(n, n, 64, 64, **FULL, **gpu32) == Decision("direct", "gpu prior")
-    assert decide_mode(26593, 26593, 64, 64, **FULL, **gpu32).mode == "efficient"
-    # causal: GPU_CAUSAL_PRIOR 28 (forward) and 18 (forward + backward) times the counted
-    # 2,402.46: 67,269 and 43,244 (the causal efficient kernels took 4.1x and 2.6x the
-    # direct kernel's time at 16,384)
+    assert decide_mode(5575, 5575, 64, 64, **FULL, **gpu32) == Decision("direct", "gpu prior")
+    assert decide_mode(5576, 5576, 64, 64, **FULL, **gpu32).mode == "efficient"
+    assert decide_mode(471, 471, 64, 64, **FULL, **gpu32, backward=True).mode == "direct"
+    assert decide_mode(472, 472, 64, 64, **FULL, **gpu32, backward=True).mode == "efficient"
+    # causal: GPU_CAUSAL_PRIOR 38 (forward) and 24 (forward + backward) times the counted
+    # 2,402.46: 91,293 and 57,659 (the causal efficient kernels took 4.65x and 1.35x the
+    # direct kernel's time forward at 16,384 and 65,536, 2.95x and 0.90x forward + backward)
     causal = dict(FULL, causal=True)
     for dtype in (torch.bfloat16, torch.float16, torch.float32):
         gpu = dict(device="cuda", dtype=dtype)
-        assert decide_mode(67268, 67268, 64, 64, **causal, **gpu) == Decision("direct", "gpu prior")
-        assert decide_mode(67270, 67270, 64, 64, **causal, **gpu).mode == "efficient"
-        assert decide_mode(43243, 43243, 64, 64, **causal, **gpu, backward=True).mode == "direct"
-        assert decide_mode(43245, 43245, 64, 64, **causal, **gpu, backward=True).mode == (
+        assert decide_mode(91293, 91293, 64, 64, **causal, **gpu) == Decision("direct", "gpu prior")
+        assert decide_mode(91294, 91294, 64, 64, **causal, **gpu).mode == "efficient"
+        assert decide_mode(57658, 57658, 64, 64, **causal, **gpu, backward=True).mode == "direct"
+        assert decide_mode(57659, 57659, 64, 64, **causal, **gpu, backward=True).mode == (
             "efficient"
         )
     # float64 (no kernel) or another device: not measured, the counts decide

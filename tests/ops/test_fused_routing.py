@@ -101,3 +101,37 @@ def test_causal_state_bytes_count_the_kernels_padding():
         return fused.causal_state_bytes(problem_for(q, k, torch.randn(1, 2, 512, dv), causal=True))
 
     assert 1.9 < state_bytes(65) / state_bytes(64) < 2.1
+
+
+class _SaysCuda(torch.Tensor):
+    """A CPU tensor that answers ``is_cuda`` with True: the router's CUDA-only rules on a
+    machine without CUDA (with TAYLORSHIFT_TRITON=interpret, which lets CPU tensors reach
+    the Triton kernels)."""
+
+    is_cuda = property(lambda self: True)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_float32_efficient_calls_on_cuda_take_the_kernels_only_forward_in_tf32(
+    causal, triton_installed, monkeypatch
+):
+    # benchmarks/gpu_h100/2026-11-28: in exact float32 the kernels were 3.2-5.7x slower than
+    # the PyTorch efficient form; with TF32 their forward was faster, their backward slower
+    monkeypatch.setenv(fused.TRITON_ENV, "interpret")
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
+    q, k, v = (torch.Tensor._make_subclass(_SaysCuda, t) for t in qkv())
+    problem = problem_for(q, k, v, causal=causal)
+
+    def routed(dtype=torch.float32, backward=False, mode="efficient"):
+        x = q.to(dtype)
+        return fused.fused_form(x, problem, mode, causal, 2, backward=backward) is not None
+
+    assert not routed() and not routed(backward=True)
+    assert routed(torch.float16) and routed(torch.float16, backward=True)  # 16-bit: kernels
+    assert routed(mode="direct", backward=True)  # the direct kernel: not this rule
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", True)
+    assert routed() and not routed(backward=True)
+    # CPU tensors under the interpreter (the suite's kernel tests): the rule is CUDA's only
+    x = q.as_subclass(torch.Tensor)
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
+    assert fused.fused_form(x, problem, "efficient", causal, 2, backward=True) is not None

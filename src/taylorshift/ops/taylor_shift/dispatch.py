@@ -406,28 +406,30 @@ def _prior_mode(nq: int, nk: int, d: int, dv: int, causal: bool, rho: float, wha
 
 
 # Without a calibration of this GPU, calls on CUDA switch at ρ times the counted crossover,
-# ρ from the H200 runs (bf16, d = 64 unless named, B·H = 32, the fused kernels):
-# - GPU_PRIOR, float16/bfloat16, non-causal (counted switch N ≈ 2,145 at d = 64): the first
-#   run put the real switch in (8,192, 16,384) forward and (4,096, 16,384) forward +
-#   backward; the second (benchmarks/gpu_h200/2026-11-27) measured it at N ≈ 9,200 forward,
-#   7,200 forward + backward (ρ = 4.3, 3.4), and at d = 128 forward at ≈ 26,000 (3.1 times
-#   the counted 8,385). ρ = 4 is within 1.3x of each.
-# - GPU_FLOAT32_PRIOR, float32, non-causal: the efficient kernels' float32 dots run on the
-#   FMA units; they were 11.7x / 6.2x / 1.6x slower than direct forward at N = 1,024 /
-#   4,096 / 16,384 (the ratio halving with each doubling of N from 4,096 on), so the switch
-#   lies near 16,384 x 1.62 ≈ 26,500 (ρ ≈ 12.4). Forward only: no forward + backward point
-#   was measured past N = 1,024.
-# - GPU_CAUSAL_PRIOR, causal (any kernel dtype; counted switch 2,402 at d = 64): at N =
-#   16,384, bf16, the causal efficient kernels took 4.1x (forward) and 2.6x (forward +
-#   backward) the causal direct kernel's time. One point: with direct's time growing as N²
-#   and efficient's as N from there, the switch is near 16,384 x 4.1 ≈ 67,000 and
-#   16,384 x 2.6 ≈ 43,000 (ρ ≈ 28 and 18); ρ > 6.8 is certain. float32 was not timed
-#   causal; its efficient kernels are slower still (FMA dots), so this is if anything early.
+# ρ from the GPU runs (d = 64 unless named, B·H = 32; benchmarks/gpu_h200, gpu_h100):
+# - GPU_PRIOR, float16/bfloat16, non-causal (counted switch N ≈ 2,145 at d = 64), the fused
+#   kernels: the first H200 run put the real switch in (8,192, 16,384) forward and (4,096,
+#   16,384) forward + backward; the second (gpu_h200/2026-11-27) measured it at N ≈ 9,200
+#   forward, 7,200 forward + backward (ρ = 4.3, 3.4), and at d = 128 forward at ≈ 26,000
+#   (3.1 times the counted 8,385); the H100 (gpu_h100/2026-11-28) at 8,550 and 7,400 (ρ =
+#   4.0, 3.5), d = 128 forward ≈ 30,800 (ρ = 3.7). ρ = 4 is within 1.3x of each.
+# - GPU_FLOAT32_PRIOR, float32, non-causal: the efficient form is the PyTorch one there
+#   (fused.float32_efficient_stays_on_pytorch), the direct form the Triton kernel. On the
+#   H100 the PyTorch efficient form passed it at N ≈ 5,600 forward (ρ = 2.6) and was faster
+#   forward + backward at every N timed, 2.2x at 1,024 (the direct kernel's float32
+#   backward took 23.7 ms there, 345 ms at 4,096): with direct's time growing as N² and
+#   efficient's as N below that, the switch is near 1,024 / 2.2 ≈ 470 (ρ ≈ 0.22).
+# - GPU_CAUSAL_PRIOR, causal (any kernel dtype; counted switch 2,402 at d = 64), bf16: at N
+#   = 16,384 and 65,536 the causal efficient kernels took 4.65x and 1.35x (forward), 2.95x
+#   and 0.90x (forward + backward) the causal direct kernel's time on the H100 (the H200:
+#   4.1x and 2.6x at 16,384). Interpolated in log-log between the two H100 points (forward
+#   + backward) and extrapolated past 65,536 (forward), the switch is near 92,000 and
+#   58,000 (ρ ≈ 38 and 24). float32 was not timed causal.
 # The counts carry the dependence on d. A calibration of the GPU (taylorshift bench
 # calibrate) wins over all three.
 GPU_PRIOR = 4.0
-GPU_FLOAT32_PRIOR = 12.4
-GPU_CAUSAL_PRIOR = {FORWARD: 28.0, FORWARD_BACKWARD: 18.0}
+GPU_FLOAT32_PRIOR = {FORWARD: 2.6, FORWARD_BACKWARD: 0.22}
+GPU_CAUSAL_PRIOR = {FORWARD: 38.0, FORWARD_BACKWARD: 24.0}
 
 
 def _gpu_prior_mode(
@@ -442,7 +444,8 @@ def _gpu_prior_mode(
         rho = GPU_CAUSAL_PRIOR[FORWARD_BACKWARD if backward else FORWARD]
         return _prior_mode(nq, nk, d, dv, causal, rho, "GPU, causal")
     if dtype == torch.float32:
-        return _prior_mode(nq, nk, d, dv, causal, GPU_FLOAT32_PRIOR, "GPU, float32")
+        rho = GPU_FLOAT32_PRIOR[FORWARD_BACKWARD if backward else FORWARD]
+        return _prior_mode(nq, nk, d, dv, causal, rho, "GPU, float32")
     return _prior_mode(nq, nk, d, dv, causal, GPU_PRIOR, "GPU")
 
 

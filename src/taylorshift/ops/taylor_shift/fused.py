@@ -20,6 +20,9 @@ goes to a Triton kernel when all of these hold, else it stays on the PyTorch for
   to launch);
 - the form has a kernel: efficient or direct (causal or not) with no mask or a key-padding
   mask. Masks that vary over queries stay on the PyTorch path;
+- float32 efficient calls on CUDA only where TF32 is allowed and autograd does not record
+  the call; the rest take the PyTorch efficient form, faster there
+  (``float32_efficient_stays_on_pytorch``);
 - causal efficient only: its first version keeps every chunk's prefix state at once (about
   3 · B·H · Nk/C states of the kernels' padded layout, float32, at the peak), so calls
   whose states would exceed ``CAUSAL_STATE_BUDGET`` bytes stay on the memory-lean PyTorch
@@ -227,12 +230,36 @@ def _warn_cpu_once(reason: str) -> None:
     )
 
 
+def float32_efficient_stays_on_pytorch(dtype: torch.dtype, backward: bool) -> bool:
+    """Whether a float32 efficient-form call on CUDA takes the PyTorch form, not the
+    Triton kernels (benchmarks/gpu_h100/2026-11-28, H100, d = 64, B·H = 32):
+
+    - exact float32 (``torch.backends.cuda.matmul.allow_tf32`` off, torch's default): the
+      kernels' dots run in exact float32 on the FMA units and took 4.2-5.7x the PyTorch
+      form's time forward (cuBLAS), 3.2-4.3x forward + backward, N = 1,024 to 16,384;
+      the causal kernels multiply the same way (not timed in float32);
+    - TF32 allowed: the kernels' forward was 5.6-6.3x faster than the PyTorch form in exact
+      float32, their forward + backward 2.1-2.5x slower (the PyTorch form in TF32,
+      not timed yet, would only gain), so calls that autograd records take the PyTorch form.
+    """
+    if dtype != torch.float32:
+        return False
+    return backward or not torch.backends.cuda.matmul.allow_tf32
+
+
 def fused_form(
-    query: Tensor, problem: Problem, mode: str, is_causal: bool, order: int
+    query: Tensor,
+    problem: Problem,
+    mode: str,
+    is_causal: bool,
+    order: int,
+    *,
+    backward: bool = False,
 ) -> Callable[..., Tensor] | None:
     """The fused kernel for this call (a function with the signature of the matching
     PyTorch form, so that ``interface`` calls either one way), or None to use the PyTorch
-    form. Its name for the
+    form. ``backward``: whether autograd records the call (float32 on CUDA:
+    ``float32_efficient_stays_on_pytorch``). Its name for the
     failure bookkeeping is ``kernel_name(mode, is_causal, query.device)``."""
     setting = _setting()
     if query.device.type == "cpu" and setting != "interpret":
@@ -250,6 +277,13 @@ def fused_form(
         return None
     if shape_class(kernel, query, problem, is_causal) in FAILED:
         _debug("fused: none (%s failed before in this shape class)", kernel)
+        return None
+    if (
+        mode == "efficient"
+        and query.is_cuda
+        and float32_efficient_stays_on_pytorch(query.dtype, backward)
+    ):
+        _debug("fused: none (float32 on CUDA: the PyTorch efficient form is faster)")
         return None
     if kernel == "triton efficient (causal)" and causal_state_bytes(problem) > CAUSAL_STATE_BUDGET:
         _debug("fused: none (causal chunk states over budget; PyTorch causal form)")

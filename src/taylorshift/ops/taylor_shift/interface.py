@@ -193,7 +193,8 @@ def taylor_shift_attention(
         form = causal_efficient_taylor_shift if is_causal else efficient_taylor_shift
     if stateful:  # the PyTorch causal form, or the CPU causal kernel
         return causal_state_call(form, args, problem, order, initial_state, output_final_state)
-    fused = fused_form(query, problem, mode, is_causal, order)
+    backward = backward_follows(query, key, value, temperature)
+    fused = fused_form(query, problem, mode, is_causal, order, backward=backward)
     if fused is not None:
         if torch.compiler.is_compiling():
             # Traced code calls the kernel's custom op as it is: the guard below (a try
@@ -202,7 +203,6 @@ def taylor_shift_attention(
         # A kernel that cannot compile or launch here falls back to the PyTorch form below
         # (warned once, remembered per shape class; ops/taylor_shift/fused.py).
         kernel = shape_class(kernel_name(mode, is_causal, query.device), query, problem, is_causal)
-        backward = backward_follows(query, key, value, temperature)
         if not backward or probe_backward(kernel, fused, mode, query):
             out = run_guarded(kernel, lambda: fused(*args))
             if out is not None:
