@@ -13,6 +13,10 @@ written to OUT_DIR/tune.json at once, OUT_DIR/tune.md at the end):
    forward and forward + backward (OUT_DIR/profile_causal.txt, the 25 costliest ops);
 3. times per call, forward and forward + backward, beside SDPA and the direct kernels on
    the same inputs:
+   - float32 first (what the H100 run left open): with TF32 allowed, the PyTorch efficient
+     form, the direct kernel and the kernels' TF32 dots at 4,096 and 16,384; forward +
+     backward at 512 and 1,024 (the PyTorch form against the direct kernel); causal at
+     16,384 (the PyTorch form, the direct kernel, SDPA);
    - causal at 16,384 with chunks of 128 … 1,024 tokens (the default is 256), and at
      65,536 (auto's causal GPU prior extrapolates from 16,384: direct ∝ N², efficient ∝ N);
    - float32 at 4,096 and 16,384: the kernels' exact float32 dots ("ieee"), their TF32
@@ -24,7 +28,9 @@ written to OUT_DIR/tune.json at once, OUT_DIR/tune.md at the end):
      kernels before the 16-bit path (every dot in float32 "ieee" on bf16 inputs).
 
 The first run (benchmarks/gpu_h200/tune) had an earlier plan: launch settings first; the
-second (benchmarks/gpu_h200/2026-11-27/tune) had no causal chunks, profile or float32.
+second (benchmarks/gpu_h200/2026-11-27/tune) had no causal chunks, profile or float32; the
+third (benchmarks/gpu_h100/2026-11-28/tune) had no float32 points with TF32 beyond the
+kernels' own, none at short N and none causal.
 """
 
 from __future__ import annotations
@@ -118,6 +124,9 @@ def main() -> int:
         form = causal_efficient_taylor_shift if causal else efficient_taylor_shift
         return form(q, k, v, None, 1.0, None, True)
 
+    def direct(q, k, v, causal=False):
+        return taylor_shift_attention(q, k, v, is_causal=causal, mode="direct")
+
     def tf32(fn):
         def call(*args, **kwargs):
             before = torch.backends.cuda.matmul.allow_tf32
@@ -133,9 +142,9 @@ def main() -> int:
         "efficient (Triton)": efficient,
         "efficient (PyTorch)": pytorch_efficient,
         "efficient (Triton, TF32)": tf32(efficient),
-        "direct (Triton)": lambda q, k, v, causal=False: taylor_shift_attention(
-            q, k, v, is_causal=causal, mode="direct"
-        ),
+        "efficient (PyTorch, TF32)": tf32(pytorch_efficient),
+        "direct (Triton)": direct,
+        "direct (Triton, TF32)": tf32(direct),
         "SDPA": lambda q, k, v, causal=False: torch.nn.functional.scaled_dot_product_attention(
             q, k, v, is_causal=causal
         ),
@@ -225,6 +234,17 @@ def main() -> int:
     fp32 = torch.float32
     trio = ("16-bit", "SDPA", "direct (Triton)")
     plan = []  # (label, n, backward, d, causal, dtype or None)
+    # float32 routing (the questions the H100 run left, benchmarks/gpu_h100/2026-11-28):
+    # with TF32 allowed, the PyTorch efficient form and the direct kernel beside the
+    # kernels' TF32 dots; forward + backward at short N, where auto's float32 switch was
+    # extrapolated (GPU_FLOAT32_PRIOR); causal float32, which takes the PyTorch form
+    tf32_impls = ("efficient (PyTorch, TF32)", "direct (Triton, TF32)", "efficient (Triton, TF32)")
+    plan += [(x, n, bw, d, False, fp32) for n in (n_err, n_mid) for bw in (False, True)
+             for x in tf32_impls]  # fmt: skip
+    plan += [(x, n, True, d, False, fp32) for n in (n_err // 8, n_err // 4)
+             for x in ("efficient (PyTorch)", "direct (Triton)")]  # fmt: skip
+    plan += [(x, n_mid, bw, d, True, fp32) for bw in (False, True)
+             for x in ("efficient (PyTorch)", "direct (Triton)", "SDPA")]  # fmt: skip
     # the causal kernels: default chunk (256) beside SDPA and direct, other chunks, 4x N
     plan += [(x, n_mid, bw, d, True, None) for bw in (False, True) for x in trio]
     plan += [(f"16-bit, chunk {c}", n_mid, bw, d, True, None) for c in CAUSAL_CHUNKS
