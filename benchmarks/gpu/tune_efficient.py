@@ -16,7 +16,8 @@ written to OUT_DIR/tune.json at once, OUT_DIR/tune.md at the end):
    - float32 first (what the H100 run left open): with TF32 allowed, the PyTorch efficient
      form, the direct kernel and the kernels' TF32 dots at 4,096 and 16,384; forward +
      backward at 512 and 1,024 (the PyTorch form against the direct kernel); causal at
-     16,384 (the PyTorch form, the direct kernel, SDPA);
+     16,384 (the PyTorch form, the direct kernel, SDPA); the direct kernel's float32
+     backward on other blocks (``DIRECT_FLOAT32_BACKWARD``);
    - causal at 16,384 with chunks of 128 … 1,024 tokens (the default is 256), and at
      65,536 (auto's causal GPU prior extrapolates from 16,384: direct ∝ N², efficient ∝ N);
    - float32 at 4,096 and 16,384: the kernels' exact float32 dots ("ieee"), their TF32
@@ -60,6 +61,7 @@ def main() -> int:
 
     from taylorshift import naive_taylor_shift_attention, taylor_shift_attention
     from taylorshift.bench.measure import time_call
+    from taylorshift.ops.triton import direct as td
     from taylorshift.ops.triton import efficient as te
 
     args.out.mkdir(parents=True, exist_ok=True)
@@ -245,6 +247,8 @@ def main() -> int:
              for x in ("efficient (PyTorch)", "direct (Triton)")]  # fmt: skip
     plan += [(x, n_mid, bw, d, True, fp32) for bw in (False, True)
              for x in ("efficient (PyTorch)", "direct (Triton)", "SDPA")]  # fmt: skip
+    # the direct kernel's float32 backward (40x its forward on the H100) on other blocks
+    plan += [(x, n_err, True, d, False, fp32) for x in DIRECT_FLOAT32_BACKWARD]
     # the causal kernels: default chunk (256) beside SDPA and direct, other chunks, 4x N
     plan += [(x, n_mid, bw, d, True, None) for bw in (False, True) for x in trio]
     plan += [(f"16-bit, chunk {c}", n_mid, bw, d, True, None) for c in CAUSAL_CHUNKS
@@ -268,6 +272,13 @@ def main() -> int:
         if label in configs:
             use(label)
             timed(label, impls["efficient (Triton)"], n, backward, dim, causal, dt)
+        elif label in DIRECT_FLOAT32_BACKWARD:
+            use("16-bit")
+            td.FLOAT32_BACKWARD_BLOCKS = DIRECT_FLOAT32_BACKWARD[label]
+            try:
+                timed(label, impls["direct (Triton)"], n, backward, dim, causal, dt)
+            finally:
+                td.FLOAT32_BACKWARD_BLOCKS = None
         else:
             use("16-bit")
             timed(label, impls[label], n, backward, dim, causal, dt)
@@ -297,6 +308,15 @@ def main() -> int:
     print(f"wrote {args.out}/tune.md in {time.monotonic() - START:.0f} s", flush=True)
     return 0
 
+
+# Blocks (BLOCK_M, BLOCK_N, warps) of the direct kernel's float32 backward to time
+# (ops/triton/direct.py, FLOAT32_BACKWARD_BLOCKS; the default is its forward's, 64, 64, 4).
+DIRECT_FLOAT32_BACKWARD = {
+    "direct (Triton), fp32 backward 32x32, 4 warps": (32, 32, 4),
+    "direct (Triton), fp32 backward 64x32, 4 warps": (64, 32, 4),
+    "direct (Triton), fp32 backward 32x64, 4 warps": (32, 64, 4),
+    "direct (Triton), fp32 backward 64x64, 8 warps": (64, 64, 8),
+}
 
 # Tokens per chunk of the causal kernels to time beside the default (CAUSAL_CHUNK = 256).
 CAUSAL_CHUNKS = (128, 512, 1024)

@@ -176,6 +176,31 @@ def test_query_blocks_smaller_than_key_blocks(monkeypatch):
     _compare(2, 2, 65, 50, 33, 20, torch.float32, normalize=True, causal=True, masked=True)
 
 
+def test_float32_backward_on_its_own_blocks(monkeypatch):
+    """FLOAT32_BACKWARD_BLOCKS (what a tuning run sets): the backward kernels on blocks other
+    than the forward's (here square-free both ways round) give the same gradients."""
+    monkeypatch.setattr(triton_direct, "FLOAT32_BACKWARD_BLOCKS", (16, 32, 1))
+    launched = []
+    for name in ("_direct_bwd_dq_kernel", "_direct_bwd_dkv_kernel"):
+        monkeypatch.setattr(triton_direct, name, _Spy(getattr(triton_direct, name), launched))
+    _compare(2, 2, 65, 50, 33, 20, torch.float32, normalize=True, causal=True, masked=True)
+    assert launched and set(launched) == {(16, 32, 1)}, launched
+
+
+class _Spy:
+    """A kernel whose launches record (BLOCK_M, BLOCK_N, num_warps), then run."""
+
+    def __init__(self, kernel, launched):
+        self.kernel, self.launched = kernel, launched
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            self.launched.append((kwargs["BLOCK_M"], kwargs["BLOCK_N"], kwargs["num_warps"]))
+            return self.kernel[grid](*args, **kwargs)
+
+        return launch
+
+
 def test_large_scores_stay_finite_in_float16():
     """s up to τ = 1000 (keys near the queries): w = 1 + s + s²/2 ≈ 5e5 would overflow float16
     weights without the per-row bound c_i = 1 / w(‖q'_i‖ max_j ‖k'_j‖) applied before the

@@ -315,6 +315,15 @@ def interpreting() -> bool:
     return INTERPRETED
 
 
+# The backward kernels' blocks for float32 inputs, where set (None: the forward's, from
+# ``_blocks``; set, it wins under the interpreter too). A plain module value so that a
+# tuning run (benchmarks/gpu/tune_efficient.py) can time others: on an H100
+# (benchmarks/gpu_h100/2026-11-28, d = 64) the float32 backward took 40x the float32
+# forward (337 of 345 ms at N = 4,096), where bf16 takes 3-5x; its float32 tiles at
+# 64 x 64 with 4 warps are the suspect (registers).
+FLOAT32_BACKWARD_BLOCKS: tuple[int, int, int] | None = None
+
+
 def _blocks(d_pad: int, dv_pad: int) -> tuple[int, int, int]:
     if interpreting():
         return _INTERPRET_BLOCKS
@@ -396,6 +405,8 @@ def _backward(
     delta = (grad_out.to(cd) * out.to(cd)).sum(-1).contiguous()  # (B, H, Nq)
     bd, bdv = _pad(d), _pad(dv)
     bm, bn, warps = _blocks(bd, bdv)
+    if q.dtype == torch.float32 and FLOAT32_BACKWARD_BLOCKS is not None:
+        bm, bn, warps = FLOAT32_BACKWARD_BLOCKS
     mask, *mask_strides = _mask_args(key_mask, q)
     common = (
         *q.stride(), *k.stride(), *v.stride(), *mask_strides, *grad_out.stride(),
