@@ -5,8 +5,6 @@ mode="auto" (see conftest.py for the CPU dry run)."""
 
 from __future__ import annotations
 
-import functools
-
 import pytest
 import torch
 
@@ -57,29 +55,27 @@ def _kernel_taken(tensors, mask, causal, mode, dtype):
     return fused.fused_form(q, problem, mode, causal, 2) is not None
 
 
-def _efficient_kernel(query, key, value, mask, causal, temperature):
-    """The fused efficient kernel (causal or not) itself, on the public op's arguments."""
-    problem = check_inputs(query, key, value, mask, causal, temperature, None, True, 2, "efficient")
-    kernel = fused.load_kernel(fused.kernel_name("efficient", causal))
-    return kernel(query, key, value, problem.key_mask, temperature, None, True)
+@pytest.fixture
+def float32_kernels(monkeypatch):
+    """The public op on the fused efficient kernels in float32 on CUDA too. It takes the
+    PyTorch form there (faster: ``fused.float32_efficient_stays_on_pytorch``, tested in
+    tests/ops/test_fused_routing.py), but these tests are about the kernels, which it still
+    runs forward with TF32 and the benchmarks time."""
+    monkeypatch.setattr(fused, "float32_efficient_stays_on_pytorch", lambda *_: False)
 
 
 @pytest.mark.parametrize("masked", [False, True], ids=["nomask", "padding"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("mode", ["efficient", "direct"])
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"N{s[0]}-d{s[1]}-dv{s[2]}")
-def test_float32_matches_the_float64_reference(shape, mode, causal, masked):
+def test_float32_matches_the_float64_reference(shape, mode, causal, masked, float32_kernels):
     tensors, tau, mask = _inputs(*shape, torch.float32, masked)
-    # On CUDA the public op gives float32 efficient calls to the PyTorch form (faster there:
-    # fused.float32_efficient_stays_on_pytorch); the kernels, which it still takes forward
-    # with TF32 and the benchmarks time, are called here directly (in the dry run too).
-    direct_call = mode == "efficient"
-    if not direct_call and not _kernel_taken(tensors, mask, causal, mode, torch.float32):
+    if not _kernel_taken(tensors, mask, causal, mode, torch.float32):
         pytest.skip("no fused kernel for this call (e.g. causal states over the budget)")
     exact, g_exact = _run(naive_taylor_shift_attention, tensors, tau, mask, causal,
                           torch.float64, "cpu")  # fmt: skip
-    op = _efficient_kernel if direct_call else functools.partial(taylor_shift_attention, mode=mode)
-    out, grads = _run(op, tensors, tau, mask, causal, torch.float32, DEVICE)
+    out, grads = _run(taylor_shift_attention, tensors, tau, mask, causal, torch.float32,
+                      DEVICE, mode=mode)  # fmt: skip
     assert_rel_close(out.cpu(), exact, 1e-4, "output", atol=1e-6)
     if masked:
         assert not out[0].any(), "a fully masked row must give zeros"
@@ -129,7 +125,7 @@ def test_long_sequences_stay_finite_and_accurate(causal, dtype):
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("mode", ["efficient", "direct"])
-def test_gradients_asked_as_a_graph_match_the_float64_reference(mode, causal):
+def test_gradients_asked_as_a_graph_match_the_float64_reference(mode, causal, float32_kernels):
     # create_graph=True (a gradient penalty) through the kernels: their backward passes
     # recompute the cores' sums in plain ops; the penalty's gradient against float64
     tensors, tau, mask = _inputs(size(200, 9), 16, 16, torch.float32, True)
@@ -182,7 +178,7 @@ def test_a_compiled_model_trains_like_the_eager_one():
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("mode", ["efficient", "direct"])
-def test_grouped_query_attention_matches_the_float64_reference(mode, causal):
+def test_grouped_query_attention_matches_the_float64_reference(mode, causal, float32_kernels):
     # enable_gqa=True: non-causal calls reach the kernels as a cross-attention of the
     # stacked G·Nq queries on Hkv heads, causal ones with key and value repeated
     g = torch.Generator().manual_seed(6)
@@ -202,7 +198,7 @@ def test_grouped_query_attention_matches_the_float64_reference(mode, causal):
         assert_rel_close(a.cpu(), e, 1e-3, f"grad {name}", atol=1e-5)
 
 
-def test_auto_exports_with_dynamic_lengths_on_the_device():
+def test_auto_exports_with_dynamic_lengths_on_the_device(float32_kernels):
     # torch.export in mode="auto": both forms' kernels in one program (a torch.cond), each
     # length run on the form eager auto picks
     class Op(torch.nn.Module):
