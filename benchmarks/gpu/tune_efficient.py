@@ -20,9 +20,8 @@ written to OUT_DIR/tune.json at once, OUT_DIR/tune.md at the end):
      backward on other blocks (``DIRECT_FLOAT32_BACKWARD``);
    - causal at 16,384 with chunks of 128 … 1,024 tokens (the default is 256), and at
      65,536 (auto's causal GPU prior extrapolates from 16,384: direct ∝ N², efficient ∝ N);
-   - float32 at 4,096 and 16,384: the kernels' exact float32 dots ("ieee"), their TF32
-     dots (``allow_tf32``), the PyTorch efficient form (cuBLAS), direct, SDPA: which of
-     them float32 calls on CUDA should take;
+   - float32 at 4,096 and 16,384 in exact dots: the kernels' ("ieee"), the PyTorch
+     efficient form (cuBLAS), direct, SDPA;
    - at N = 4,096 and 8,192 (where direct and efficient cross: auto's GPU prior), d = 128
      at 16,384, 65,536, the launch settings (``configs`` in main: the 16-bit path's
      ``LAUNCH`` entry and the state kernel's token splits), and last ``fp32-dots``, the
@@ -254,9 +253,9 @@ def main() -> int:
     plan += [(f"16-bit, chunk {c}", n_mid, bw, d, True, None) for c in CAUSAL_CHUNKS
              for bw in (False, True)]  # fmt: skip
     plan += [(x, n_long, bw, d, True, None) for bw in (False, True) for x in trio]
-    # float32: which efficient path (the kernels' ieee or TF32 dots, the PyTorch form)
-    fp32_impls = ("efficient (Triton)", "efficient (Triton, TF32)", "efficient (PyTorch)",
-                  "direct (Triton)", "SDPA")  # fmt: skip
+    # float32 in exact dots: the kernels' ieee dots, the PyTorch form, direct, SDPA
+    # (the kernels' TF32 dots are timed above, beside the other TF32 paths)
+    fp32_impls = ("efficient (Triton)", "efficient (PyTorch)", "direct (Triton)", "SDPA")
     plan += [(x, n, bw, d, False, fp32) for n in (n_err, n_mid) for bw in (False, True)
              for x in fp32_impls]  # fmt: skip
     # where the direct and efficient forms cross (auto's GPU prior), d = 64
