@@ -16,6 +16,7 @@ import logging
 import os
 import shutil
 import tempfile
+import threading
 
 import pytest
 import torch
@@ -235,15 +236,54 @@ def test_a_failing_compiler_is_reported_and_the_call_falls_back(fresh_build, mon
     assert torch.equal(y, efficient_taylor_shift(q, k, v, None, 1.0, None, True))
 
 
-def _unwritable_cache(monkeypatch, tmp_path, shared_kernel_builds):
-    """The cache folder under a regular file, the temporary directory under tmp_path; builds
-    copy the suite's shared build of the same name instead of compiling (seconds each)."""
+def _suite_build(monkeypatch, tmp_path, shared_kernel_builds):
+    """The suite's shared build (built there if it was not yet): its path."""
     shared = tmp_path / "shared"
     (shared / "cpu-kernels").parent.mkdir()
     (shared / "cpu-kernels").symlink_to(shared_kernel_builds, target_is_directory=True)
     monkeypatch.setenv("TAYLORSHIFT_CACHE_DIR", str(shared))
     build.library.cache_clear()
-    build.library()  # the suite's shared build exists now (built there if it did not)
+    return shared_kernel_builds / os.path.basename(build.library()._name)
+
+
+def test_processes_that_need_the_kernels_at_once_build_them_once(
+    fresh_build, monkeypatch, tmp_path, shared_kernel_builds
+):
+    # Another process holds the folder's lock while it compiles (the ranks of a job, the
+    # test workers, all starting at once): this one waits for its file and loads it instead
+    # of compiling the same library beside it.
+    if build.compiler() is None:
+        pytest.skip("no C compiler: test_kernels_build_wherever_a_compiler_is_found covers it")
+    done = _suite_build(monkeypatch, tmp_path, shared_kernel_builds)
+    monkeypatch.setenv("TAYLORSHIFT_CACHE_DIR", str(fresh_build.parent))
+    build.library.cache_clear()
+    built, result = [], {}
+    monkeypatch.setattr(build, "_build", lambda cc, flags, path: built.append(path))
+    waiting = threading.Thread(target=lambda: result.update(reason=cpu_ops.unavailable_reason()))
+    with build.build_lock(fresh_build):
+        waiting.start()
+        waiting.join(0.5)
+        assert waiting.is_alive(), f"it did not wait for the lock: {result}, built {built}"
+        shutil.copy(done, fresh_build / done.name)  # the other process's build lands
+    waiting.join(60)
+    assert result == {"reason": None} and built == []
+    assert sorted(p.name for p in fresh_build.iterdir()) == [done.name]  # no lock file left
+
+
+def test_a_build_lock_held_too_long_is_passed_by_with_a_warning(tmp_path, caplog):
+    with (
+        build.build_lock(tmp_path),
+        caplog.at_level(logging.WARNING, "taylorshift.dispatch"),
+        build.build_lock(tmp_path, wait_s=0.2),  # a second process: waits, then goes on
+    ):
+        pass
+    assert f"{tmp_path} stayed locked; building without it" in caplog.text
+
+
+def _unwritable_cache(monkeypatch, tmp_path, shared_kernel_builds):
+    """The cache folder under a regular file, the temporary directory under tmp_path; builds
+    copy the suite's shared build of the same name instead of compiling (seconds each)."""
+    _suite_build(monkeypatch, tmp_path, shared_kernel_builds)
     blocker = tmp_path / "a-file"
     blocker.write_text("")
     monkeypatch.setenv("TAYLORSHIFT_CACHE_DIR", str(blocker / "cache"))

@@ -7,8 +7,10 @@ The C sources are compiled by the machine's C compiler (``$CC``, else ``cc``, ``
 ``~/.cache/taylorshift``), named by a hash of the sources, the compiler, its flags and the
 CPU, so that a changed source, compiler or machine builds anew and a shared home folder
 never hands one CPU's build to another. The build writes to a temporary file and renames
-it into place: a process killed mid-build, or two processes building at once, never leave
-a broken library behind. Where the cache folder cannot be written (a read-only home), the
+it into place: a process killed mid-build never leaves a broken library behind. Processes
+that need the same library at once (the ranks of a job, test workers) build it once: one
+holds a lock on the folder while it compiles, the others wait for its file and load it
+(``_build_once``). Where the cache folder cannot be written (a read-only home), the
 build goes to ``<tmp>/taylorshift-<uid>/cpu-kernels``, a folder only this user may write.
 
 Flags: ``-O3 -march=native -fopenmp`` first; a compiler that refuses one of them gets the
@@ -20,6 +22,7 @@ the PyTorch forms, which compute the same function.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import hashlib
@@ -29,6 +32,7 @@ import platform
 import shutil
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 
 SOURCES = tuple(
@@ -45,6 +49,8 @@ FLAG_SETS = (
 )
 COMMON_FLAGS = ("-std=gnu11", "-shared", "-fPIC", "-ffp-contract=fast")
 BUILD_TIMEOUT_S = 120
+# how long a process waits for another's build before it builds itself
+LOCK_WAIT_S = BUILD_TIMEOUT_S + 30
 
 logger = logging.getLogger("taylorshift.dispatch")
 
@@ -105,13 +111,13 @@ def library() -> ctypes.CDLL:
         if not path.exists():
             try:
                 try:
-                    _build(cc, flags, path)
+                    _build_once(cc, flags, path)
                 except CacheNotWritableError as err:
                     # a read-only home (a container, a compute node): a folder of this
                     # user's own in the temporary directory instead
                     path = _private_fallback(path.name, err)
                     if not path.exists():
-                        _build(cc, flags, path)
+                        _build_once(cc, flags, path)
             except CacheNotWritableError as err:
                 raise BuildError(f"the CPU kernels cannot be built: {err}") from err
             except BuildError as err:
@@ -174,6 +180,50 @@ def _library_path(cc: str, version: str, flags: tuple[str, ...]) -> Path:
                  _cpu_flags()):  # fmt: skip
         digest.update(part.encode() + b"\0")
     return cache_dir() / "cpu-kernels" / f"kernels-{digest.hexdigest()[:16]}.so"
+
+
+def _build_once(cc: str, flags: tuple[str, ...], path: Path) -> None:
+    """Build ``path`` unless another process, holding the folder's lock, has built it
+    meanwhile: eight ranks starting at once compile once, not eight times side by side."""
+    with build_lock(path.parent):
+        if not path.exists():
+            _build(cc, flags, path)
+
+
+@contextlib.contextmanager
+def build_lock(folder: Path, wait_s: float | None = None):
+    """Hold an exclusive lock on ``folder`` (``flock`` on the folder itself: no lock file
+    is left behind; released when the process ends, however it ends). Waits at most
+    ``wait_s`` (default ``LOCK_WAIT_S``) for a holder, then goes on without the lock, as it
+    does where the folder cannot be made or locked (no ``fcntl``: Windows): the build's
+    rename keeps concurrent builds safe, only slower."""
+    try:
+        import fcntl
+    except ImportError:
+        yield
+        return
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        yield  # the build reports the unwritable folder (CacheNotWritableError)
+        return
+    try:
+        deadline = time.monotonic() + (LOCK_WAIT_S if wait_s is None else wait_s)
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    logger.warning("CPU kernels: %s stayed locked; building without it", folder)
+                    break
+                time.sleep(0.05)
+            except OSError:  # a file system without locks
+                break
+        yield
+    finally:
+        os.close(fd)  # releases the lock
 
 
 def _build(cc: str, flags: tuple[str, ...], path: Path) -> None:
