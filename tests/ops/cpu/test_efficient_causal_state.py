@@ -8,7 +8,7 @@ query join the state too), key padding, grouped-query attention (the state per k
 head), tensor and float temperatures, plain scores; float16 / bfloat16 within SPEC §8's
 rule; the layout change both ways; gradients asked as a graph; the routing of
 ``taylor_shift_attention`` and ``taylor_shift_decode`` (eager: the kernel; traced by
-torch.compile: the PyTorch form).
+torch.compile: its custom ops, which pass opcheck).
 """
 
 from __future__ import annotations
@@ -210,7 +210,7 @@ def test_gradients_asked_as_a_graph():
         torch.autograd.grad(out.sum(), q, create_graph=True)
 
 
-def test_public_op_routes_eager_state_calls_to_the_kernel(routed):
+def test_public_op_routes_state_calls_to_the_kernel(routed):
     calls = routed
     b, h, hk, n, d = 1, 4, 2, 40, 16
     q, k, v, *_ = _problem(b, h, hk, 0, n, n, d, d, False, "float")
@@ -227,23 +227,69 @@ def test_public_op_routes_eager_state_calls_to_the_kernel(routed):
     whole = taylor_shift_attention(q, k, v, is_causal=True, enable_gqa=True, mode="efficient")
     assert_rel_close(torch.cat([out, rest], 2), whole, 1e-5, "segments", atol=1e-7)
     calls.clear()
-    # autograd records the call: the kernel too, its gradient w.r.t. the state's sums that
-    # of the PyTorch form (which it also routes to, traced by torch.compile)
+    # autograd records the call: the kernel too
     sums = state.sums.clone().requires_grad_()
     start = TaylorShiftState(sums, state.count)
     y = taylor_shift_attention(q, k, v, is_causal=True, initial_state=start, enable_gqa=True)
     assert calls == [fused.CPU_EFFICIENT_CAUSAL]
-    calls.clear()
-    compiled = torch.compile(
-        lambda *x: taylor_shift_attention(*x, is_causal=True, initial_state=start, enable_gqa=True),
-        backend="eager", fullgraph=True,
-    )  # fmt: skip
-    y_traced = compiled(q, k, v)
-    assert calls == []
-    assert_rel_close(y, y_traced, 1e-5, "traced output", atol=1e-7)
+    assert y.requires_grad  # (its gradients: the float64 tests above)
+
+
+@pytest.mark.parametrize("temperature", ["float", "tensor"])
+def test_traced_state_calls_run_the_kernels_custom_ops(temperature):
+    # torch.compile keeps the kernel (two custom ops, forward and backward) where it had
+    # fallen back to the PyTorch causal form: a prefill with its state out, a segment from
+    # a state in, grouped heads, key padding; outputs, the state and every gradient as
+    # the eager kernel gives them.
+    b, h, hk, n, d = 2, 4, 2, 37, 16
+    q, k, v, k0, v0, mask, tau = _problem(b, h, hk, 11, n, n, d, 9, True, temperature)
+    start = _prefix_state(k0, v0, hk, True)
+    q, k, v = (x.float().requires_grad_() for x in (q, k, v))
+    if isinstance(tau, torch.Tensor):
+        tau = tau.float().requires_grad_()
+    sums = start.sums.float().requires_grad_()
+    pad = mask[:, :1, None, :]  # (B, 1, 1, Nk)
+
+    def call(q, k, v, tau, sums):
+        first = TaylorShiftState(sums, sums[..., -1, -1])
+        return taylor_shift_attention(
+            q, k, v, pad, True, temperature=tau, initial_state=first, output_final_state=True,
+            enable_gqa=True,
+        )  # fmt: skip
+
+    seen = []
+
+    def recording(gm, example_inputs):  # Dynamo's graph: which operators it calls
+        seen.extend(str(node.target) for node in gm.graph.nodes if node.op == "call_function")
+        return gm.forward
+
+    torch.compile(call, backend=recording, fullgraph=True)(q, k, v, tau, sums)
+    assert any("cpu_causal_state_forward" in target for target in seen), seen
+    named = {"q": q, "k": k, "v": v, "tau": tau, "sums": sums}
+    names = [name for name, x in named.items() if isinstance(x, torch.Tensor)]
+    inputs = [named[name] for name in names]
+    (y, after), (y_c, after_c) = (
+        call(q, k, v, tau, sums),
+        torch.compile(call, backend="aot_eager", fullgraph=True)(q, k, v, tau, sums),
+    )
+    assert_rel_close(y_c, y, 1e-6, "output", atol=1e-7)
+    assert_rel_close(after_c.sums, after.sums, 1e-6, "state", atol=1e-7)
+    assert torch.equal(after_c.count, after.count)
     g = torch.randn_like(y)
-    (a,), (e,) = (torch.autograd.grad(x, sums, g) for x in (y, y_traced))
-    assert_rel_close(a, e, 1e-5, "gradient of the sums", atol=1e-6)
+    got, want = torch.autograd.grad(y_c, inputs, g), torch.autograd.grad(y, inputs, g)
+    for name, a, e in zip(names, got, want, strict=True):
+        assert_rel_close(a, e, 1e-5, f"gradient of {name}", atol=1e-6)
+
+
+def test_state_custom_ops_pass_opcheck():
+    b, h, hk, n, d, dv = 1, 4, 2, 9, 8, 5
+    q, k, v, k0, v0, mask, _ = _problem(b, h, hk, 6, n, n, d, dv, True, "float")
+    sums = _prefix_state(k0, v0, hk, True).sums.float().requires_grad_()
+    q, k, v = (x.float().requires_grad_() for x in (q, k, v))
+    factors = torch.rand(b * h, requires_grad=True)
+    op = torch.ops.taylorshift.cpu_causal_state_forward.default
+    torch.library.opcheck(op, (q, k, v, mask.contiguous(), factors, True, 4, sums))
+    torch.library.opcheck(op, (q, k, v, None, factors, False, 3, None))
 
 
 def test_decode_prefills_with_the_kernel_and_continues_token_by_token(routed):

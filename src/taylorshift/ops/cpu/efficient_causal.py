@@ -29,6 +29,7 @@ pairs (a, b >= a) of [x, 1] row by row with the weights c folded in, padded to t
 from __future__ import annotations
 
 from functools import lru_cache
+from typing import Optional  # custom_op reads Optional[Tensor] from annotations
 
 import torch
 from torch import Tensor
@@ -107,10 +108,21 @@ def state_forward(
     tensor temperature and ``initial_state.sums`` (``StateFunction``). The count of the keys
     before the block is read from the state's sums, ``sums[..., -1, -1]``
     (``TaylorShiftState.from_sums``; every state this library makes holds it there)."""
-    b, _, _, d = query.shape
+    b, h, _, d = query.shape
     kv_heads, dv = key.shape[1], value.shape[3]
     temperature, factor = split_factor(temperature, scale, normalize, d)
     sums = None if initial_state is None else initial_state.sums
+    if torch.compiler.is_compiling():
+        # in the traced graph: the custom ops, from a tensor temperature differentiably
+        # (the backward returns its gradient), else the float factor
+        if temperature is None:
+            factors = query.new_full((b * h,), factor, dtype=torch.float32)
+        else:
+            factors = temperature.to(torch.float32).expand(b, h, 1, 1).reshape(b * h)
+        out, _, _, after = cpu_causal_state_forward(
+            query, key, value, key_mask, factors, normalize, chunk, sums
+        )
+        return out, TaylorShiftState(after, after[..., -1, -1].clone()) if final_state else None
     out, after = StateFunction.apply(
         query, key, value, temperature, factor, normalize, key_mask, chunk, sums
     )
@@ -172,6 +184,103 @@ class StateFunction(torch.autograd.Function):
         if prefix is not None and ctx.needs_input_grad[8]:
             g_sums = public_sums(prefix, b, kv_heads, d, dv, weighted=False).to(sums.dtype)
         return gq, gk, gv, gt, None, None, None, None, g_sums
+
+
+# The state path as torch.library custom ops, for torch.compile: the same passes as
+# StateFunction, each one opaque call in the graph (eagerly StateFunction is cheaper).
+
+
+@torch.library.custom_op("taylorshift::cpu_causal_state_forward", mutates_args=())
+def cpu_causal_state_forward(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    key_mask: Optional[Tensor],  # noqa: UP045
+    factors: Tensor,
+    normalize: bool,
+    chunk: int,
+    sums: Optional[Tensor],  # noqa: UP045
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The causal forward from the prefix state ``sums`` (``TaylorShiftState.sums``, or None:
+    no key before the block): (y, denominators, counts, the sums after the block, as
+    ``TaylorShiftState.sums``). ``factors`` (B·H,) float32: the query's factor per head."""
+    b, _, _, d = query.shape
+    kv_heads, nk, dv = key.shape[1], key.shape[2], value.shape[3]
+    mask = flat_mask(key_mask, b, kv_heads, nk)
+    prefix = kernel_state(sums, b * kv_heads, d, dv)  # continued in place: the state after
+    y, den, count, after = forward_pass(
+        "causal", chunk, query, key, value, mask, factors, 1.0, normalize, prefix
+    )
+    return y, den, count, public_sums(after, b, kv_heads, d, dv)
+
+
+@cpu_causal_state_forward.register_fake
+def _(query, key, value, key_mask, factors, normalize, chunk, sums):
+    b, h, nq, d = query.shape
+    dv, f32 = value.shape[3], torch.float32
+    return (
+        query.new_empty((b, h, nq, dv), dtype=value.dtype),
+        query.new_empty((b * h, nq), dtype=f32),
+        query.new_empty((b * h, nq), dtype=f32),
+        query.new_empty((b, key.shape[1], feature_dim(d), dv + 1), dtype=f32),
+    )
+
+
+@torch.library.custom_op("taylorshift::cpu_causal_state_backward", mutates_args=())
+def cpu_causal_state_backward(
+    grad_out: Tensor,
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    key_mask: Optional[Tensor],  # noqa: UP045
+    factors: Tensor,
+    normalize: bool,
+    chunk: int,
+    sums: Optional[Tensor],  # noqa: UP045
+    y: Tensor,
+    den: Tensor,
+    count: Tensor,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """Gradients of query, key, value, the per-head factors and ``sums`` (an empty tensor
+    where ``sums`` is None) from the gradient of y."""
+    b, _, _, d = query.shape
+    kv_heads, nk, dv = key.shape[1], key.shape[2], value.shape[3]
+    mask = flat_mask(key_mask, b, kv_heads, nk)
+    prefix = None if sums is None else kernel_state(sums, b * kv_heads, d, dv)
+    gq, gk, gv, g_factor = backward_pass(
+        "causal", chunk, grad_out.contiguous(), query, key, value, mask, factors, 1.0,
+        normalize, (y, den, count, prefix), True,
+    )  # fmt: skip
+    if prefix is None:
+        return gq, gk, gv, g_factor, factors.new_empty(0)
+    return gq, gk, gv, g_factor, public_sums(prefix, b, kv_heads, d, dv, False).to(sums.dtype)
+
+
+@cpu_causal_state_backward.register_fake
+def _(grad_out, query, key, value, key_mask, factors, normalize, chunk, sums, y, den, count):
+    # contiguous, as the real op returns them (empty_like would keep a transposed layout)
+    grads = tuple(x.new_empty(x.shape) for x in (query, key, value, factors))
+    return (*grads, factors.new_empty(0) if sums is None else sums.new_empty(sums.shape))
+
+
+def _state_setup_context(ctx, inputs, output):
+    query, key, value, key_mask, factors, normalize, chunk, sums = inputs
+    y, den, count, after = output
+    ctx.save_for_backward(query, key, value, key_mask, factors, sums, y, den, count)
+    ctx.normalize, ctx.chunk = normalize, chunk
+    ctx.mark_non_differentiable(den, count, after)
+
+
+def _state_backward(ctx, grad_out, *_unused):
+    query, key, value, key_mask, factors, sums, y, den, count = ctx.saved_tensors
+    gq, gk, gv, g_factor, g_sums = cpu_causal_state_backward(
+        grad_out, query, key, value, key_mask, factors, ctx.normalize, ctx.chunk, sums, y,
+        den, count,
+    )  # fmt: skip
+    return gq, gk, gv, None, g_factor, None, None, None if sums is None else g_sums
+
+
+cpu_causal_state_forward.register_autograd(_state_backward, setup_context=_state_setup_context)
 
 
 @lru_cache(maxsize=32)

@@ -295,9 +295,9 @@ def fused_form(
 def stateful_cpu_form(query: Tensor, problem: Problem, order: int) -> Callable[..., Tensor] | None:
     """The CPU causal kernel for a causal call with a state in or out (``initial_state``,
     ``output_final_state``; its signature keeps them), or None for the PyTorch form: where
-    ``_cpu_form`` gives it for the causal efficient form, eagerly (traced by torch.compile,
-    such calls run the PyTorch form: the kernel's state path has no custom op)."""
-    if query.device.type != "cpu" or _setting() == "interpret" or torch.compiler.is_compiling():
+    ``_cpu_form`` gives it for the causal efficient form (traced by torch.compile, its
+    custom ops ``taylorshift::cpu_causal_state_forward`` / ``_backward``)."""
+    if query.device.type != "cpu" or _setting() == "interpret":
         return None
     return _cpu_form(query, problem, "efficient", True, order)
 
