@@ -64,6 +64,7 @@ def test_forms_agree_with_reference_fp64(d, n, variant, normalize):
     g_out = torch.randn_like(ref)
     ref_grads = _grads(ref, inputs, g_out)
 
+    # (mode="auto" runs one of these two: tests/ops/test_dispatch.py checks which)
     outputs = {"direct": taylor_shift_attention(q, k, v, mask, causal, mode="direct", **kwargs)}
     if not VARIANTS[variant][2]:
         key_mask = None if mask is None else mask.expand(2, 3, 1, -1)[:, :, 0]
@@ -72,7 +73,6 @@ def test_forms_agree_with_reference_fp64(d, n, variant, normalize):
         outputs["efficient"] = taylor_shift_attention(
             q, k, v, mask, causal, mode="efficient", **kwargs
         )
-        outputs["auto"] = taylor_shift_attention(q, k, v, mask, causal, **kwargs)
 
     for name, y in outputs.items():
         assert y.dtype == torch.float64
