@@ -2,8 +2,8 @@
 ``efficient_causal.c``, ``rows.c``, ``decode.c``) on first use.
 
 The C sources are compiled by the machine's C compiler (``$CC``, else ``cc``, ``gcc`` or
-``clang`` on the PATH) into a shared library in the cache folder
-(``$TAYLORSHIFT_CACHE_DIR``, else ``$XDG_CACHE_HOME/taylorshift``, else
+``clang`` on the PATH), all at once, each to an object file, and linked into a shared
+library in the cache folder (``$TAYLORSHIFT_CACHE_DIR``, else ``$XDG_CACHE_HOME/taylorshift``, else
 ``~/.cache/taylorshift``), named by a hash of the sources, the compiler, its flags and the
 CPU, so that a changed source, compiler or machine builds anew and a shared home folder
 never hands one CPU's build to another. The build writes to a temporary file and renames
@@ -22,6 +22,7 @@ the PyTorch forms, which compute the same function.
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import ctypes
 import functools
@@ -236,20 +237,37 @@ def _build(cc: str, flags: tuple[str, ...], path: Path) -> None:
             f"cannot write to {path.parent}: {err} (set TAYLORSHIFT_CACHE_DIR to a writable folder)"
         ) from err
     try:
-        command = [cc, *flags, *COMMON_FLAGS, "-o", tmp, *map(str, SOURCES), "-lm"]
-        try:
-            done = subprocess.run(
-                command, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S, check=False
-            )
-        except (OSError, subprocess.TimeoutExpired) as err:
-            raise BuildError(str(err)) from err
-        if done.returncode != 0:
-            tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
-            raise BuildError(f"exit {done.returncode}: {' / '.join(tail)}")
+        with tempfile.TemporaryDirectory(prefix="taylorshift-build-") as objects:
+            # every source to an object file at once, then one link: the cores share the
+            # compilers (a pool as wide as the cores would leave the slowest source last)
+            names = [str(Path(objects) / f"{source.stem}.o") for source in SOURCES]
+            jobs = [[cc, *flags, *COMMON_FLAGS, "-c", str(source), "-o", name]
+                    for source, name in zip(SOURCES, names, strict=True)]  # fmt: skip
+            with concurrent.futures.ThreadPoolExecutor(len(jobs)) as pool:
+                for error in pool.map(_compile, jobs):
+                    if error:
+                        raise BuildError(error)
+            error = _compile([cc, *flags, *COMMON_FLAGS, "-o", tmp, *names, "-lm"])
+            if error:
+                raise BuildError(error)
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+
+
+def _compile(command: list[str]) -> str | None:
+    """Run one compiler command: None, or what went wrong (its last lines)."""
+    try:
+        done = subprocess.run(
+            command, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired) as err:
+        return str(err)
+    if done.returncode != 0:
+        tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
+        return f"exit {done.returncode}: {' / '.join(tail)}"
+    return None
 
 
 def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
