@@ -237,7 +237,8 @@ def _build(cc: str, flags: tuple[str, ...], path: Path) -> None:
             f"cannot write to {path.parent}: {err} (set TAYLORSHIFT_CACHE_DIR to a writable folder)"
         ) from err
     try:
-        with tempfile.TemporaryDirectory(prefix="taylorshift-build-") as objects:
+        # (the objects beside the library's temporary file: a folder known to be writable)
+        with tempfile.TemporaryDirectory(dir=path.parent, prefix=".build-") as objects:
             # every source to an object file at once, then one link: the cores share the
             # compilers (a pool as wide as the cores would leave the slowest source last)
             names = [str(Path(objects) / f"{source.stem}.o") for source in SOURCES]
