@@ -46,6 +46,7 @@ from .wrapper import (
     run,
     state_shape,
     temperature_grad,
+    traced_factors,
 )
 
 
@@ -108,17 +109,13 @@ def state_forward(
     tensor temperature and ``initial_state.sums`` (``StateFunction``). The count of the keys
     before the block is read from the state's sums, ``sums[..., -1, -1]``
     (``TaylorShiftState.from_sums``; every state this library makes holds it there)."""
-    b, h, _, d = query.shape
+    b, _, _, d = query.shape
     kv_heads, dv = key.shape[1], value.shape[3]
     temperature, factor = split_factor(temperature, scale, normalize, d)
     sums = None if initial_state is None else initial_state.sums
     if torch.compiler.is_compiling():
-        # in the traced graph: the custom ops, from a tensor temperature differentiably
-        # (the backward returns its gradient), else the float factor
-        if temperature is None:
-            factors = query.new_full((b * h,), factor, dtype=torch.float32)
-        else:
-            factors = temperature.to(torch.float32).expand(b, h, 1, 1).reshape(b * h)
+        # in the traced graph: the custom ops
+        factors = traced_factors(query, temperature, factor)
         out, _, _, after = cpu_causal_state_forward(
             query, key, value, key_mask, factors, normalize, chunk, sums
         )

@@ -327,14 +327,18 @@ def run(
     if not torch.compiler.is_compiling():
         return KernelFunction.apply(form, option, query, key, value, temperature, factor,
                                     normalize, key_mask)  # fmt: skip
-    # in the traced graph: from a tensor temperature differentiably (the ops return its
-    # gradient), else the float factor
+    factors = traced_factors(query, temperature, factor)
+    return cpu_forward(form, option, query, key, value, key_mask, factors, normalize)[0]
+
+
+def traced_factors(query: Tensor, temperature: Tensor | None, factor: float) -> Tensor:
+    """The query's factor per head (B·H,) float32 for the custom ops in a traced graph: from
+    a tensor temperature differentiably (the ops return its gradient), else the float
+    ``factor`` (``split_factor``'s pair)."""
     b, h = query.shape[:2]
     if temperature is None:
-        factors = query.new_full((b * h,), factor, dtype=torch.float32)
-    else:
-        factors = temperature.to(torch.float32).expand(b, h, 1, 1).reshape(b * h)
-    return cpu_forward(form, option, query, key, value, key_mask, factors, normalize)[0]
+        return query.new_full((b * h,), factor, dtype=torch.float32)
+    return temperature.to(torch.float32).expand(b, h, 1, 1).reshape(b * h)
 
 
 def check_kernel_inputs(query: Tensor, value: Tensor, torch_form: str) -> None:
