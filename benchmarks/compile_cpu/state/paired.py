@@ -32,14 +32,14 @@ ROUNDS = 20
 
 
 def kernel(q, k, v, sums):
-    start = TaylorShiftState(sums, sums[..., -1, -1])
+    start = TaylorShiftState.from_sums(sums)
     return taylor_shift_attention(
         q, k, v, is_causal=True, initial_state=start, output_final_state=True
     )
 
 
 def torch_form(q, k, v, sums):
-    start = TaylorShiftState(sums, sums[..., -1, -1])
+    start = TaylorShiftState.from_sums(sums)
     return causal_efficient_taylor_shift(
         q, k, v, None, 1.0, None, True, initial_state=start, output_final_state=True
     )

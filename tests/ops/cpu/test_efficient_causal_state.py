@@ -251,7 +251,7 @@ def test_traced_state_calls_run_the_kernels_custom_ops(temperature):
     pad = mask[:, :1, None, :]  # (B, 1, 1, Nk)
 
     def call(q, k, v, tau, sums):
-        first = TaylorShiftState(sums, sums[..., -1, -1])
+        first = TaylorShiftState.from_sums(sums)
         return taylor_shift_attention(
             q, k, v, pad, True, temperature=tau, initial_state=first, output_final_state=True,
             enable_gqa=True,

@@ -50,8 +50,9 @@ FLAG_SETS = (
 )
 COMMON_FLAGS = ("-std=gnu11", "-shared", "-fPIC", "-ffp-contract=fast")
 BUILD_TIMEOUT_S = 120
-# how long a process waits for another's build before it builds itself
-LOCK_WAIT_S = BUILD_TIMEOUT_S + 30
+# how long a process waits for another's build before it builds itself: the build's two
+# steps (the sources side by side, then the link) may each take BUILD_TIMEOUT_S
+LOCK_WAIT_S = 2 * BUILD_TIMEOUT_S + 30
 
 logger = logging.getLogger("taylorshift.dispatch")
 

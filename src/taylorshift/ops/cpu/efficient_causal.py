@@ -119,7 +119,7 @@ def state_forward(
         out, _, _, after = cpu_causal_state_forward(
             query, key, value, key_mask, factors, normalize, chunk, sums
         )
-        return out, TaylorShiftState(after, after[..., -1, -1].clone()) if final_state else None
+        return out, state_of(after) if final_state else None
     out, after = StateFunction.apply(
         query, key, value, temperature, factor, normalize, key_mask, chunk, sums
     )
@@ -313,9 +313,13 @@ def kernel_state(sums: Tensor | None, heads: int, d: int, dv: int) -> Tensor:
 def public_state(state: Tensor, b: int, kv_heads: int, d: int, dv: int) -> TaylorShiftState:
     """``TaylorShiftState`` (sums (B, Hkv, D, dv + 1), count (B, Hkv), float32) from the
     kernels' state (``kernel_state``'s layout); the count is the sums' last entry."""
-    sums = public_sums(state, b, kv_heads, d, dv)
-    # (the count its own contiguous tensor, as the PyTorch form's: the decoding step's
-    # kernel takes a contiguous one)
+    return state_of(public_sums(state, b, kv_heads, d, dv))
+
+
+def state_of(sums: Tensor) -> TaylorShiftState:
+    """``TaylorShiftState`` of ``sums`` (B, Hkv, D, dv + 1), the count the sums' last entry,
+    as its own contiguous tensor (as the PyTorch form's: the decoding step's kernel takes a
+    contiguous one; ``TaylorShiftState.from_sums`` gives a view)."""
     return TaylorShiftState(sums, sums[..., -1, -1].clone())
 
 
