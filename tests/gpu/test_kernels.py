@@ -1,16 +1,22 @@
 """Every fused kernel through the public op, on the GPU: outputs and gradients against the
 float64 reference by SPEC §8's rule, awkward shapes, padding with fully masked rows, long
-sequences, decoding, a compiled model, grouped-query attention and an exported program in
-mode="auto" (see conftest.py for the CPU dry run)."""
+sequences, decoding, a causal state in and out, a compiled model, grouped-query attention
+and an exported program in mode="auto" (see conftest.py for the CPU dry run)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from taylorshift import naive_taylor_shift_attention, taylor_shift_attention, taylor_shift_decode
+from taylorshift import (
+    TaylorShiftState,
+    naive_taylor_shift_attention,
+    taylor_shift_attention,
+    taylor_shift_decode,
+)
 from taylorshift.ops.taylor_shift import fused
 from taylorshift.ops.taylor_shift.checks import check_inputs
+from taylorshift.ops.taylor_shift.efficient_causal import causal_efficient_taylor_shift
 from tests.helpers import assert_rel_close, key_padding, rel_error
 
 from .conftest import CUDA, DEVICE, LOW_DTYPES, size
@@ -157,6 +163,39 @@ def test_decoding_state_on_the_device_equals_the_parallel_form():
         outs.append(y)
     parallel = taylor_shift_attention(q, k, v, is_causal=True, mode="direct")
     assert rel_error(torch.cat(outs, dim=2), parallel) < 1e-5
+
+
+def test_causal_state_in_and_out_matches_the_float64_torch_form(float32_kernels, monkeypatch):
+    # a segment continuing a prefix state and returning its own (the Triton causal form):
+    # output, state after it and the gradients of q, k, v, τ and the prefix's sums against
+    # the float64 PyTorch causal form from the same state
+    calls = []
+    real = fused.load_kernel
+    monkeypatch.setattr(fused, "load_kernel", lambda kernel: calls.append(kernel) or real(kernel))
+    g = torch.Generator().manual_seed(8)
+    b, h, before, n, d = 2, 2, size(700, 9), size(1000, 20), size(64, 16)
+    tensors, tau, mask = _inputs(n, d, d, torch.float32, masked=True, seed=8)
+    k0, v0 = (torch.randn(b, h, before, d, generator=g, dtype=torch.float64) for _ in "kv")
+    _, prefix = causal_efficient_taylor_shift(
+        torch.zeros_like(k0), k0, v0, None, 1.0, None, True, output_final_state=True
+    )
+    results = []
+    for device, dtype in (("cpu", torch.float64), (DEVICE, torch.float32)):
+        leaves = [t.to(device, dtype).requires_grad_() for t in (*tensors, tau, prefix.sums)]
+        start = TaylorShiftState(leaves[4], prefix.count.to(device, leaves[4].dtype))
+        out, after = taylor_shift_attention(
+            *leaves[:3], mask.to(device), True, temperature=leaves[3], mode="efficient",
+            initial_state=start, output_final_state=True,
+        )  # fmt: skip
+        grad = torch.randn(out.shape, generator=torch.Generator().manual_seed(9))
+        results.append((out, after, torch.autograd.grad(out, leaves, grad.to(device, dtype))))
+    assert calls == ["triton efficient (causal)"]
+    (exact, exact_after, g_exact), (out, after, grads) = results
+    assert_rel_close(out.cpu(), exact, 1e-4, "output", atol=1e-6)
+    assert_rel_close(after.sums.cpu(), exact_after.sums.detach(), 1e-5, "state after")
+    assert torch.equal(after.count.cpu(), exact_after.count.float())
+    for name, a, e in zip(("q", "k", "v", "tau", "sums"), grads, g_exact, strict=True):
+        assert_rel_close(a.cpu(), e, 1e-3, f"grad {name}", atol=1e-5)
 
 
 def test_a_compiled_model_trains_like_the_eager_one():

@@ -126,7 +126,9 @@ def test_custom_op_registration_passes_opcheck():
     u = torch.randn(2, 11, 9, generator=g, requires_grad=True)
     # float32 dots (dot=0); the float16-operand dots (dot=1) share the registration and the
     # fake kernel, and their arithmetic is checked by the float16 cases above
-    torch.library.opcheck(torch.ops.taylorshift.triton_causal_forward.default, (q, k, u, CHUNK, 0))
+    # (no initial state and none asked for: test_efficient_causal_state.py checks those)
+    op = torch.ops.taylorshift.triton_causal_forward.default
+    torch.library.opcheck(op, (q, k, u, None, CHUNK, 0, False))
 
 
 def test_states_are_dv_wide_with_the_mask_as_their_row_column(monkeypatch):

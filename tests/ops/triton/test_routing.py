@@ -125,9 +125,7 @@ def test_each_fused_form_has_its_pytorch_forms_signature(module, fused_name, tor
 
 
 def test_fused_forms_refuse_what_they_do_not_compute():
-    from taylorshift import TaylorShiftState
     from taylorshift.ops.triton.direct import triton_direct_taylor_shift
-    from taylorshift.ops.triton.efficient_causal import triton_causal_efficient_taylor_shift
 
     q = torch.randn(1, 2, 5, 4)
     varying = torch.ones(1, 1, 5, 5, dtype=torch.bool).tril()
@@ -135,12 +133,6 @@ def test_fused_forms_refuse_what_they_do_not_compute():
         triton_direct_taylor_shift(q, q, q, varying, False, 1.0, None, True)
     with pytest.raises(ValueError, match="order 2 only; got order=4"):
         triton_direct_taylor_shift(q, q, q, None, False, 1.0, None, True, 4)
-    args = (q, q, q, None, 1.0, None, True)
-    state = TaylorShiftState.zeros(1, 2, 4, 4)
-    with pytest.raises(NotImplementedError, match="neither continues nor returns"):
-        triton_causal_efficient_taylor_shift(*args, initial_state=state)
-    with pytest.raises(NotImplementedError, match="neither continues nor returns"):
-        triton_causal_efficient_taylor_shift(*args, output_final_state=True)
 
 
 @pytest.mark.parametrize(

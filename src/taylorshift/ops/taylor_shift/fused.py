@@ -3,8 +3,8 @@
 
 The public op computes the same function either way; this only picks who computes it.
 A CPU call goes to the CPU kernels when it is the direct form or the efficient form
-(non-causal, or causal, with an initial or final state too when not traced:
-``stateful_cpu_form``), order 2, of float32,
+(non-causal, or causal, with an initial or final state too: ``stateful_form``), order 2,
+of float32,
 float16 or bfloat16 tensors with no mask or a key-padding mask, 1 <= d, dv <=
 ``MAX_HEAD_DIM``, B·H, Nq, Nk >= 1, and the kernels are available
 (``TAYLORSHIFT_CPU_KERNELS`` not ``off``, a C compiler that built them:
@@ -292,14 +292,21 @@ def fused_form(
     return load_kernel(kernel)
 
 
-def stateful_cpu_form(query: Tensor, problem: Problem, order: int) -> Callable[..., Tensor] | None:
-    """The CPU causal kernel for a causal call with a state in or out (``initial_state``,
-    ``output_final_state``; its signature keeps them), or None for the PyTorch form: where
-    ``_cpu_form`` gives it for the causal efficient form (traced by torch.compile, its
-    custom ops ``taylorshift::cpu_causal_state_forward`` / ``_backward``)."""
-    if query.device.type != "cpu" or _setting() == "interpret":
+def stateful_form(
+    query: Tensor, problem: Problem, order: int, *, grouped: bool = False, backward: bool = False
+) -> Callable[..., Tensor] | None:
+    """The fused causal kernel for a causal call with a state in or out (``initial_state``,
+    ``output_final_state``; both kernels' forms keep them in their signatures), or None for
+    the PyTorch form: on the CPU the causal kernel where ``_cpu_form`` gives it (traced by
+    torch.compile, its custom ops ``taylorshift::cpu_causal_state_forward`` / ``_backward``),
+    elsewhere the Triton causal form where ``fused_form`` gives it and key and value have the
+    query's heads (``grouped``: they have fewer, which only the CPU kernel takes).
+    ``backward`` as for ``fused_form``."""
+    if query.device.type == "cpu" and _setting() != "interpret":
+        return _cpu_form(query, problem, "efficient", True, order)
+    if grouped:
         return None
-    return _cpu_form(query, problem, "efficient", True, order)
+    return fused_form(query, problem, "efficient", True, order, backward=backward)
 
 
 def is_empty(problem: Problem) -> bool:

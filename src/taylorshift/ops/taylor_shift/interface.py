@@ -24,7 +24,7 @@ from .fused import (
     probe_backward,
     run_guarded,
     shape_class,
-    stateful_cpu_form,
+    stateful_form,
 )
 from .grouped import grouped_attention, varies_over_heads
 from .naive import naive_taylor_shift_attention
@@ -267,15 +267,20 @@ def _grouped_state_call(
 def causal_state_call(form, args, problem, order, initial_state, output_final_state):
     """A causal call with a state in or out, checked: ``form`` (the PyTorch causal form, or a
     function with its signature: decoding's sweep without autograd) on ``args`` (its
-    positional arguments), or the CPU causal kernel where it applies (``stateful_cpu_form``;
-    a kernel failure falls back to ``form``)."""
-    query = args[0]
-    fused = stateful_cpu_form(query, problem, order)
+    positional arguments), or the fused causal kernel where it applies (``stateful_form``:
+    the CPU kernel, or Triton's with key and value of the query's heads; a kernel failure
+    falls back to ``form``)."""
+    query, key, value, _, temperature = args[:5]
+    sums = None if initial_state is None else initial_state.sums
+    fused = stateful_form(
+        query, problem, order, grouped=key.shape[1] != query.shape[1],
+        backward=backward_follows(query, key, value, temperature, sums),
+    )  # fmt: skip
     states = {"initial_state": initial_state, "output_final_state": output_final_state}
     if fused is not None:
         if torch.compiler.is_compiling():  # the kernel's custom ops as they are (see below)
             return fused(*args, **states)
-        kernel = shape_class(CPU_EFFICIENT_CAUSAL, query, problem, True)
+        kernel = shape_class(kernel_name("efficient", True, query.device), query, problem, True)
         out = run_guarded(kernel, lambda: fused(*args, **states))
         if out is not None:
             return out

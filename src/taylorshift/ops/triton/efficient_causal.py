@@ -18,9 +18,18 @@ differentiated by autograd.
 
 Query i attends key j iff j <= i (upper-left aligned, as SDPA), also when Nq != Nk: query
 chunk c uses the prefix of key chunks < c and the intra block with key chunk c.
+
+A state in and out (``initial_state``, ``output_final_state``; docs/triton-efficient.md,
+"A state in and out"): the prefix S_0 of the keys before the block, in the kernels' layout
+(``kernel_state``), joins every prefix, P_c = S_0 + Σ_{c' < c} S_c', and the state after
+the block is S_0 + Σ_c S_c (``public_sums`` turns it back). The gradient of S_0 is
+c ⊙ Σ_c φ(q'_c)ᵀ gY'_c, the query chunks' states that the backward forms anyway.
 """
 
 from __future__ import annotations
+
+from functools import lru_cache
+from typing import Optional  # custom_op reads Optional[Tensor] from annotations
 
 import torch
 import triton
@@ -28,10 +37,10 @@ from torch import Tensor
 
 from ..taylor_shift.efficient import finish_outputs
 from ..taylor_shift.efficient_causal import causal_count
-from ..taylor_shift.features import taylor_weight
+from ..taylor_shift.features import feature_dim, taylor_weight
 from ..taylor_shift.fused import CAUSAL_CHUNK
 from ..taylor_shift.second_order import graph_grads, taylor_sums, wants_graph
-from ..taylor_shift.state import TaylorShiftState
+from ..taylor_shift.state import TaylorShiftState, real_keys
 from .efficient import (
     _apply,
     _flat,
@@ -42,6 +51,7 @@ from .efficient import (
     layout,
     scaled_inputs,
 )
+from .layout import TILE, Layout
 
 # Tokens per chunk (defined beside the router, which sizes the states without importing
 # Triton): the intra-chunk block costs O(N C d) and the per-chunk states
@@ -99,9 +109,20 @@ def _intra_grad(q: Tensor, k: Tensor, u: Tensor, g: Tensor) -> tuple[Tensor, Ten
 
 
 @torch.library.custom_op("taylorshift::triton_causal_forward", mutates_args=())
-def triton_causal_forward(q: Tensor, k: Tensor, u: Tensor, chunk: int, dot: int) -> Tensor:
+def triton_causal_forward(
+    q: Tensor,
+    k: Tensor,
+    u: Tensor,
+    initial: Optional[Tensor],  # noqa: UP045
+    chunk: int,
+    dot: int,
+    final: bool,
+) -> tuple[Tensor, Tensor]:
     """Y' (BH, Nq, e) from q' (BH, Nq, d), k' (BH, Nk, d), u (BH, Nk, e), all float32;
-    ``dot``: how the kernels multiply (``efficient.dot_kind`` of the inputs' dtype)."""
+    ``initial``: the state before the first key (BH, layout size) in the kernels' layout
+    (``kernel_state``), or None; ``dot``: how the kernels multiply (``efficient.dot_kind``
+    of the inputs' dtype). Second output: with ``final`` the state after the last key
+    (BH, layout size), else an empty tensor."""
     bh, nq, d = q.shape
     nk, e = u.shape[1], u.shape[2]
     lay = layout(d, e - 1)  # u = [v·m, m]: its last column is the kernels' own r column
@@ -109,7 +130,11 @@ def triton_causal_forward(q: Tensor, k: Tensor, u: Tensor, chunk: int, dot: int)
     qc, kc, uc = _chunks(q, ncq, chunk), _chunks(k, nck, chunk), _chunks(u, nck, chunk)
 
     states = _state(kc, *_split(uc), 2, lay, dot).view(bh, nck, lay.size)
-    prefix = _prefix(states, ncq)  # (BH·ncq, size)
+    prefix = _prefix(states, ncq, initial)  # (BH·ncq, size)
+    after = q.new_empty(0)
+    if final:
+        after = states.sum(1) if initial is None else initial + states.sum(1)
+    del states
     y = torch.empty((bh * ncq, chunk, e), dtype=torch.float32, device=q.device)
     _apply_split(qc, prefix, lay, y, dot)
     y = y.view(bh, ncq, chunk, e)
@@ -118,19 +143,28 @@ def triton_causal_forward(q: Tensor, k: Tensor, u: Tensor, chunk: int, dot: int)
     y[:, :m] += _intra(
         qc.view(*shape, d)[:, :m], kc.view(*shape, d)[:, :m], uc.view(*shape, e)[:, :m]
     )
-    return y.reshape(bh, ncq * chunk, e)[:, :nq].contiguous()
+    return y.reshape(bh, ncq * chunk, e)[:, :nq].contiguous(), after
 
 
 @triton_causal_forward.register_fake
-def _(q, k, u, chunk, dot):
-    return q.new_empty((q.shape[0], q.shape[1], u.shape[2]), dtype=torch.float32)
+def _(q, k, u, initial, chunk, dot, final):
+    y = q.new_empty((q.shape[0], q.shape[1], u.shape[2]), dtype=torch.float32)
+    size = layout(q.shape[2], u.shape[2] - 1).size
+    return y, q.new_empty((q.shape[0], size) if final else (0,), dtype=torch.float32)
 
 
 @torch.library.custom_op("taylorshift::triton_causal_backward", mutates_args=())
 def triton_causal_backward(
-    grad: Tensor, q: Tensor, k: Tensor, u: Tensor, chunk: int, dot: int
-) -> tuple[Tensor, Tensor, Tensor]:
-    """Gradients of q', k' and u from the gradient of Y' (all float32)."""
+    grad: Tensor,
+    q: Tensor,
+    k: Tensor,
+    u: Tensor,
+    initial: Optional[Tensor],  # noqa: UP045
+    chunk: int,
+    dot: int,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Gradients of q', k', u and the initial state (an empty tensor without one) from the
+    gradient of Y' (all float32)."""
     bh, nq, d = q.shape
     nk, e = u.shape[1], u.shape[2]
     lay = layout(d, e - 1)
@@ -140,12 +174,15 @@ def triton_causal_backward(
 
     # Inter-chunk part, query side: ∂/∂q' of gY'·φ(q')(c ⊙ P_c).
     states = _state(kc, *_split(uc), 2, lay, dot).view(bh, nck, lay.size)
-    prefix = _prefix(states, ncq)
+    prefix = _prefix(states, ncq, initial)
     del states
     gq = _grad(qc, *_split(gc), 2, prefix, lay, dot)
     del prefix
-    # Key side: R_c = Σ_{c' > c} φ(q'_c')ᵀ gY'_c'.
+    # Key side: R_c = Σ_{c' > c} φ(q'_c')ᵀ gY'_c'; the initial state's: c ⊙ Σ_c' of them.
     q_states = _state(qc, *_split(gc), 2, lay, dot).view(bh, ncq, lay.size)
+    g_initial = q.new_empty(0)
+    if initial is not None:
+        g_initial = q_states.sum(1) * _weights(lay, q.device)
     suffix = _suffix(q_states, nck)
     del q_states
     gu = torch.empty_like(uc)
@@ -167,39 +204,53 @@ def triton_causal_backward(
         gq.reshape(bh, -1, d)[:, :nq].contiguous(),
         gk.reshape(bh, -1, d)[:, :nk].contiguous(),
         gu.reshape(bh, -1, e)[:, :nk].contiguous(),
+        g_initial,
     )
 
 
 @triton_causal_backward.register_fake
-def _(grad, q, k, u, chunk, dot):
-    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(u)
+def _(grad, q, k, u, initial, chunk, dot):
+    g_initial = q.new_empty(0) if initial is None else torch.empty_like(initial)
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(u), g_initial
 
 
 def _setup_causal(ctx, inputs, output):
-    q, k, u, chunk, dot = inputs
-    ctx.save_for_backward(q, k, u)
+    q, k, u, initial, chunk, dot, _ = inputs
+    ctx.save_for_backward(q, k, u, initial)
     ctx.chunk, ctx.dot = chunk, dot
+    ctx.mark_non_differentiable(output[1])  # the state after the block, as the torch form's
 
 
-def _backward_causal(ctx, grad):
-    q, k, u = ctx.saved_tensors
+def _backward_causal(ctx, grad, _grad_final):
+    q, k, u, initial = ctx.saved_tensors
     if wants_graph():  # create_graph=True: the core's sums in plain ops, differentiable again
+        if initial is not None:
+            raise RuntimeError(
+                "initial_state: a call that continues a causal state has first-order "
+                "gradients only; differentiating its gradient again (create_graph=True) is "
+                "not supported"
+            )
         grads = graph_grads(
             lambda q, k, u: taylor_sums(q, k, u, True).to(u.dtype),
             grad, (q, k, u), ctx.needs_input_grad[:3],
         )  # fmt: skip
-        return (*grads, None, None)
-    gq, gk, gu = triton_causal_backward(grad.contiguous(), q, k, u, ctx.chunk, ctx.dot)
-    return gq, gk, gu, None, None
+        return (*grads, None, None, None, None)
+    gq, gk, gu, g_initial = triton_causal_backward(
+        grad.contiguous(), q, k, u, initial, ctx.chunk, ctx.dot
+    )
+    return gq, gk, gu, None if initial is None else g_initial, None, None, None
 
 
 triton_causal_forward.register_autograd(_backward_causal, setup_context=_setup_causal)
 
 
-def _prefix(states: Tensor, ncq: int) -> Tensor:
-    """P_c = Σ_{c' < c} S_c' for the query chunks c < ncq: (BH·ncq, size) float32."""
+def _prefix(states: Tensor, ncq: int, initial: Tensor | None = None) -> Tensor:
+    """P_c = S_0 + Σ_{c' < c} S_c' for the query chunks c < ncq: (BH·ncq, size) float32;
+    S_0 the initial state (BH, size), or zero."""
     bh, nck, size = states.shape
     cum = torch.cat([states.new_zeros((bh, 1, size)), states.cumsum(1)], dim=1)
+    if initial is not None:
+        cum = cum + initial.unsqueeze(1)
     index = torch.arange(ncq, device=states.device).clamp(max=nck)
     return cum[:, index].reshape(bh * ncq, size).contiguous()
 
@@ -211,6 +262,83 @@ def _suffix(q_states: Tensor, nck: int) -> Tensor:
     rev = torch.cat([rev, rev.new_zeros((bh, 1, size))], dim=1)
     index = (torch.arange(nck, device=q_states.device) + 1).clamp(max=ncq)
     return rev[:, index].reshape(bh * nck, size).contiguous()
+
+
+@lru_cache(maxsize=32)
+def _weights(lay: Layout, device: torch.device) -> Tensor:
+    """c in the kernels' layout (size,): 1/2 on the rows of diagonal tile pairs (a tile
+    (A, A) holds x_a x_b and x_b x_a alike, the apply kernel's w), 1 elsewhere."""
+    t2 = TILE * TILE
+    with torch.inference_mode(False):  # usable in and out of inference mode
+        c = torch.ones(lay.size)
+        for ta in range(lay.nt):
+            p = ta * lay.nt - ta * (ta - 1) // 2  # the pair (A, A) (efficient._pair_index)
+            c[p * t2 * lay.dvp : (p + 1) * t2 * lay.dvp] = 0.5
+            c[lay.off_quad_den + p * t2 : lay.off_quad_den + (p + 1) * t2] = 0.5
+        return c.to(device)
+
+
+@lru_cache(maxsize=32)
+def _places(d: int, dv: int, device: torch.device) -> tuple[Tensor, Tensor, Tensor]:
+    """Where ``TaylorShiftState.sums`` (D, dv + 1) of one head lie in the kernels' flat
+    layout (docs/triton-efficient.md, "A state in and out"): ``places`` (D·(dv + 1),) the
+    offset of each entry in the sums' own order (value columns in the value block of its
+    feature row, the ones column in the row's denominator), and ``to``, ``source``: every
+    offset the sums fill, with the entry it copies. Those add the mirror x_b x_a of each
+    pair a < b of a diagonal tile pair, which holds the same sum."""
+    with torch.inference_mode(False):  # usable in and out of inference mode
+        return _build_places(d, dv, device)
+
+
+def _build_places(d: int, dv: int, device: torch.device) -> tuple[Tensor, Tensor, Tensor]:
+    lay = layout(d, dv)
+    t = TILE
+    a, b = torch.triu_indices(d, d)
+    ta, tb = a // t, b // t
+    first = ta * lay.nt - ta * (ta - 1) // 2 + (tb - ta)  # the tile pair's index
+    row = first * t * t + (a - ta * t) * t + (b - tb * t)
+    cols = torch.arange(dv)
+    lin = torch.arange(d)
+    values = torch.cat([
+        row[:, None] * lay.dvp + cols,
+        lay.off_lin + lin[:, None] * lay.dvp + cols,
+        lay.off_const + cols[None, :],
+    ])  # fmt: skip
+    dens = torch.cat(
+        [lay.off_quad_den + row, lay.off_lin_den + lin, torch.tensor([lay.off_const_den])]
+    )
+    places = torch.cat([values, dens[:, None]], 1).flatten()
+    mirror = (ta == tb) & (a != b)
+    rows = first[mirror] * t * t + (b[mirror] - tb[mirror] * t) * t + (a[mirror] - ta[mirror] * t)
+    mirrored = torch.cat([rows[:, None] * lay.dvp + cols, lay.off_quad_den + rows[:, None]], 1)
+    entries = torch.arange(feature_dim(d) * (dv + 1)).view(feature_dim(d), dv + 1)
+    to = torch.cat([places, mirrored.flatten()])
+    source = torch.cat([entries.flatten(), entries[: len(a)][mirror].flatten()])
+    return places.to(device), to.to(device), source.to(device)
+
+
+def kernel_state(sums: Tensor, d: int) -> Tensor:
+    """The kernels' state (B·H, layout size) float32 from ``TaylorShiftState.sums``
+    (B, H, D, dv + 1) of head dim ``d``: differentiable (its gradient flows back to
+    ``sums``), zeros where the layout pads."""
+    b, h, rows, e = sums.shape
+    _, to, source = _state_places(d, e - 1, sums.device)
+    flat = sums.reshape(b * h, rows * e).to(torch.float32)
+    state = flat.new_zeros((b * h, layout(d, e - 1).size))
+    return state.index_copy(1, to, flat.index_select(1, source))
+
+
+def public_sums(state: Tensor, b: int, h: int, d: int, dv: int) -> Tensor:
+    """``TaylorShiftState.sums`` (B, H, D, dv + 1) from a state in the kernels' layout."""
+    places, _, _ = _state_places(d, dv, state.device)
+    return state.index_select(1, places).view(b, h, feature_dim(d), dv + 1)
+
+
+def _state_places(d: int, dv: int, device: torch.device) -> tuple[Tensor, Tensor, Tensor]:
+    """``_places``, kept per (d, dv, device); traced by torch.compile, built in the graph."""
+    if torch.compiler.is_compiling():
+        return _build_places(d, dv, device)
+    return _places(d, dv, device)
 
 
 def triton_causal_efficient_taylor_shift(
@@ -225,7 +353,7 @@ def triton_causal_efficient_taylor_shift(
     *,
     initial_state: TaylorShiftState | None = None,
     output_final_state: bool = False,
-) -> Tensor:
+) -> Tensor | tuple[Tensor, TaylorShiftState]:
     """Causal efficient TaylorShift on the fused Triton kernels, on validated inputs.
 
     Same contract and signature as
@@ -234,18 +362,14 @@ def triton_causal_efficient_taylor_shift(
     (broadcast views are fine) or None; query i attends key j iff j <= i. Returns
     (B, H, Nq, dv) in query's dtype; sums in float32, float64 refused. Differentiable in
     query, key, value and a tensor temperature. ``chunk_size`` defaults to DEFAULT_CHUNK.
-    A state to continue from or to return (``initial_state``, ``output_final_state``) is
-    not supported yet: the torch form computes those calls (the public op routes them
-    there).
+    ``initial_state`` (checked by the caller; key and value with the query's heads) holds
+    the keys before the block, and the output is differentiable w.r.t. its sums; with
+    ``output_final_state`` the state after the block's last key (its real keys added; no
+    gradient) is returned too: ``(out, state)``.
     """
-    if initial_state is not None or output_final_state:
-        raise NotImplementedError(
-            "the Triton causal form neither continues nor returns a TaylorShiftState; use "
-            "causal_efficient_taylor_shift (taylor_shift_attention routes such calls there)"
-        )
     check_kernel_inputs(query, "causal efficient form")
     b, h, nq, d = query.shape
-    nk = key.shape[2]
+    nk, dv = key.shape[2], value.shape[3]
     chunk = chunk_size or DEFAULT_CHUNK
     qp, kp = scaled_inputs(query, key, temperature, scale, normalize)
     v = value.to(torch.float32)
@@ -255,16 +379,22 @@ def triton_causal_efficient_taylor_shift(
     else:
         m = key_mask.expand(b, h, nk).to(torch.float32).unsqueeze(-1)
         u = torch.cat([v * m, m], dim=-1)
-    y_prime = triton_causal_forward(
-        _flat(qp),
-        _flat(kp),
-        _flat(u),
-        chunk,
-        dot_kind(query.dtype),
-    ).reshape(b, h, nq, -1)
+    initial = None if initial_state is None else kernel_state(initial_state.sums, d)
+    y_prime, after = triton_causal_forward(
+        _flat(qp), _flat(kp), _flat(u), initial, chunk, dot_kind(query.dtype),
+        output_final_state,
+    )  # fmt: skip
     count = causal_count(key_mask, nq, nk, torch.float32, query.device)
-    y, _ = finish_outputs(y_prime, count, normalize, d)
-    return y.to(query.dtype)
+    if initial_state is not None:
+        count = initial_state.count.to(torch.float32).unsqueeze(-1) + count  # (B, H, Nq)
+    y, _ = finish_outputs(y_prime.reshape(b, h, nq, -1), count, normalize, d)
+    y = y.to(query.dtype)
+    if not output_final_state:
+        return y
+    keys = real_keys(key_mask, b, h, nk, torch.float32, query.device)
+    if initial_state is not None:
+        keys = initial_state.count.detach().to(torch.float32) + keys
+    return y, TaylorShiftState(public_sums(after, b, h, d, dv), keys)
 
 
 __all__ = ["DEFAULT_CHUNK", "triton_causal_efficient_taylor_shift"]
