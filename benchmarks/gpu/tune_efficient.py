@@ -20,6 +20,8 @@ written to OUT_DIR/tune.json at once, OUT_DIR/tune.md at the end):
      backward on other blocks (``DIRECT_FLOAT32_BACKWARD``);
    - causal at 16,384 with chunks of 128 … 1,024 tokens (the default is 256), and at
      65,536 (auto's causal GPU prior extrapolates from 16,384: direct ∝ N², efficient ∝ N);
+   - a prompt's prefill with its state out at 16,384: the Triton causal form (which takes
+     a state since 2026-11-28) against the PyTorch causal form (which ran such calls before);
    - float32 at 4,096 and 16,384 in exact dots: the kernels' ("ieee"), the PyTorch
      efficient form (cuBLAS), direct, SDPA;
    - at N = 4,096 and 8,192 (where direct and efficient cross: auto's GPU prior), d = 128
@@ -125,6 +127,14 @@ def main() -> int:
         form = causal_efficient_taylor_shift if causal else efficient_taylor_shift
         return form(q, k, v, None, 1.0, None, True)
 
+    def prefill(form):
+        """A prompt's prefill: causal, the state after it asked for (the output timed)."""
+
+        def call(q, k, v, causal=True):
+            return form(q, k, v, None, 1.0, None, True, output_final_state=True)[0]
+
+        return call
+
     def direct(q, k, v, causal=False):
         return taylor_shift_attention(q, k, v, is_causal=causal, mode="direct")
 
@@ -146,6 +156,8 @@ def main() -> int:
         "efficient (PyTorch, TF32)": tf32(pytorch_efficient),
         "direct (Triton)": direct,
         "direct (Triton, TF32)": tf32(direct),
+        "prefill, state out (Triton)": prefill(triton_causal_efficient_taylor_shift),
+        "prefill, state out (PyTorch)": prefill(causal_efficient_taylor_shift),
         "SDPA": lambda q, k, v, causal=False: torch.nn.functional.scaled_dot_product_attention(
             q, k, v, is_causal=causal
         ),
@@ -253,6 +265,10 @@ def main() -> int:
     plan += [(f"16-bit, chunk {c}", n_mid, bw, d, True, None) for c in CAUSAL_CHUNKS
              for bw in (False, True)]  # fmt: skip
     plan += [(x, n_long, bw, d, True, None) for bw in (False, True) for x in trio]
+    # a causal call with its state out (a prompt's prefill): the Triton causal form since
+    # 2026-11-28, the PyTorch causal form before
+    plan += [(f"prefill, state out ({x})", n_mid, bw, d, True, None) for bw in (False, True)
+             for x in ("Triton", "PyTorch")]  # fmt: skip
     # float32 in exact dots: the kernels' ieee dots, the PyTorch form, direct, SDPA
     # (the kernels' TF32 dots are timed above, beside the other TF32 paths)
     fp32_impls = ("efficient (Triton)", "efficient (PyTorch)", "direct (Triton)", "SDPA")
