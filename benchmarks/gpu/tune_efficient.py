@@ -18,10 +18,10 @@ written to OUT_DIR/tune.json at once, OUT_DIR/tune.md at the end):
      backward at 512 and 1,024 (the PyTorch form against the direct kernel); causal at
      16,384 (the PyTorch form, the direct kernel, SDPA); the direct kernel's float32
      backward on other blocks (``DIRECT_FLOAT32_BACKWARD``);
-   - causal at 16,384 with chunks of 128 … 1,024 tokens (the default is 256), and at
-     65,536 (auto's causal GPU prior extrapolates from 16,384: direct ∝ N², efficient ∝ N);
    - a prompt's prefill with its state out at 16,384: the Triton causal form (which takes
      a state since 2026-11-28) against the PyTorch causal form (which ran such calls before);
+   - causal at 16,384 with chunks of 128 … 1,024 tokens (the default is 256), and at
+     65,536 (auto's causal GPU prior extrapolates from 16,384: direct ∝ N², efficient ∝ N);
    - float32 at 4,096 and 16,384 in exact dots: the kernels' ("ieee"), the PyTorch
      efficient form (cuBLAS), direct, SDPA;
    - at N = 4,096 and 8,192 (where direct and efficient cross: auto's GPU prior), d = 128
@@ -260,15 +260,15 @@ def main() -> int:
              for x in ("efficient (PyTorch)", "direct (Triton)", "SDPA")]  # fmt: skip
     # the direct kernel's float32 backward (40x its forward on the H100) on other blocks
     plan += [(x, n_err, True, d, False, fp32) for x in DIRECT_FLOAT32_BACKWARD]
+    # a causal call with its state out (a prompt's prefill): the Triton causal form since
+    # 2026-11-28, the PyTorch causal form before
+    plan += [(f"prefill, state out ({x})", n_mid, bw, d, True, None) for bw in (False, True)
+             for x in ("Triton", "PyTorch")]  # fmt: skip
     # the causal kernels: default chunk (256) beside SDPA and direct, other chunks, 4x N
     plan += [(x, n_mid, bw, d, True, None) for bw in (False, True) for x in trio]
     plan += [(f"16-bit, chunk {c}", n_mid, bw, d, True, None) for c in CAUSAL_CHUNKS
              for bw in (False, True)]  # fmt: skip
     plan += [(x, n_long, bw, d, True, None) for bw in (False, True) for x in trio]
-    # a causal call with its state out (a prompt's prefill): the Triton causal form since
-    # 2026-11-28, the PyTorch causal form before
-    plan += [(f"prefill, state out ({x})", n_mid, bw, d, True, None) for bw in (False, True)
-             for x in ("Triton", "PyTorch")]  # fmt: skip
     # float32 in exact dots: the kernels' ieee dots, the PyTorch form, direct, SDPA
     # (the kernels' TF32 dots are timed above, beside the other TF32 paths)
     fp32_impls = ("efficient (Triton)", "efficient (PyTorch)", "direct (Triton)", "SDPA")
