@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import multiprocessing.connection
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -26,7 +27,9 @@ from ..helpers import forkserver
 
 def _main(argv: list[str], env: dict[str, str], out: str, err: str) -> None:
     """The child: the environment and the standard streams of ``env``, ``out`` and ``err``,
-    then the CLI; exits with its status."""
+    Ctrl-C's usual handler (the fork server ignores SIGINT, and a shell's background job
+    starts with it ignored), then the CLI; exits with its status."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     os.environ.clear()
     os.environ.update(env)
     with open(out, "w") as stdout, open(err, "w") as stderr:
@@ -53,13 +56,20 @@ def _main(argv: list[str], env: dict[str, str], out: str, err: str) -> None:
     os._exit(code or 0)
 
 
+def start_cli(argv: list[str], env: dict[str, str], folder: Path):
+    """``python -m taylorshift ARGV`` started, not awaited: (the process, its stdout file,
+    its stderr file), the files in ``folder``."""
+    out, err = folder / "stdout", folder / "stderr"
+    process = forkserver().Process(target=_main, args=(argv, env, str(out), str(err)))
+    process.start()
+    return process, out, err
+
+
 def fork_cli(argv: list[str], env: dict[str, str], timeout: float = 300):
     """What ``subprocess.run([python, "-m", "taylorshift", *argv], env=env,
     capture_output=True, text=True)`` returns (returncode: the exit status, or -signal)."""
     with tempfile.TemporaryDirectory() as tmp:
-        out, err = Path(tmp, "stdout"), Path(tmp, "stderr")
-        process = forkserver().Process(target=_main, args=(argv, env, str(out), str(err)))
-        process.start()
+        process, out, err = start_cli(argv, env, Path(tmp))
         process.join(timeout)
         if process.is_alive():
             process.kill()

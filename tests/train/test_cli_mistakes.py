@@ -1,10 +1,12 @@
 """User mistakes at ``taylorshift train`` / ``eval`` / ``generate``: one ``error:`` line
 naming the setting, exit code 2, never a traceback; Ctrl-C in ``train`` says what was
-saved and how to go on. Run through the real CLI in subprocesses."""
+saved and how to go on. Run through the real CLI in subprocesses (Ctrl-C: in a process
+forked from the fork server, tests/train/forked.py)."""
 
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -12,6 +14,7 @@ import time
 from pathlib import Path
 
 from .conftest import cli_env, tiny_argv
+from .forked import start_cli
 
 # Runs every case through taylorshift.cli.main in one fresh interpreter (one torch import
 # for the whole table) and prints, per case, the exit code, stderr, and whether anything
@@ -99,32 +102,24 @@ def test_every_mistake_is_one_error_line_with_exit_code_2(tmp_path):
         assert "Traceback" not in result["stderr"], where
 
 
-_WITH_CTRL_C = (
-    "import runpy, signal; signal.signal(signal.SIGINT, signal.default_int_handler); "
-    "runpy.run_module('taylorshift', run_name='__main__', alter_sys=True)"
-)
-
-
 def test_ctrl_c_in_train_says_what_was_saved_and_how_to_resume(tmp_path):
     out = tmp_path / "run"
     argv = tiny_argv(out, "--set", "optim.epochs=200", "--set", "run.checkpoint_every=1")
-    # `python -m taylorshift`, but with Ctrl-C's usual handler installed first: a process
-    # started as a shell's background job (`nohup pytest ... &`) ignores SIGINT, and its
-    # children inherit that, so the signal would never arrive
-    run = subprocess.Popen(
-        [sys.executable, "-c", _WITH_CTRL_C, *argv],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cli_env(),
-    )  # fmt: skip
+    # the CLI in a process forked from the test's fork server (tests/train/forked.py), with
+    # Ctrl-C's usual handler, as a terminal's `python -m taylorshift` has it
+    run, _, stderr = start_cli(argv, cli_env(), tmp_path)
     try:
         deadline = time.monotonic() + 120
         while not (out / "checkpoints" / "latest").exists():
-            assert run.poll() is None and time.monotonic() < deadline, "no checkpoint came"
+            assert run.is_alive() and time.monotonic() < deadline, "no checkpoint came"
             time.sleep(0.05)
-        run.send_signal(signal.SIGINT)
-        _, err = run.communicate(timeout=60)
+        os.kill(run.pid, signal.SIGINT)
+        run.join(60)
     finally:
         run.kill()
-    assert run.returncode == 130, err
+        run.join()
+    err = stderr.read_text()
+    assert run.exitcode == 130, err
     assert "Traceback" not in err
     lines = err.strip().splitlines()
     assert len(lines) == 1 and "interrupted; the last checkpoint is" in lines[0], err
