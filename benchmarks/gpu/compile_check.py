@@ -82,8 +82,8 @@ def main() -> int:
                 te.triton_efficient_backward(out.float(), q, k, v, mask, out, den, state, True)
             u = torch.zeros(b * h, n, d + 1)
             dot = te.dot_kind(dtype)
-            tc.triton_causal_forward(q[0], k[0], u, None, tc.DEFAULT_CHUNK, dot, False)
-            tc.triton_causal_backward(u.clone(), q[0], k[0], u, None, tc.DEFAULT_CHUNK, dot)
+            tc.triton_causal_forward(q[0], k[0], u, None, tc.DEFAULT_CHUNK, 1, dot, False)
+            tc.triton_causal_backward(u.clone(), q[0], k[0], u, None, tc.DEFAULT_CHUNK, 1, dot)
     finally:
         for name in names:
             setattr(te, name, real[name])

@@ -20,6 +20,8 @@ written to OUT_DIR/tune.json at once, OUT_DIR/tune.md at the end):
      backward on other blocks (``DIRECT_FLOAT32_BACKWARD``);
    - a prompt's prefill with its state out at 16,384: the Triton causal form (which takes
      a state since 2026-11-28) against the PyTorch causal form (which ran such calls before);
+   - the causal kernels at 16,384 in pieces within the state budget (since 2026-11-28) and
+     with every chunk state at once (before);
    - causal at 16,384 with chunks of 128 … 1,024 tokens (the default is 256), and at
      65,536 (auto's causal GPU prior extrapolates from 16,384: direct ∝ N², efficient ∝ N);
    - float32 at 4,096 and 16,384 in exact dots: the kernels' ("ieee"), the PyTorch
@@ -135,6 +137,17 @@ def main() -> int:
 
         return call
 
+    def unpieced(q, k, v, causal=True):
+        """The causal kernels with every chunk state at once (as before 2026-11-28: the
+        budget lifted, where the form now sweeps pieces that fit it)."""
+        from taylorshift.ops.taylor_shift import fused
+
+        before, fused.CAUSAL_STATE_BUDGET = fused.CAUSAL_STATE_BUDGET, 1 << 62
+        try:
+            return efficient(q, k, v, causal=True)
+        finally:
+            fused.CAUSAL_STATE_BUDGET = before
+
     def direct(q, k, v, causal=False):
         return taylor_shift_attention(q, k, v, is_causal=causal, mode="direct")
 
@@ -156,6 +169,7 @@ def main() -> int:
         "efficient (PyTorch, TF32)": tf32(pytorch_efficient),
         "direct (Triton)": direct,
         "direct (Triton, TF32)": tf32(direct),
+        "16-bit, causal, unpieced": unpieced,
         "prefill, state out (Triton)": prefill(triton_causal_efficient_taylor_shift),
         "prefill, state out (PyTorch)": prefill(causal_efficient_taylor_shift),
         "SDPA": lambda q, k, v, causal=False: torch.nn.functional.scaled_dot_product_attention(
@@ -265,7 +279,9 @@ def main() -> int:
     plan += [(f"prefill, state out ({x})", n_mid, bw, d, True, None) for bw in (False, True)
              for x in ("Triton", "PyTorch")]  # fmt: skip
     # the causal kernels: default chunk (256) beside SDPA and direct, other chunks, 4x N
-    plan += [(x, n_mid, bw, d, True, None) for bw in (False, True) for x in trio]
+    # (at B·H = 32 they sweep pieces of 4 chunks: beside them, all 64 chunks at once)
+    plan += [(x, n_mid, bw, d, True, None) for bw in (False, True)
+             for x in (*trio, "16-bit, causal, unpieced")]  # fmt: skip
     plan += [(f"16-bit, chunk {c}", n_mid, bw, d, True, None) for c in CAUSAL_CHUNKS
              for bw in (False, True)]  # fmt: skip
     plan += [(x, n_long, bw, d, True, None) for bw in (False, True) for x in trio]

@@ -84,23 +84,29 @@ def test_without_triton_nothing_is_routed(monkeypatch):
     assert fused.fused_form(q, problem_for(q, k, v), "efficient", False, 2) is None
 
 
-def test_long_causal_efficient_calls_stay_on_the_lean_pytorch_form(triton_installed, monkeypatch):
+def test_long_causal_efficient_calls_sweep_pieces_or_stay_on_pytorch(triton_installed, monkeypatch):
+    # over the budget: pieces of as many chunks as fit where Nq == Nk; other lengths, and
+    # calls where not one chunk fits, stay on the memory-lean PyTorch form
+    per_chunk = fused.chunk_state_bytes(2, 4, 4)
+    monkeypatch.setattr(fused, "CAUSAL_STATE_BUDGET", 2 * per_chunk)
+    assert fused.causal_piece_chunks(2, 4, 4, 4, 4, chunk=2) == 2  # within: all chunks
+    assert fused.causal_piece_chunks(2, 8, 8, 4, 4, chunk=2) == 2  # 4 chunks: pieces of 2
+    assert fused.causal_piece_chunks(2, 8, 7, 4, 4, chunk=2) is None  # lengths differ
+    assert fused.causal_piece_chunks(2, 3, 4, 4, 4, chunk=2) == 2  # within, lengths differ
+    # the router: one chunk of 256 tokens here, which fits or does not
     monkeypatch.setenv(fused.TRITON_ENV, "interpret")
     q, k, v = qkv(8, 4)
     problem = problem_for(q, k, v, causal=True)
-    assert fused.causal_state_bytes(problem) <= fused.CAUSAL_STATE_BUDGET
-    monkeypatch.setattr(fused, "CAUSAL_STATE_BUDGET", fused.causal_state_bytes(problem) - 1)
+    assert fused.fused_form(q, problem, "efficient", True, 2) is not None
+    monkeypatch.setattr(fused, "CAUSAL_STATE_BUDGET", per_chunk - 1)
+    assert fused.causal_piece_chunks(2, 8, 8, 4, 4) is None
     assert fused.fused_form(q, problem, "efficient", True, 2) is None
 
 
 def test_causal_state_bytes_count_the_kernels_padding():
     # the states are rows of the kernels' layout: dv = 65 pads to 128 value columns, so
     # its states take about twice those of dv = 64 (a count of d(d+1)/2 · (dv + 2) said 1.02x)
-    def state_bytes(dv):
-        q, k = (torch.randn(1, 2, 512, 64) for _ in range(2))
-        return fused.causal_state_bytes(problem_for(q, k, torch.randn(1, 2, 512, dv), causal=True))
-
-    assert 1.9 < state_bytes(65) / state_bytes(64) < 2.1
+    assert 1.9 < fused.chunk_state_bytes(2, 64, 65) / fused.chunk_state_bytes(2, 64, 64) < 2.1
 
 
 class _SaysCuda(torch.Tensor):

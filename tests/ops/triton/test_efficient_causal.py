@@ -128,7 +128,7 @@ def test_custom_op_registration_passes_opcheck():
     # fake kernel, and their arithmetic is checked by the float16 cases above
     # (no initial state and none asked for: test_efficient_causal_state.py checks those)
     op = torch.ops.taylorshift.triton_causal_forward.default
-    torch.library.opcheck(op, (q, k, u, None, CHUNK, 0, False))
+    torch.library.opcheck(op, (q, k, u, None, CHUNK, 2, 0, False))  # pieces of 2 chunks
 
 
 def test_states_are_dv_wide_with_the_mask_as_their_row_column(monkeypatch):

@@ -88,7 +88,7 @@ def test_custom_op_with_a_state_passes_opcheck():
     size = triton_causal.layout(4, 2).size
     initial = torch.randn(1, size, generator=g).requires_grad_()
     op = torch.ops.taylorshift.triton_causal_forward.default
-    torch.library.opcheck(op, (q, k, u, initial, 4, 0, True))
+    torch.library.opcheck(op, (q, k, u, initial, 4, 1, 0, True))  # pieces of one chunk
 
 
 def test_public_op_routes_state_calls_to_the_kernel(monkeypatch):
@@ -144,3 +144,27 @@ def test_torch_compile_traces_a_state_call_whole():
     got, want = torch.autograd.grad(y_c, leaves, g), torch.autograd.grad(y, leaves, g)
     for name, a, e in zip(["q", "k", "v", "tau", "sums"], got, want, strict=True):
         assert_rel_close(a, e, 1e-5, f"gradient of {name}", atol=1e-6)
+
+
+@pytest.mark.parametrize("piece", [1, 2])
+def test_long_calls_sweep_pieces_within_the_budget(piece, monkeypatch):
+    """Where all chunk states would exceed the budget, the form sweeps pieces of as many
+    chunks as fit, each from the last one's state: no launch holds more chunks than that,
+    and outputs, the state after and every gradient stay those of the float64 PyTorch form,
+    with a state in and without."""
+    monkeypatch.setattr(fused, "CAUSAL_STATE_BUDGET", piece * fused.chunk_state_bytes(2, 16, 16))
+    chunks = []
+    real = triton_causal._state
+
+    def spy(x, u, r, r_mode, lay, dot=0):
+        chunks.append(x.shape[0] // 2)  # (B·H · chunks, C, d), B·H = 2
+        return real(x, u, r, r_mode, lay, dot)
+
+    monkeypatch.setattr(triton_causal, "_state", spy)
+    check_state_in_and_out(
+        triton_causal_efficient_taylor_shift, 2, 1, 1, 13, 21, 21, 16, 16, 4, True, "tensor", True
+    )
+    check_state_in_and_out(
+        triton_causal_efficient_taylor_shift, 2, 1, 1, 0, 21, 21, 16, 16, 4, False, "float", True
+    )
+    assert max(chunks) == piece  # (21 tokens: 6 chunks of 4)

@@ -23,10 +23,12 @@ goes to a Triton kernel when all of these hold, else it stays on the PyTorch for
 - float32 efficient calls on CUDA only where TF32 is allowed and autograd does not record
   the call; the rest take the PyTorch efficient form, faster there
   (``float32_efficient_stays_on_pytorch``);
-- causal efficient only: its first version keeps every chunk's prefix state at once (about
-  3 · B·H · Nk/C states of the kernels' padded layout, float32, at the peak), so calls
-  whose states would exceed ``CAUSAL_STATE_BUDGET`` bytes stay on the memory-lean PyTorch
-  form;
+- causal efficient only: it keeps the prefix states of the chunks it sweeps at once
+  (about 3 · B·H states of the kernels' padded layout per chunk, float32, at the peak);
+  where all the call's would exceed ``CAUSAL_STATE_BUDGET`` bytes it sweeps pieces of as
+  many chunks as fit, each continuing the last one's state (``causal_piece_chunks``), for
+  Nq == Nk; other calls over the budget, and those where not one chunk fits, stay on the
+  memory-lean PyTorch form;
 - the kernel has not failed before in this process for the same shape class.
 
 A kernel that fails to compile or launch (out of shared memory, an architecture or a Triton
@@ -71,12 +73,26 @@ CAUSAL_STATE_BUDGET = 256 << 20
 CAUSAL_CHUNK = 256
 
 
-def causal_state_bytes(problem: Problem) -> int:
-    """Peak bytes of the causal kernel's chunk states (the states, their prefix, a copy),
-    each a float32 row of the kernels' padded layout (``ops/triton/layout.py``)."""
-    chunks = -(-problem.n_key // CAUSAL_CHUNK)
-    per_state = layout(problem.head_dim, problem.value_dim).size * 4
-    return 3 * problem.batch * problem.heads * chunks * per_state
+def chunk_state_bytes(batch_heads: int, d: int, dv: int) -> int:
+    """Peak bytes of the Triton causal form's states per chunk it sweeps at once (the
+    states, their prefix, a copy), each a float32 row of the kernels' padded layout
+    (``ops/triton/layout.py``)."""
+    return 3 * batch_heads * layout(d, dv).size * 4
+
+
+def causal_piece_chunks(
+    batch_heads: int, n_query: int, n_key: int, d: int, dv: int, chunk: int = CAUSAL_CHUNK
+) -> int | None:
+    """How many chunks of ``chunk`` tokens the Triton causal form sweeps at once: all of
+    them where their states fit ``CAUSAL_STATE_BUDGET``, else pieces of as many as fit,
+    each continuing the last one's state (self-attention lengths only, Nq == Nk); None
+    where not even that fits (a call for the PyTorch causal form)."""
+    per_chunk = chunk_state_bytes(batch_heads, d, dv)
+    chunks = -(-max(n_query, n_key) // chunk)
+    if chunks * per_chunk <= CAUSAL_STATE_BUDGET:
+        return chunks
+    fit = CAUSAL_STATE_BUDGET // per_chunk
+    return fit if fit >= 1 and n_query == n_key else None
 
 
 # (looked up once, at import, without importing it: a functools cache here made Dynamo
@@ -285,7 +301,10 @@ def fused_form(
     ):
         _debug("fused: none (float32 on CUDA: the PyTorch efficient form is faster)")
         return None
-    if kernel == "triton efficient (causal)" and causal_state_bytes(problem) > CAUSAL_STATE_BUDGET:
+    if kernel == "triton efficient (causal)" and causal_piece_chunks(
+        problem.batch * problem.heads, problem.n_query, problem.n_key, problem.head_dim,
+        problem.value_dim,
+    ) is None:  # fmt: skip
         _debug("fused: none (causal chunk states over budget; PyTorch causal form)")
         return None
     _debug("fused: %s", kernel)

@@ -38,7 +38,7 @@ from torch import Tensor
 from ..taylor_shift.efficient import finish_outputs
 from ..taylor_shift.efficient_causal import causal_count
 from ..taylor_shift.features import feature_dim, taylor_weight
-from ..taylor_shift.fused import CAUSAL_CHUNK
+from ..taylor_shift.fused import CAUSAL_CHUNK, causal_piece_chunks
 from ..taylor_shift.second_order import graph_grads, taylor_sums, wants_graph
 from ..taylor_shift.state import TaylorShiftState, real_keys
 from .efficient import (
@@ -106,6 +106,8 @@ def _intra_grad(q: Tensor, k: Tensor, u: Tensor, g: Tensor) -> tuple[Tensor, Ten
 
 # The core as custom ops with fake (meta) implementations and a registered autograd
 # formula, so that torch.compile traces through it (the kernel launches stay opaque).
+# Both sweep the tokens in pieces of ``piece`` chunks, each continuing the state after the
+# last (fused.causal_piece_chunks: one piece where all chunk states fit the budget).
 
 
 @torch.library.custom_op("taylorshift::triton_causal_forward", mutates_args=())
@@ -115,25 +117,46 @@ def triton_causal_forward(
     u: Tensor,
     initial: Optional[Tensor],  # noqa: UP045
     chunk: int,
+    piece: int,
     dot: int,
     final: bool,
 ) -> tuple[Tensor, Tensor]:
     """Y' (BH, Nq, e) from q' (BH, Nq, d), k' (BH, Nk, d), u (BH, Nk, e), all float32;
     ``initial``: the state before the first key (BH, layout size) in the kernels' layout
-    (``kernel_state``), or None; ``dot``: how the kernels multiply (``efficient.dot_kind``
-    of the inputs' dtype). Second output: with ``final`` the state after the last key
-    (BH, layout size), else an empty tensor."""
+    (``kernel_state``), or None; ``piece``: chunks swept at once (Nq == Nk where fewer than
+    all); ``dot``: how the kernels multiply (``efficient.dot_kind`` of the inputs' dtype).
+    Second output: with ``final`` the state after the last key (BH, layout size), else an
+    empty tensor."""
+    lay = layout(q.shape[2], u.shape[2] - 1)  # u = [v·m, m]: its last column is the r column
+    span = piece * chunk
+    starts = range(0, max(q.shape[1], k.shape[1]), span)
+    carry, ys = initial, []
+    for a in starts:
+        last = a + span >= max(q.shape[1], k.shape[1])
+        y, added = _forward_piece(
+            *(x[:, a : a + span] for x in (q, k, u)), carry, lay, chunk, dot, final or not last
+        )
+        ys.append(y)
+        if added is not None:
+            carry = added if carry is None else carry + added
+    y = ys[0] if len(ys) == 1 else torch.cat(ys, 1)
+    return y, carry if final else q.new_empty(0)
+
+
+def _forward_piece(
+    q: Tensor, k: Tensor, u: Tensor, carry: Tensor | None, lay: Layout, chunk: int, dot: int,
+    total: bool,
+) -> tuple[Tensor, Tensor | None]:  # fmt: skip
+    """Y' of one piece from the state before it (``carry``, or None: zero), and with
+    ``total`` the sum of the piece's chunk states (else None)."""
     bh, nq, d = q.shape
     nk, e = u.shape[1], u.shape[2]
-    lay = layout(d, e - 1)  # u = [v·m, m]: its last column is the kernels' own r column
     ncq, nck = triton.cdiv(nq, chunk), triton.cdiv(nk, chunk)
     qc, kc, uc = _chunks(q, ncq, chunk), _chunks(k, nck, chunk), _chunks(u, nck, chunk)
 
     states = _state(kc, *_split(uc), 2, lay, dot).view(bh, nck, lay.size)
-    prefix = _prefix(states, ncq, initial)  # (BH·ncq, size)
-    after = q.new_empty(0)
-    if final:
-        after = states.sum(1) if initial is None else initial + states.sum(1)
+    prefix = _prefix(states, ncq, carry)  # (BH·ncq, size)
+    added = states.sum(1) if total else None
     del states
     y = torch.empty((bh * ncq, chunk, e), dtype=torch.float32, device=q.device)
     _apply_split(qc, prefix, lay, y, dot)
@@ -143,11 +166,11 @@ def triton_causal_forward(
     y[:, :m] += _intra(
         qc.view(*shape, d)[:, :m], kc.view(*shape, d)[:, :m], uc.view(*shape, e)[:, :m]
     )
-    return y.reshape(bh, ncq * chunk, e)[:, :nq].contiguous(), after
+    return y.reshape(bh, ncq * chunk, e)[:, :nq].contiguous(), added
 
 
 @triton_causal_forward.register_fake
-def _(q, k, u, initial, chunk, dot, final):
+def _(q, k, u, initial, chunk, piece, dot, final):
     y = q.new_empty((q.shape[0], q.shape[1], u.shape[2]), dtype=torch.float32)
     size = layout(q.shape[2], u.shape[2] - 1).size
     return y, q.new_empty((q.shape[0], size) if final else (0,), dtype=torch.float32)
@@ -161,29 +184,58 @@ def triton_causal_backward(
     u: Tensor,
     initial: Optional[Tensor],  # noqa: UP045
     chunk: int,
+    piece: int,
     dot: int,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Gradients of q', k', u and the initial state (an empty tensor without one) from the
-    gradient of Y' (all float32)."""
+    gradient of Y' (all float32). Pieces as the forward's: first the state before each
+    (its key states summed again), then the pieces from the last, each key chunk's
+    R_c taking the query states of the pieces after it too."""
+    lay = layout(q.shape[2], u.shape[2] - 1)
+    span = piece * chunk
+    starts = list(range(0, max(q.shape[1], k.shape[1]), span))
+    carries = [initial]
+    for a in starts[:-1]:
+        kc = _chunks(k[:, a : a + span], piece, chunk)
+        uc = _chunks(u[:, a : a + span], piece, chunk)
+        added = _state(kc, *_split(uc), 2, lay, dot).view(k.shape[0], piece, lay.size).sum(1)
+        carries.append(added if carries[-1] is None else carries[-1] + added)
+    after, parts = None, []
+    for a, carry in reversed(list(zip(starts, carries, strict=True))):
+        pieces = (x[:, a : a + span] for x in (grad, q, k, u))
+        *grads, q_sum = _backward_piece(*pieces, carry, after, lay, chunk, dot)
+        parts.append(grads)
+        after = q_sum if after is None else after + q_sum
+    gq, gk, gu = (
+        torch.cat(x[::-1], 1) if len(parts) > 1 else x[0] for x in zip(*parts, strict=True)
+    )
+    g_initial = q.new_empty(0) if initial is None else after * _weights(lay, q.device)
+    return gq, gk, gu, g_initial
+
+
+def _backward_piece(
+    grad: Tensor, q: Tensor, k: Tensor, u: Tensor, carry: Tensor | None,
+    after: Tensor | None, lay: Layout, chunk: int, dot: int,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:  # fmt: skip
+    """Gradients of one piece's q', k', u from the state before it (``carry``) and the
+    query states of the pieces after it (``after``, Σ φ(q')ᵀ gY' there), and the sum of its
+    own query states."""
     bh, nq, d = q.shape
     nk, e = u.shape[1], u.shape[2]
-    lay = layout(d, e - 1)
     ncq, nck = triton.cdiv(nq, chunk), triton.cdiv(nk, chunk)
     qc, kc, uc = _chunks(q, ncq, chunk), _chunks(k, nck, chunk), _chunks(u, nck, chunk)
     gc = _chunks(grad.float(), ncq, chunk)
 
     # Inter-chunk part, query side: ∂/∂q' of gY'·φ(q')(c ⊙ P_c).
     states = _state(kc, *_split(uc), 2, lay, dot).view(bh, nck, lay.size)
-    prefix = _prefix(states, ncq, initial)
+    prefix = _prefix(states, ncq, carry)
     del states
     gq = _grad(qc, *_split(gc), 2, prefix, lay, dot)
     del prefix
-    # Key side: R_c = Σ_{c' > c} φ(q'_c')ᵀ gY'_c'; the initial state's: c ⊙ Σ_c' of them.
+    # Key side: R_c = Σ_{c' > c} φ(q'_c')ᵀ gY'_c' (the later pieces' included).
     q_states = _state(qc, *_split(gc), 2, lay, dot).view(bh, ncq, lay.size)
-    g_initial = q.new_empty(0)
-    if initial is not None:
-        g_initial = q_states.sum(1) * _weights(lay, q.device)
-    suffix = _suffix(q_states, nck)
+    q_sum = q_states.sum(1)
+    suffix = _suffix(q_states, nck, after)
     del q_states
     gu = torch.empty_like(uc)
     _apply_split(kc, suffix, lay, gu, dot)
@@ -204,20 +256,20 @@ def triton_causal_backward(
         gq.reshape(bh, -1, d)[:, :nq].contiguous(),
         gk.reshape(bh, -1, d)[:, :nk].contiguous(),
         gu.reshape(bh, -1, e)[:, :nk].contiguous(),
-        g_initial,
+        q_sum,
     )
 
 
 @triton_causal_backward.register_fake
-def _(grad, q, k, u, initial, chunk, dot):
+def _(grad, q, k, u, initial, chunk, piece, dot):
     g_initial = q.new_empty(0) if initial is None else torch.empty_like(initial)
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(u), g_initial
 
 
 def _setup_causal(ctx, inputs, output):
-    q, k, u, initial, chunk, dot, _ = inputs
+    q, k, u, initial, chunk, piece, dot, _ = inputs
     ctx.save_for_backward(q, k, u, initial)
-    ctx.chunk, ctx.dot = chunk, dot
+    ctx.chunk, ctx.piece, ctx.dot = chunk, piece, dot
     ctx.mark_non_differentiable(output[1])  # the state after the block, as the torch form's
 
 
@@ -234,11 +286,11 @@ def _backward_causal(ctx, grad, _grad_final):
             lambda q, k, u: taylor_sums(q, k, u, True).to(u.dtype),
             grad, (q, k, u), ctx.needs_input_grad[:3],
         )  # fmt: skip
-        return (*grads, None, None, None, None)
+        return (*grads, None, None, None, None, None)
     gq, gk, gu, g_initial = triton_causal_backward(
-        grad.contiguous(), q, k, u, initial, ctx.chunk, ctx.dot
+        grad.contiguous(), q, k, u, initial, ctx.chunk, ctx.piece, ctx.dot
     )
-    return gq, gk, gu, None if initial is None else g_initial, None, None, None
+    return gq, gk, gu, None if initial is None else g_initial, None, None, None, None
 
 
 triton_causal_forward.register_autograd(_backward_causal, setup_context=_setup_causal)
@@ -255,11 +307,14 @@ def _prefix(states: Tensor, ncq: int, initial: Tensor | None = None) -> Tensor:
     return cum[:, index].reshape(bh * ncq, size).contiguous()
 
 
-def _suffix(q_states: Tensor, nck: int) -> Tensor:
-    """R_c = Σ_{c' > c} Q_c' for the key chunks c < nck: (BH·nck, size) float32."""
+def _suffix(q_states: Tensor, nck: int, after: Tensor | None = None) -> Tensor:
+    """R_c = Σ_{c' > c} Q_c' (+ ``after``, (BH, size): the query states of the pieces after
+    this one) for the key chunks c < nck: (BH·nck, size) float32."""
     bh, ncq, size = q_states.shape
     rev = q_states.flip(1).cumsum(1).flip(1)  # Σ_{c' >= c}
     rev = torch.cat([rev, rev.new_zeros((bh, 1, size))], dim=1)
+    if after is not None:
+        rev = rev + after.unsqueeze(1)
     index = (torch.arange(nck, device=q_states.device) + 1).clamp(max=ncq)
     return rev[:, index].reshape(bh * nck, size).contiguous()
 
@@ -380,8 +435,14 @@ def triton_causal_efficient_taylor_shift(
         m = key_mask.expand(b, h, nk).to(torch.float32).unsqueeze(-1)
         u = torch.cat([v * m, m], dim=-1)
     initial = None if initial_state is None else kernel_state(initial_state.sums, d)
+    piece = causal_piece_chunks(b * h, nq, nk, d, dv, chunk)
+    if piece is None:  # (the router sends such calls to the PyTorch form)
+        raise ValueError(
+            f"the causal chunk states of this call exceed CAUSAL_STATE_BUDGET and its lengths "
+            f"differ (Nq {nq}, Nk {nk}): use causal_efficient_taylor_shift"
+        )
     y_prime, after = triton_causal_forward(
-        _flat(qp), _flat(kp), _flat(u), initial, chunk, dot_kind(query.dtype),
+        _flat(qp), _flat(kp), _flat(u), initial, chunk, piece, dot_kind(query.dtype),
         output_final_state,
     )  # fmt: skip
     count = causal_count(key_mask, nq, nk, torch.float32, query.device)
