@@ -6,8 +6,8 @@ the checks the CPU kernel passes too).
 Uneven chunks, Nq != Nk both ways, key padding, head dims of one, two and three feature
 tiles (the layout change's mirrored pairs), value columns in two blocks; float16 within
 SPEC §8's rule; the layout change both ways; gradients asked as a graph; opcheck; a traced
-call (torch.compile, fullgraph); the routing of ``taylor_shift_attention`` (grouped heads
-stay on the PyTorch form). On the CPU the kernels run under Triton's interpreter
+call (torch.compile, fullgraph); grouped heads (key, value and the state repeated); the
+routing of ``taylor_shift_attention``. On the CPU the kernels run under Triton's interpreter
 (conftest.py), so shapes are small.
 """
 
@@ -19,6 +19,7 @@ import torch
 from taylorshift import TaylorShiftState, naive_taylor_shift_attention, taylor_shift_attention
 from taylorshift.ops.taylor_shift import fused
 from taylorshift.ops.taylor_shift.features import feature_dim, features, state_weights
+from taylorshift.ops.taylor_shift.grouped import repeated_heads
 from tests.helpers import assert_rel_close
 from tests.ops.state_cases import (
     check_graph_gradients,
@@ -48,6 +49,14 @@ IDS = [f"B{c[0]}-H{c[1]}-before{c[3]}-Nq{c[4]}-Nk{c[5]}-d{c[6]}-dv{c[7]}" for c 
 @pytest.mark.parametrize("case", CASES, ids=IDS)
 def test_state_in_and_out_match_the_float64_torch_form(case):
     check_state_in_and_out(triton_causal_efficient_taylor_shift, *case)
+
+
+def test_grouped_heads_repeat_key_value_and_state():
+    # enable_gqa with a state (the router's way for the Triton form): the outputs, the
+    # state per key/value head and the gradients of the prefix's sums (summed over each
+    # group) as the float64 PyTorch form's, which keeps the state per key/value head
+    grouped = repeated_heads(triton_causal_efficient_taylor_shift, 2)
+    check_state_in_and_out(grouped, 1, 4, 2, 9, 14, 14, 16, 8, 4, True, "tensor", True)
 
 
 def test_segments_equal_one_sweep_over_the_whole():
@@ -114,11 +123,22 @@ def test_public_op_routes_state_calls_to_the_kernel(monkeypatch):
         torch.cat([v0, v.double()], 2), is_causal=True,
     )[:, :, 6:]  # fmt: skip
     assert_rel_close(torch.cat([out, rest], 2).double(), whole, 2e-3, "segments", atol=1e-4)
-    # key and value with fewer heads than the query: the Triton form has no groups
+    # key and value with fewer heads than the query: the Triton form with them repeated,
+    # the state per key/value head as the PyTorch form keeps it
     calls.clear()
-    q4 = torch.cat([q, q], 1)
-    taylor_shift_attention(q4, k, v, is_causal=True, output_final_state=True, enable_gqa=True)
-    assert calls == []
+    q4 = torch.cat([q, q.flip(2)], 1)
+    out, state = taylor_shift_attention(
+        q4, k, v, is_causal=True, output_final_state=True, enable_gqa=True
+    )
+    assert calls == ["triton efficient (causal)"]
+    monkeypatch.setenv(fused.TRITON_ENV, "off")
+    want, want_state = taylor_shift_attention(
+        q4, k, v, is_causal=True, output_final_state=True, enable_gqa=True
+    )
+    assert_rel_close(out.double(), want.double(), 2e-3, "grouped", atol=1e-4)
+    assert state.sums.shape == want_state.sums.shape == (1, 2, feature_dim(16), 17)
+    assert_rel_close(state.sums, want_state.sums, 1e-3, "grouped state", atol=1e-3)
+    assert torch.equal(state.count, want_state.count)
 
 
 def test_torch_compile_traces_a_state_call_whole():

@@ -57,6 +57,7 @@ from torch import Tensor
 from ..cpu import build
 from ..triton.layout import layout
 from .checks import Problem
+from .grouped import repeated_heads
 
 logger = logging.getLogger("taylorshift.dispatch")
 
@@ -312,20 +313,21 @@ def fused_form(
 
 
 def stateful_form(
-    query: Tensor, problem: Problem, order: int, *, grouped: bool = False, backward: bool = False
+    query: Tensor, problem: Problem, order: int, *, groups: int = 1, backward: bool = False
 ) -> Callable[..., Tensor] | None:
     """The fused causal kernel for a causal call with a state in or out (``initial_state``,
     ``output_final_state``; both kernels' forms keep them in their signatures), or None for
     the PyTorch form: on the CPU the causal kernel where ``_cpu_form`` gives it (traced by
-    torch.compile, its custom ops ``taylorshift::cpu_causal_state_forward`` / ``_backward``),
-    elsewhere the Triton causal form where ``fused_form`` gives it and key and value have the
-    query's heads (``grouped``: they have fewer, which only the CPU kernel takes).
-    ``backward`` as for ``fused_form``."""
+    torch.compile, its custom ops ``taylorshift::cpu_causal_state_forward`` / ``_backward``;
+    it keeps the state per key/value head), elsewhere the Triton causal form where
+    ``fused_form`` gives it, with key, value and state repeated for ``groups`` query heads
+    per key/value head (``grouped.repeated_heads``). ``backward`` as for ``fused_form``."""
     if query.device.type == "cpu" and _setting() != "interpret":
         return _cpu_form(query, problem, "efficient", True, order)
-    if grouped:
-        return None
-    return fused_form(query, problem, "efficient", True, order, backward=backward)
+    form = fused_form(query, problem, "efficient", True, order, backward=backward)
+    if form is None or groups == 1:
+        return form
+    return repeated_heads(form, groups)
 
 
 def is_empty(problem: Problem) -> bool:

@@ -21,7 +21,9 @@ Decoding (``decode.py``) and causal calls with ``initial_state`` or ``output_fin
 (``interface._grouped_state_call``) keep the causal state per key/value head instead: the
 chunked sweep (``efficient_causal``, forward and backward; the CPU causal kernel without
 gradients) and the single-token step (the CPU kernel too) read each state for the G query
-heads of its group. The checks are
+heads of its group. The Triton causal form, whose chunk states have no groups, takes such
+calls with key, value and the state repeated (``repeated_heads``), as it takes causal calls
+without a state. The checks are
 ``checks.check_inputs(..., enable_gqa=True)``.
 """
 
@@ -30,6 +32,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from torch import Tensor
+
+from .state import TaylorShiftState
 
 
 def grouped_attention(
@@ -72,3 +76,34 @@ def _stacked_mask(mask: Tensor, groups: int, nq: int) -> Tensor:
         return mask
     mb, _, _, nk = mask.shape
     return mask.unsqueeze(2).expand(mb, 1, groups, rows, nk).reshape(mb, 1, groups * nq, nk)
+
+
+def repeated_heads(form: Callable[..., Tensor], groups: int) -> Callable[..., Tensor]:
+    """``form``, a causal form with the state arguments that takes one key/value head per
+    query head, for key and value of H / ``groups`` heads: key, value, the key mask
+    (B, Hkv, Nk) and the initial state repeated to the query's heads, the state after read
+    back per key/value head (the heads of a group hold the same one: the same keys and
+    values, a mask the same for every head). Gradients reach the initial state's sums
+    through the repeat (summed over each group)."""
+
+    def call(query, key, value, key_mask, *rest, initial_state=None, output_final_state=False):
+        key, value = (t.repeat_interleave(groups, dim=1) for t in (key, value))
+        if key_mask is not None:
+            key_mask = key_mask.repeat_interleave(groups, dim=1)
+        if initial_state is not None:
+            initial_state = TaylorShiftState(
+                *(t.repeat_interleave(groups, dim=1) for t in (initial_state.sums,
+                                                               initial_state.count))
+            )  # fmt: skip
+        result = form(
+            query, key, value, key_mask, *rest, initial_state=initial_state,
+            output_final_state=output_final_state,
+        )  # fmt: skip
+        if not output_final_state:
+            return result
+        out, after = result
+        return out, TaylorShiftState(
+            after.sums[:, ::groups].contiguous(), after.count[:, ::groups].contiguous()
+        )
+
+    return call

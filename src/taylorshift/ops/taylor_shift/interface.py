@@ -268,12 +268,11 @@ def causal_state_call(form, args, problem, order, initial_state, output_final_st
     """A causal call with a state in or out, checked: ``form`` (the PyTorch causal form, or a
     function with its signature: decoding's sweep without autograd) on ``args`` (its
     positional arguments), or the fused causal kernel where it applies (``stateful_form``:
-    the CPU kernel, or Triton's with key and value of the query's heads; a kernel failure
-    falls back to ``form``)."""
+    the CPU kernel, or Triton's; a kernel failure falls back to ``form``)."""
     query, key, value, _, temperature = args[:5]
     sums = None if initial_state is None else initial_state.sums
     fused = stateful_form(
-        query, problem, order, grouped=key.shape[1] != query.shape[1],
+        query, problem, order, groups=query.shape[1] // key.shape[1],
         backward=backward_follows(query, key, value, temperature, sums),
     )  # fmt: skip
     states = {"initial_state": initial_state, "output_final_state": output_final_state}
