@@ -19,8 +19,10 @@ import torch
 from taylorshift import TaylorShiftState, naive_taylor_shift_attention, taylor_shift_attention
 from taylorshift.ops.cpu import efficient_causal as cpu_causal
 from taylorshift.ops.cpu.efficient_causal import cpu_causal_efficient_taylor_shift
+from taylorshift.ops.cpu.wrapper import forward_pass
 from taylorshift.ops.taylor_shift import fused
 from taylorshift.ops.taylor_shift.decode import taylor_shift_decode
+from taylorshift.ops.taylor_shift.efficient_causal import causal_efficient_taylor_shift
 from taylorshift.ops.taylor_shift.features import feature_dim
 from tests.helpers import assert_rel_close
 from tests.ops.state_cases import (
@@ -62,6 +64,31 @@ def test_segments_equal_one_sweep_over_the_whole(normalize):
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
 def test_sixteen_bit_error_within_reference_error(dtype):
     check_sixteen_bit(cpu_causal_efficient_taylor_shift, dtype)
+
+
+def test_a_state_not_wanted_after_the_block_takes_no_key_no_later_query_reads():
+    # chunk < 0 (efficient_causal.c): a prefix in and no state out, so the sweep stops adding
+    # keys where later queries stop reading them; 20 tokens in chunks of 8 leave the last
+    # chunk's 4 out of the kernel's buffer, and the output is bitwise the same
+    b, h, n, d, dv = 1, 2, 20, 8, 5
+    q, k, v, k0, v0, _, _ = state_problem(b, h, h, 6, n, n, d, dv, False, "float")
+    start = prefix_state(k0, v0, h, True)
+
+    def sweep(option):
+        prefix = cpu_causal.kernel_state(start.sums.float(), b * h, d, dv)
+        y, *_, after = forward_pass(
+            "causal", option, *(x.float() for x in (q, k, v)), None, None, 1.0, True, prefix
+        )
+        return y, cpu_causal.public_state(after, b, h, d, dv).sums
+
+    (y_kept, kept), (y, scratch) = sweep(8), sweep(-8)
+    assert torch.equal(y, y_kept)
+    for keys, got in ((20, kept), (16, scratch)):
+        _, want = causal_efficient_taylor_shift(
+            q[:, :, :keys], k[:, :, :keys], v[:, :, :keys], None, 1.0, None, True,
+            initial_state=start, output_final_state=True,
+        )  # fmt: skip
+        assert_rel_close(got, want.sums, 1e-5, f"state after {keys} keys", atol=1e-6)
 
 
 def test_layout_change_is_exact_both_ways():

@@ -19,7 +19,9 @@
    in ts_state's layout and weights, per key/value head, and the sweep starts from it
    (every query attends them; their count, n_0, read from the state's last pair and ones
    column, the weighted sum of 1 * 1 over them); the forward then adds every key of the
-   block, the last chunk's too, and leaves the state after the block in its place. The
+   block, the last chunk's too, and leaves the state after the block in its place (where
+   the state after is not wanted, a negative chunk, it stops where a sweep without a prefix
+   stops: after the keys that later queries attend, so the buffer is then scratch). The
    backward's state, where not NULL, is the prefix the forward started from: its forward
    sweep starts there, and the reverse sweep goes on past the first chunk to the gradient
    w.r.t. the prefix, which it leaves in the prefix's place: G_>-1 = c (.) sum over every
@@ -136,15 +138,21 @@ static void operands(int bh, int group, int nq, int nk, int d, int nv, const flo
     }
 }
 
-/* Forward, in the signature of kernels.h (option: tokens per chunk; group: query heads per
-   key/value head): y (BH, Nq, V), den (BH, Nq) = Y'[V], count (BH, Nq) = n_i. The prefix
-   state lives in scratch memory, or, where state_io is not NULL (BH / G, ts_state_rows(d),
-   ts_state_cols(V + 1)), starts as state_io and is left there after the block's last key.
+/* Forward, in the signature of kernels.h (option: tokens per chunk, negative where the state
+   after the block is not wanted; group: query heads per key/value head): y (BH, Nq, V),
+   den (BH, Nq) = Y'[V], count (BH, Nq) = n_i. The prefix state lives in scratch memory,
+   or, where state_io is not NULL (BH / G, ts_state_rows(d), ts_state_cols(V + 1)), starts
+   as state_io and is left there after the block's last key (chunk > 0).
    Returns 0, or 1 when scratch memory could not be allocated. */
 int ts_causal_forward(int bh, int nq, int nk, int d, int nv, const float *q, const float *k,
                       const float *v, const uint8_t *mask, const float *factor, float scalar,
                       int normalize, float eps, int chunk, int group, float *y, float *den,
                       float *count, float *state_io, int threads) {
+    /* chunk < 0: the state after the block is not wanted (a prefix in, nothing out: a
+       segment's or a rank's sweep), so keys join the state only while later queries
+       need them, as without a prefix */
+    const int keep = chunk > 0;
+    chunk = chunk < 0 ? -chunk : chunk;
     const int nu = nv + 1, rows = ts_state_rows(d), cols = ts_state_cols(nu), hk = bh / group;
     const int span = nq > nk ? nq : nk, c = chunk < span ? chunk : (span > 0 ? span : 1);
     const size_t nqd = (size_t)bh * nq * d, nkd = (size_t)hk * nk * d;
@@ -190,7 +198,7 @@ int ts_causal_forward(int bh, int nq, int nk, int d, int nv, const float *q, con
                 }
         }
         /* later queries attend this chunk through the state; a state out takes every key */
-        if (i0 < nk && (i1 < nq || state_io)) {
+        if (i0 < nk && (i1 < nq || (state_io && keep))) {
             const int j1 = i1 < nk ? i1 : nk;
             if (taken < j1) { /* keys after the last query, which no block read */
                 take_rows(hk, nk, d, kp, i0, j1, kc);

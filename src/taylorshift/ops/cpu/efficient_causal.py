@@ -117,11 +117,15 @@ def state_forward(
         # in the traced graph: the custom ops
         factors = traced_factors(query, temperature, factor)
         out, _, _, after = cpu_causal_state_forward(
-            query, key, value, key_mask, factors, normalize, chunk, sums
-        )
+            query, key, value, key_mask, factors, normalize, chunk if final_state else -chunk,
+            sums,
+        )  # fmt: skip
         return out, state_of(after) if final_state else None
+    # (a negative chunk: no state after the block wanted, so the kernel adds no key that
+    # no later query attends; efficient_causal.c)
+    option = chunk if final_state else -chunk
     out, after = StateFunction.apply(
-        query, key, value, temperature, factor, normalize, key_mask, chunk, sums
+        query, key, value, temperature, factor, normalize, key_mask, option, sums
     )
     return out, public_state(after, b, kv_heads, d, dv) if final_state else None
 
@@ -131,8 +135,9 @@ class StateFunction(torch.autograd.Function):
     (leaving the state after the block, not differentiable), the backward from it too,
     with the gradient w.r.t. the prefix's sums. Arguments: query, key, value, temperature
     (a tensor broadcasting to (B, H, 1, 1), or None for the float factor), factor,
-    normalize, key_mask (B, Hkv, Nk) bool or None, chunk, sums (B, Hkv, D, dv + 1) or None.
-    Returns (y, the state after the block in the kernels' layout)."""
+    normalize, key_mask (B, Hkv, Nk) bool or None, chunk (negative: no state after the block
+    wanted), sums (B, Hkv, D, dv + 1) or None. Returns (y, the state after the block in the
+    kernels' layout; scratch for a negative chunk)."""
 
     @staticmethod
     def forward(ctx, query, key, value, temperature, factor, normalize, key_mask, chunk, sums):
@@ -146,7 +151,7 @@ class StateFunction(torch.autograd.Function):
         )
         ctx.save_for_backward(query, key, value, temperature, factors, sums, y, den, count)
         ctx.mask, ctx.key_mask = mask, key_mask
-        ctx.factor, ctx.normalize, ctx.chunk = factor, normalize, chunk
+        ctx.factor, ctx.normalize, ctx.chunk = factor, normalize, abs(chunk)
         ctx.mark_non_differentiable(after)
         return y, after
 
@@ -200,7 +205,8 @@ def cpu_causal_state_forward(
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """The causal forward from the prefix state ``sums`` (``TaylorShiftState.sums``, or None:
     no key before the block): (y, denominators, counts, the sums after the block, as
-    ``TaylorShiftState.sums``). ``factors`` (B·H,) float32: the query's factor per head."""
+    ``TaylorShiftState.sums``; scratch for a negative ``chunk``, which says the state after
+    is not wanted). ``factors`` (B·H,) float32: the query's factor per head."""
     b, _, _, d = query.shape
     kv_heads, nk, dv = key.shape[1], key.shape[2], value.shape[3]
     mask = flat_mask(key_mask, b, kv_heads, nk)
@@ -264,7 +270,7 @@ def _state_setup_context(ctx, inputs, output):
     query, key, value, key_mask, factors, normalize, chunk, sums = inputs
     y, den, count, after = output
     ctx.save_for_backward(query, key, value, key_mask, factors, sums, y, den, count)
-    ctx.normalize, ctx.chunk = normalize, chunk
+    ctx.normalize, ctx.chunk = normalize, abs(chunk)
     ctx.mark_non_differentiable(den, count, after)
 
 

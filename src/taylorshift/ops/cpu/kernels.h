@@ -39,7 +39,8 @@ int direct_backward(int bh, int nq, int nk, int d, int nv, const float *q, const
    and ts_X_backward with X = efficient (efficient.c), causal (efficient_causal.c), direct
    (direct.c). Heads flattened, float32, contiguous: q (BH, Nq, d), k (BH, Nk, d),
    v (BH, Nk, V); mask (BH, Nk) uint8 or NULL; factor (BH), the query's factor per head, or
-   NULL for the float scalar; option, the form's one integer (causal: tokens per chunk;
+   NULL for the float scalar; option, the form's one integer (causal: tokens per chunk, its
+   forward's negated where the state after the block is not wanted;
    direct: causal 0 or 1; efficient: not read); group, the query heads per key/value head of
    grouped-query attention (causal form only, key, value and mask then with BH / group
    heads; the others take 1). The forward writes y (BH, Nq, V), den (BH, Nq), count ((BH)
