@@ -198,6 +198,27 @@ def test_causal_state_in_and_out_matches_the_float64_torch_form(float32_kernels,
         assert_rel_close(a.cpu(), e, 1e-3, f"grad {name}", atol=1e-5)
 
 
+def test_causal_kernels_in_pieces_match_the_float64_reference(float32_kernels, monkeypatch):
+    # the state budget shrunk to three chunks: the causal kernels sweep the call in pieces,
+    # each from the last one's state (fused.causal_piece_chunks); outputs and gradients as
+    # the plain reference's, a fully padded batch entry included
+    n, d = size(1000, 20), size(64, 16)
+    tensors, tau, mask = _inputs(n, d, d, torch.float32, masked=True, seed=10)
+    monkeypatch.setattr(fused, "CAUSAL_STATE_BUDGET", 3 * fused.chunk_state_bytes(4, d, d))
+    from taylorshift.ops.triton import efficient_causal
+
+    chunk = size(efficient_causal.DEFAULT_CHUNK, 4)
+    monkeypatch.setattr(efficient_causal, "DEFAULT_CHUNK", chunk)  # (dry run: 5 chunks)
+    assert fused.causal_piece_chunks(4, n, n, d, d, chunk) == 3
+    exact, g_exact = _run(naive_taylor_shift_attention, tensors, tau, mask, True,
+                          torch.float64, "cpu")  # fmt: skip
+    out, grads = _run(taylor_shift_attention, tensors, tau, mask, True, torch.float32, DEVICE,
+                      mode="efficient")  # fmt: skip
+    assert_rel_close(out.cpu(), exact, 1e-4, "output", atol=1e-6)
+    for name, a, e in zip(("q", "k", "v", "tau"), grads, g_exact, strict=True):
+        assert_rel_close(a.cpu(), e, 1e-3, f"grad {name}", atol=1e-5)
+
+
 def test_a_compiled_model_trains_like_the_eager_one():
     from taylorshift.models import create_model
 
