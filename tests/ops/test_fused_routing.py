@@ -85,14 +85,14 @@ def test_without_triton_nothing_is_routed(monkeypatch):
 
 
 def test_long_causal_efficient_calls_sweep_pieces_or_stay_on_pytorch(triton_installed, monkeypatch):
-    # over the budget: pieces of as many chunks as fit where Nq == Nk; other lengths, and
-    # calls where not one chunk fits, stay on the memory-lean PyTorch form
+    # over the budget: pieces of as many chunks (of the longer length) as fit; calls where
+    # not one chunk fits stay on the memory-lean PyTorch form
     per_chunk = fused.chunk_state_bytes(2, 4, 4)
     monkeypatch.setattr(fused, "CAUSAL_STATE_BUDGET", 2 * per_chunk)
     assert fused.causal_piece_chunks(2, 4, 4, 4, 4, chunk=2) == 2  # within: all chunks
     assert fused.causal_piece_chunks(2, 8, 8, 4, 4, chunk=2) == 2  # 4 chunks: pieces of 2
-    assert fused.causal_piece_chunks(2, 8, 7, 4, 4, chunk=2) is None  # lengths differ
-    assert fused.causal_piece_chunks(2, 3, 4, 4, 4, chunk=2) == 2  # within, lengths differ
+    assert fused.causal_piece_chunks(2, 8, 3, 4, 4, chunk=2) == 2  # Nq 8 > Nk 3: pieces
+    assert fused.causal_piece_chunks(2, 3, 4, 4, 4, chunk=2) == 2  # within: all
     # the router: one chunk of 256 tokens here, which fits or does not
     monkeypatch.setenv(fused.TRITON_ENV, "interpret")
     q, k, v = qkv(8, 4)

@@ -26,9 +26,8 @@ goes to a Triton kernel when all of these hold, else it stays on the PyTorch for
 - causal efficient only: it keeps the prefix states of the chunks it sweeps at once
   (about 3 · B·H states of the kernels' padded layout per chunk, float32, at the peak);
   where all the call's would exceed ``CAUSAL_STATE_BUDGET`` bytes it sweeps pieces of as
-  many chunks as fit, each continuing the last one's state (``causal_piece_chunks``), for
-  Nq == Nk; other calls over the budget, and those where not one chunk fits, stay on the
-  memory-lean PyTorch form;
+  many chunks as fit, each continuing the last one's state (``causal_piece_chunks``);
+  calls where not one chunk fits stay on the memory-lean PyTorch form;
 - the kernel has not failed before in this process for the same shape class.
 
 A kernel that fails to compile or launch (out of shared memory, an architecture or a Triton
@@ -84,16 +83,16 @@ def chunk_state_bytes(batch_heads: int, d: int, dv: int) -> int:
 def causal_piece_chunks(
     batch_heads: int, n_query: int, n_key: int, d: int, dv: int, chunk: int = CAUSAL_CHUNK
 ) -> int | None:
-    """How many chunks of ``chunk`` tokens the Triton causal form sweeps at once: all of
-    them where their states fit ``CAUSAL_STATE_BUDGET``, else pieces of as many as fit,
-    each continuing the last one's state (self-attention lengths only, Nq == Nk); None
-    where not even that fits (a call for the PyTorch causal form)."""
+    """How many chunks of ``chunk`` tokens (of the longer of Nq, Nk) the Triton causal form
+    sweeps at once: all of them where their states fit ``CAUSAL_STATE_BUDGET``, else pieces
+    of as many as fit, each continuing the last one's state; None where not one chunk fits
+    (a call for the PyTorch causal form)."""
     per_chunk = chunk_state_bytes(batch_heads, d, dv)
     chunks = -(-max(n_query, n_key) // chunk)
     if chunks * per_chunk <= CAUSAL_STATE_BUDGET:
         return chunks
     fit = CAUSAL_STATE_BUDGET // per_chunk
-    return fit if fit >= 1 and n_query == n_key else None
+    return fit if fit >= 1 else None
 
 
 # (looked up once, at import, without importing it: a functools cache here made Dynamo

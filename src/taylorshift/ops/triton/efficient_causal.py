@@ -123,8 +123,9 @@ def triton_causal_forward(
 ) -> tuple[Tensor, Tensor]:
     """Y' (BH, Nq, e) from q' (BH, Nq, d), k' (BH, Nk, d), u (BH, Nk, e), all float32;
     ``initial``: the state before the first key (BH, layout size) in the kernels' layout
-    (``kernel_state``), or None; ``piece``: chunks swept at once (Nq == Nk where fewer than
-    all); ``dot``: how the kernels multiply (``efficient.dot_kind`` of the inputs' dtype).
+    (``kernel_state``), or None; ``piece``: chunks swept at once (of the longer of Nq, Nk:
+    a piece holds the queries and the keys of the same positions, either may be none);
+    ``dot``: how the kernels multiply (``efficient.dot_kind`` of the inputs' dtype).
     Second output: with ``final`` the state after the last key (BH, layout size), else an
     empty tensor."""
     lay = layout(q.shape[2], u.shape[2] - 1)  # u = [v·m, m]: its last column is the r column
@@ -148,25 +149,37 @@ def _forward_piece(
     total: bool,
 ) -> tuple[Tensor, Tensor | None]:  # fmt: skip
     """Y' of one piece from the state before it (``carry``, or None: zero), and with
-    ``total`` the sum of the piece's chunk states (else None)."""
+    ``total`` the sum of the piece's chunk states (else None). A piece may hold no query
+    (keys after the last one: for the state after) or no key (queries after the last)."""
     bh, nq, d = q.shape
     nk, e = u.shape[1], u.shape[2]
     ncq, nck = triton.cdiv(nq, chunk), triton.cdiv(nk, chunk)
     qc, kc, uc = _chunks(q, ncq, chunk), _chunks(k, nck, chunk), _chunks(u, nck, chunk)
 
-    states = _state(kc, *_split(uc), 2, lay, dot).view(bh, nck, lay.size)
+    states = _chunk_states(kc, uc, bh, lay, dot)
     prefix = _prefix(states, ncq, carry)  # (BH·ncq, size)
     added = states.sum(1) if total else None
     del states
     y = torch.empty((bh * ncq, chunk, e), dtype=torch.float32, device=q.device)
-    _apply_split(qc, prefix, lay, y, dot)
+    if ncq:
+        _apply_split(qc, prefix, lay, y, dot)
     y = y.view(bh, ncq, chunk, e)
     m = min(ncq, nck)
-    shape = (bh, -1, chunk)
-    y[:, :m] += _intra(
-        qc.view(*shape, d)[:, :m], kc.view(*shape, d)[:, :m], uc.view(*shape, e)[:, :m]
-    )
-    return y.reshape(bh, ncq * chunk, e)[:, :nq].contiguous(), added
+    if m:
+        y[:, :m] += _intra(
+            qc.view(bh, ncq, chunk, d)[:, :m], kc.view(bh, nck, chunk, d)[:, :m],
+            uc.view(bh, nck, chunk, e)[:, :m],
+        )  # fmt: skip
+    return y.view(bh, ncq * chunk, e)[:, :nq].contiguous(), added
+
+
+def _chunk_states(xc: Tensor, wc: Tensor, bh: int, lay: Layout, dot: int) -> Tensor:
+    """Σ φ(x)ᵀ [w] per chunk of x (BH·chunks, C, d) and w (BH·chunks, C, e): (BH, chunks,
+    size), the last column of w as the kernels' own r column; no launch for no chunk."""
+    chunks = xc.shape[0] // bh
+    if chunks == 0:
+        return xc.new_zeros((bh, 0, lay.size))
+    return _state(xc, *_split(wc), 2, lay, dot).view(bh, chunks, lay.size)
 
 
 @triton_causal_forward.register_fake
@@ -196,9 +209,9 @@ def triton_causal_backward(
     starts = list(range(0, max(q.shape[1], k.shape[1]), span))
     carries = [initial]
     for a in starts[:-1]:
-        kc = _chunks(k[:, a : a + span], piece, chunk)
-        uc = _chunks(u[:, a : a + span], piece, chunk)
-        added = _state(kc, *_split(uc), 2, lay, dot).view(k.shape[0], piece, lay.size).sum(1)
+        nck = triton.cdiv(k[:, a : a + span].shape[1], chunk)
+        kc, uc = (_chunks(x[:, a : a + span], nck, chunk) for x in (k, u))
+        added = _chunk_states(kc, uc, k.shape[0], lay, dot).sum(1)
         carries.append(added if carries[-1] is None else carries[-1] + added)
     after, parts = None, []
     for a, carry in reversed(list(zip(starts, carries, strict=True))):
@@ -227,35 +240,36 @@ def _backward_piece(
     gc = _chunks(grad.float(), ncq, chunk)
 
     # Inter-chunk part, query side: ∂/∂q' of gY'·φ(q')(c ⊙ P_c).
-    states = _state(kc, *_split(uc), 2, lay, dot).view(bh, nck, lay.size)
-    prefix = _prefix(states, ncq, carry)
-    del states
-    gq = _grad(qc, *_split(gc), 2, prefix, lay, dot)
-    del prefix
+    gq = torch.zeros_like(qc)
+    if ncq:
+        prefix = _prefix(_chunk_states(kc, uc, bh, lay, dot), ncq, carry)
+        gq = _grad(qc, *_split(gc), 2, prefix, lay, dot)
+        del prefix
     # Key side: R_c = Σ_{c' > c} φ(q'_c')ᵀ gY'_c' (the later pieces' included).
-    q_states = _state(qc, *_split(gc), 2, lay, dot).view(bh, ncq, lay.size)
+    q_states = _chunk_states(qc, gc, bh, lay, dot)
     q_sum = q_states.sum(1)
     suffix = _suffix(q_states, nck, after)
     del q_states
-    gu = torch.empty_like(uc)
-    _apply_split(kc, suffix, lay, gu, dot)
-    gk = _grad(kc, *_split(uc), 2, suffix, lay, dot)
+    gu, gk = torch.empty_like(uc), torch.zeros_like(kc)
+    if nck:
+        _apply_split(kc, suffix, lay, gu, dot)
+        gk = _grad(kc, *_split(uc), 2, suffix, lay, dot)
     del suffix
 
     # Intra-chunk part: the (C × C) blocks differentiated by hand (autograd does not record
     # inside a custom op).
     m = min(ncq, nck)
-    shape = (bh, -1, chunk)
-    gq, gk, gu = gq.view(*shape, d), gk.view(*shape, d), gu.view(*shape, e)
-    blocks = [x.view(*shape, x.shape[-1])[:, :m] for x in (qc, kc, uc)]
-    g_intra = _intra_grad(*blocks, gc.view(*shape, e)[:, :m])
-    gq[:, :m] += g_intra[0]
-    gk[:, :m] += g_intra[1]
-    gu[:, :m] += g_intra[2]
+    gq, gk, gu = gq.view(bh, ncq, chunk, d), gk.view(bh, nck, chunk, d), gu.view(bh, nck, chunk, e)
+    if m:
+        blocks = [x.view(bh, -1, chunk, x.shape[-1])[:, :m] for x in (qc, kc, uc)]
+        g_intra = _intra_grad(*blocks, gc.view(bh, ncq, chunk, e)[:, :m])
+        gq[:, :m] += g_intra[0]
+        gk[:, :m] += g_intra[1]
+        gu[:, :m] += g_intra[2]
     return (
-        gq.reshape(bh, -1, d)[:, :nq].contiguous(),
-        gk.reshape(bh, -1, d)[:, :nk].contiguous(),
-        gu.reshape(bh, -1, e)[:, :nk].contiguous(),
+        gq.view(bh, ncq * chunk, d)[:, :nq].contiguous(),
+        gk.view(bh, nck * chunk, d)[:, :nk].contiguous(),
+        gu.view(bh, nck * chunk, e)[:, :nk].contiguous(),
         q_sum,
     )
 
@@ -438,8 +452,8 @@ def triton_causal_efficient_taylor_shift(
     piece = causal_piece_chunks(b * h, nq, nk, d, dv, chunk)
     if piece is None:  # (the router sends such calls to the PyTorch form)
         raise ValueError(
-            f"the causal chunk states of this call exceed CAUSAL_STATE_BUDGET and its lengths "
-            f"differ (Nq {nq}, Nk {nk}): use causal_efficient_taylor_shift"
+            f"not one causal chunk's states fit CAUSAL_STATE_BUDGET (B·H {b * h}, d {d}, dv "
+            f"{dv}): use causal_efficient_taylor_shift"
         )
     y_prime, after = triton_causal_forward(
         _flat(qp), _flat(kp), _flat(u), initial, chunk, piece, dot_kind(query.dtype),
