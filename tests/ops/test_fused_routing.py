@@ -103,7 +103,7 @@ def test_long_causal_efficient_calls_sweep_pieces_or_stay_on_pytorch(triton_inst
     assert fused.fused_form(q, problem, "efficient", True, 2) is None
 
 
-def test_causal_state_bytes_count_the_kernels_padding():
+def test_chunk_state_bytes_count_the_kernels_padding():
     # the states are rows of the kernels' layout: dv = 65 pads to 128 value columns, so
     # its states take about twice those of dv = 64 (a count of d(d+1)/2 · (dv + 2) said 1.02x)
     assert 1.9 < fused.chunk_state_bytes(2, 64, 65) / fused.chunk_state_bytes(2, 64, 64) < 2.1

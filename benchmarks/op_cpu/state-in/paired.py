@@ -22,42 +22,23 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "workspace"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "compile_cpu" / "state"))
 from ab import shuffled_rounds
+from paired import prefix, timed_call  # (benchmarks/compile_cpu/state: the same prefix)
 
-from taylorshift import taylor_shift_attention
 from taylorshift.ops.cpu.efficient_causal import StateFunction, default_chunk
 
 POINTS = [(16, 512), (16, 2048), (32, 512), (32, 2048), (64, 512), (64, 2048), (64, 4096)]
 ROUNDS = 20
 
 
-def prefix(d: int) -> torch.Tensor:
-    """The sums after 64 random keys (``TaylorShiftState.sums``), float32."""
-    k0, v0 = torch.randn(1, 4, 64, d), torch.randn(1, 4, 64, d)
-    _, state = taylor_shift_attention(
-        torch.zeros_like(k0), k0, v0, is_causal=True, output_final_state=True
-    )
-    return state.sums
-
-
 def sweep(option: int):
+    """StateFunction from the prefix ``sums``: (y, the kernel's state buffer)."""
+
     def call(q, k, v, sums):
-        return StateFunction.apply(q, k, v, None, 1.0, True, None, option, sums)[0]
+        return StateFunction.apply(q, k, v, None, 1.0, True, None, option, sums)
 
     return call
-
-
-def timed(fn, backward: bool, leaves: list, g: torch.Tensor):
-    plain = [t.detach() for t in leaves]
-
-    def forward():
-        with torch.inference_mode():
-            fn(*plain)
-
-    def forward_backward():
-        torch.autograd.grad(fn(*leaves), leaves, g)
-
-    return forward_backward if backward else forward
 
 
 def main() -> None:
@@ -71,7 +52,7 @@ def main() -> None:
         leaves = [t.requires_grad_() for t in (q, k, v, prefix(d))]
         fns = {"before (every key)": sweep(chunk), "now (no key past use)": sweep(-chunk)}
         for backward in (False, True):
-            calls = {name: timed(fn, backward, leaves, g) for name, fn in fns.items()}
+            calls = {name: timed_call(fn, backward, leaves, g) for name, fn in fns.items()}
             for call in (*calls.values(), *calls.values()):  # warm-up
                 call()
             times = shuffled_rounds(calls, ROUNDS)
