@@ -73,9 +73,10 @@ def check_state_in_and_out(
 ) -> None:
     """``form`` (a fused causal form) with a prefix state in and the state out, float32,
     against the float64 PyTorch causal form from the same state: the output (1e-5), the
-    state after the block (1e-6; its count exactly, no gradient on it) and the gradients of
-    query, key, value, a tensor temperature and the prefix's sums (2e-5, relative); and the
-    output alone, without the state asked for, is the same."""
+    state after the block (1e-6; its count exactly) and the gradients of query, key, value,
+    a tensor temperature and the prefix's sums from a loss on both the output and the state
+    after (2e-5, relative); and the output alone, without the state asked for, is the
+    same. (The PyTorch form's own state gradient: gradcheck in tests/ops/test_causal_state.py.)"""
     q, k, v, k0, v0, mask, tau = state_problem(b, h, hk, before, nq, nk, d, dv, padded, temperature)
     if mask is not None:  # (the op drops masked keys' content before any form sees it)
         k, v = k * mask.unsqueeze(-1), v * mask.unsqueeze(-1)
@@ -93,7 +94,6 @@ def check_state_in_and_out(
     )  # fmt: skip
     assert out.dtype == torch.float32 and state.sums.dtype == torch.float32
     assert state.sums.shape == (b, hk, feature_dim(d), dv + 1)
-    assert not state.sums.requires_grad  # (the state returned carries no gradient)
     assert_rel_close(out, exact, 1e-5, "output", atol=1e-7)
     assert_rel_close(state.sums, exact_state.sums.detach(), 1e-6, "state sums")
     assert torch.equal(state.count, exact_state.count.float())
@@ -101,8 +101,10 @@ def check_state_in_and_out(
     g = torch.randn(exact.shape, generator=torch.Generator().manual_seed(5), dtype=exact.dtype)
     names = ["query", "key", "value"]
     names += ["temperature"] * isinstance(tau, torch.Tensor) + ["sums"] * (initial is not None)
-    grads = torch.autograd.grad(out, fast_in, g.float())
-    exact_grads = torch.autograd.grad(exact, exact_in, g)
+    # a loss on the state after the block too: it reaches key, value and the prefix's sums
+    r = torch.randn(state.sums.shape, generator=torch.Generator().manual_seed(6))
+    grads = torch.autograd.grad((out, state.sums), fast_in, (g.float(), r.float()))
+    exact_grads = torch.autograd.grad((exact, exact_state.sums), exact_in, (g, r.double()))
     for name, a, e in zip(names, grads, exact_grads, strict=True):
         assert_rel_close(a, e, 2e-5, f"gradient of {name}", atol=1e-6)
     # only the output asked for: the same output
@@ -116,18 +118,28 @@ def check_state_in_and_out(
 
 def check_segments(form, b, h, n, d, dv, bounds, normalize, chunk) -> None:
     """Segments ``bounds`` ((start, end), covering 0..n) through ``form``, each from the last
-    one's state, give the rows of the plain reference over the whole sequence."""
+    one's state, give the rows of the plain reference over the whole sequence, and the same
+    gradients of query, key and value: a later segment's loss reaches the keys and values of
+    the earlier ones through the states between them."""
     q, k, v, *_ = state_problem(b, h, h, 0, n, n, d, dv, False, "float")
-    exact = naive_taylor_shift_attention(q, k, v, is_causal=True, normalize=normalize)
+    exact_in = [x.requires_grad_() for x in (q, k, v)]
+    exact = naive_taylor_shift_attention(*exact_in, is_causal=True, normalize=normalize)
+    fast_in = [x.detach().float().requires_grad_() for x in exact_in]
     state, parts = None, []
     for i0, i1 in bounds:
         part, state = form(
-            *(x[:, :, i0:i1].float() for x in (q, k, v)), None, 1.0, None, normalize, chunk,
+            *(x[:, :, i0:i1] for x in fast_in), None, 1.0, None, normalize, chunk,
             initial_state=state, output_final_state=True,
         )  # fmt: skip
         parts.append(part)
-    assert_rel_close(torch.cat(parts, 2), exact, 1e-5, "segments", atol=1e-7)
+    out = torch.cat(parts, 2)
+    assert_rel_close(out, exact, 1e-5, "segments", atol=1e-7)
     assert torch.equal(state.count, torch.full((b, h), float(n)))
+    g = torch.randn(exact.shape, generator=torch.Generator().manual_seed(7), dtype=exact.dtype)
+    grads = torch.autograd.grad(out, fast_in, g.float())
+    exact_grads = torch.autograd.grad(exact, exact_in, g)
+    for name, a, e in zip(("query", "key", "value"), grads, exact_grads, strict=True):
+        assert_rel_close(a, e, 2e-5, f"gradient of {name} through the segments", atol=1e-6)
 
 
 def check_sixteen_bit(form, dtype, chunk=None) -> None:

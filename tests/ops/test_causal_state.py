@@ -3,7 +3,8 @@
 A sequence split at m: the second part, started from the state of the first part (a
 ``TaylorShiftState``: the unweighted sums and the key count), gives the rows m.. of the
 whole causal result; its gradient w.r.t. that state is checked numerically (gradcheck,
-float64).
+float64), and so is the gradient of the state returned after a block (key, value, the state
+before it): a sequence fed in segments has the gradients of one call over the whole.
 """
 
 from __future__ import annotations
@@ -74,6 +75,35 @@ def test_gradient_wrt_initial_state(normalize):
     assert torch.autograd.gradcheck(f, (q, k, v, state, temperature))
 
 
+@pytest.mark.parametrize("grouped", [False, True], ids=["mha", "gqa"])
+@pytest.mark.parametrize("padding", [False, True], ids=["dense", "padded"])
+def test_gradient_of_the_final_state(padding, grouped):
+    """The state returned is differentiable in key, value and the initial state's sums
+    (gradcheck of output and state together), and its sums are the plain sums
+    S_0 + Σ_j φ(k'_j)ᵀ [v_j, 1] over the real keys, φ = [x_a x_b (a <= b), x, 1]."""
+    b, h, hk, n, d, dv = 1, 2, 1 if grouped else 2, 5, 3, 2
+    q = torch.randn(b, h, n, d, dtype=torch.float64, requires_grad=True)
+    k, v = (torch.randn(b, hk, n, x, dtype=torch.float64, requires_grad=True) for x in (d, dv))
+    mask = key_padding(b, n, seed=1, empty_row=False)[:, :, 0].expand(b, hk, n) if padding else None
+    s0 = torch.rand(b, hk, feature_dim(d), dv + 1, dtype=torch.float64, requires_grad=True)
+    count = torch.full((b, hk), 3.0, dtype=torch.float64)
+
+    def f(q, k, v, s0):
+        out, state = causal_efficient_taylor_shift(
+            q, k, v, mask, 1.2, None, True, chunk_size=2,
+            initial_state=TaylorShiftState(s0, count), output_final_state=True,
+        )  # fmt: skip
+        return out, state.sums
+
+    assert torch.autograd.gradcheck(f, (q, k, v, s0))
+    x = k / k.norm(dim=-1, keepdim=True)
+    a, c = torch.triu_indices(d, d)
+    phi = torch.cat([x[..., a] * x[..., c], x, torch.ones_like(x[..., :1])], -1)
+    real = torch.ones(b, hk, n, 1, dtype=torch.float64) if mask is None else mask[..., None]
+    plain = s0 + phi.mT @ (torch.cat([v, torch.ones_like(v[..., :1])], -1) * real)
+    assert_rel_close(f(q, k, v, s0)[1], plain, 1e-12, "final state")
+
+
 # The public op: initial_state= / output_final_state= (one TaylorShiftState everywhere).
 
 
@@ -121,6 +151,42 @@ def test_op_gradients_of_a_later_segment_match_the_whole():
     for g, w in zip(got[:3], want, strict=True):
         assert_rel_close(g, w[:, :, 15:], 1e-10)
     assert got[3].abs().sum() > 0  # the later segment reaches back into the state
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["kernel", "torch"])
+@pytest.mark.parametrize("grouped", [False, True], ids=["mha", "gqa"])
+def test_op_gradients_through_segments_match_one_call(grouped, dtype):
+    """A loss on every segment of a sequence fed in segments (each from the state the one
+    before returned) gives the gradients of one causal call over the whole, for the earlier
+    segments' keys and values too (float32: the CPU kernel; float64: the PyTorch form)."""
+    from taylorshift import taylor_shift_attention
+
+    b, h, hk, n, d, dv = 2, 4, 2 if grouped else 4, 70, 8, 6
+    g = torch.Generator().manual_seed(3)
+    q = torch.randn(b, h, n, d, generator=g, dtype=torch.float64)
+    k, v = (torch.randn(b, hk, n, x, generator=g, dtype=torch.float64) for x in (d, dv))
+    mask = key_padding(b, n, seed=4, empty_row=False)
+    tau = (0.5 + torch.rand(1, h, 1, 1, generator=g, dtype=torch.float64)).requires_grad_()
+    exact_in = [x.requires_grad_() for x in (q, k, v)]
+    kr, vr = (x.repeat_interleave(h // hk, 1) for x in exact_in[1:])
+    exact = naive_taylor_shift_attention(exact_in[0], kr, vr, mask, True, temperature=tau)
+    fast_in = [x.detach().to(dtype).requires_grad_() for x in (q, k, v, tau)]
+    state, outs = None, []
+    for i0, i1 in itertools.pairwise((0, 9, 9, 40, n)):
+        out, state = taylor_shift_attention(
+            *(x[:, :, i0:i1] for x in fast_in[:3]), mask[..., i0:i1], True,
+            temperature=fast_in[3], initial_state=state, output_final_state=True,
+            enable_gqa=grouped,
+        )  # fmt: skip
+        outs.append(out)
+    out = torch.cat(outs, 2)
+    grad = torch.randn(exact.shape, generator=g, dtype=torch.float64)
+    got = torch.autograd.grad(out, fast_in, grad.to(dtype))
+    want = torch.autograd.grad(exact, [*exact_in, tau], grad)
+    rtol, atol = (2e-5, 1e-6) if dtype == torch.float32 else (1e-10, 1e-13)
+    assert_rel_close(out, exact, rtol, "output", atol=atol)
+    for name, a, e in zip(("query", "key", "value", "temperature"), got, want, strict=True):
+        assert_rel_close(a, e, rtol, f"gradient of {name}", atol=atol)
 
 
 @pytest.mark.parametrize(

@@ -85,7 +85,7 @@ def test_causal_form_leaves_the_initial_state_alone():
         mode="efficient",
         output_final_state=True,
     )
-    sums = state.sums.clone().requires_grad_()
+    sums = state.sums.detach().clone().requires_grad_()  # (a leaf: the state has a graph)
     before = sums.detach().clone()
     initial = TaylorShiftState(sums, state.count)
     y = taylor_shift_attention(

@@ -145,8 +145,8 @@ def test_public_op_routes_state_calls_to_the_kernel(routed):
 def test_traced_state_calls_run_the_kernels_custom_ops(temperature):
     # torch.compile keeps the kernel (two custom ops, forward and backward) where it had
     # fallen back to the PyTorch causal form: a prefill with its state out, a segment from
-    # a state in, grouped heads, key padding; outputs, the state and every gradient as
-    # the eager kernel gives them.
+    # a state in, grouped heads, key padding; outputs, the state and every gradient (of a
+    # loss on both) as the eager kernel gives them.
     b, h, hk, n, d = 2, 4, 2, 37, 16
     q, k, v, k0, v0, mask, tau = state_problem(b, h, hk, 11, n, n, d, 9, True, temperature)
     start = prefix_state(k0, v0, hk, True)
@@ -181,8 +181,9 @@ def test_traced_state_calls_run_the_kernels_custom_ops(temperature):
     assert_rel_close(y_c, y, 1e-6, "output", atol=1e-7)
     assert_rel_close(after_c.sums, after.sums, 1e-6, "state", atol=1e-7)
     assert torch.equal(after_c.count, after.count)
-    g = torch.randn_like(y)
-    got, want = torch.autograd.grad(y_c, inputs, g), torch.autograd.grad(y, inputs, g)
+    g, r = torch.randn_like(y), torch.randn_like(after.sums)  # (the state is differentiable)
+    got = torch.autograd.grad((y_c, after_c.sums), inputs, (g, r))
+    want = torch.autograd.grad((y, after.sums), inputs, (g, r))
     for name, a, e in zip(names, got, want, strict=True):
         assert_rel_close(a, e, 1e-5, f"gradient of {name}", atol=1e-6)
 

@@ -143,7 +143,8 @@ def test_public_op_routes_state_calls_to_the_kernel(monkeypatch):
 
 def test_torch_compile_traces_a_state_call_whole():
     # fullgraph: the layout change's index tables built in the graph, the core's custom
-    # op with its initial state; outputs, the state after and every gradient as eagerly
+    # op with its initial state; outputs, the state after and every gradient (of a loss on
+    # both) as eagerly
     q, k, v, k0, v0, mask, tau = state_problem(1, 2, 2, 5, 13, 13, 16, 8, True, "tensor")
     start = prefix_state(k0, v0, 2, True)
     leaves = [x.float().requires_grad_() for x in (q, k, v, tau, start.sums)]
@@ -160,8 +161,9 @@ def test_torch_compile_traces_a_state_call_whole():
     )
     assert_rel_close(y_c, y, 1e-6, "output", atol=1e-7)
     assert_rel_close(after_c.sums, after.sums, 1e-6, "state", atol=1e-7)
-    g = torch.randn_like(y)
-    got, want = torch.autograd.grad(y_c, leaves, g), torch.autograd.grad(y, leaves, g)
+    g, r = torch.randn_like(y), torch.randn_like(after.sums)  # (the state is differentiable)
+    got = torch.autograd.grad((y_c, after_c.sums), leaves, (g, r))
+    want = torch.autograd.grad((y, after.sums), leaves, (g, r))
     for name, a, e in zip(["q", "k", "v", "tau", "sums"], got, want, strict=True):
         assert_rel_close(a, e, 1e-5, f"gradient of {name}", atol=1e-6)
 

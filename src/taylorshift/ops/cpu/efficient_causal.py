@@ -36,7 +36,7 @@ from torch import Tensor
 
 from ..taylor_shift.features import feature_dim, split_factor
 from ..taylor_shift.second_order import reference_grads, wants_graph
-from ..taylor_shift.state import TaylorShiftState
+from ..taylor_shift.state import TaylorShiftState, final_state
 from .wrapper import (
     backward_pass,
     check_kernel_inputs,
@@ -83,7 +83,8 @@ def cpu_causal_efficient_taylor_shift(
     ``output_final_state`` the state after the block's last key: ``(out, state)``. CPU
     tensors of float32, float16 or bfloat16 (sums in float32). ``chunk_size``: tokens per
     chunk (default: ``default_chunk(d)``). Differentiable in query, key, value, a tensor
-    temperature and ``initial_state.sums`` (the state returned carries no gradient).
+    temperature and ``initial_state.sums``; so is the state returned, in key, value and
+    ``initial_state.sums`` (``final_state``).
     """
     check_kernel_inputs(query, value, "causal efficient form")
     chunk = chunk_size or default_chunk(query.shape[-1])
@@ -93,7 +94,10 @@ def cpu_causal_efficient_taylor_shift(
         query, key, value, key_mask, temperature, scale, normalize, chunk, initial_state,
         output_final_state,
     )  # fmt: skip
-    return (out, state) if output_final_state else out
+    if not output_final_state:
+        return out
+    sums = None if initial_state is None else initial_state.sums
+    return out, final_state(state.sums, state.count, key, value, key_mask, normalize, sums)
 
 
 def state_forward(

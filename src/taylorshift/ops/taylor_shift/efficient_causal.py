@@ -44,7 +44,7 @@ from .features import (
     values_with_ones,
 )
 from .second_order import reference_grads, wants_graph
-from .state import TaylorShiftState, real_keys
+from .state import TaylorShiftState, final_state, real_keys
 
 DEFAULT_CAUSAL_CHUNK = 256
 
@@ -346,8 +346,9 @@ def causal_efficient_taylor_shift(
 
     ``initial_state`` (checked by the caller) holds the keys before the block and continues
     an earlier sweep; the result is differentiable w.r.t. ``initial_state.sums``. With
-    ``output_final_state`` the state after the block's last key (its real keys added; no
-    gradient) is returned too: ``(out, state)``.
+    ``output_final_state`` the state after the block's last key (its real keys added;
+    differentiable w.r.t. key, value and ``initial_state.sums``, ``state.final_state``) is
+    returned too: ``(out, state)``.
     """
     d = query.shape[-1]
     chunk = chunk_size or DEFAULT_CAUSAL_CHUNK
@@ -363,6 +364,6 @@ def causal_efficient_taylor_shift(
     b, kv_heads = key.shape[:2]
     added = key_state(key, value, key_mask, normalize, chunk)
     real = real_keys(key_mask, b, kv_heads, key.shape[2], added.dtype, added.device)
-    if initial_state is None:
-        return out, TaylorShiftState(added, real)
-    return out, TaylorShiftState(sums.detach() + added, count.detach() + real)
+    if initial_state is not None:
+        added, real = sums.detach() + added, count.detach() + real
+    return out, final_state(added, real, key, value, key_mask, normalize, sums, chunk)

@@ -86,11 +86,14 @@ def taylor_shift_attention(
             with ``output_final_state=True`` or by ``taylor_shift_decode``: a sequence can
             be fed in segments. The output is differentiable w.r.t. ``initial_state.sums``.
         output_final_state: causal only: also return the state after this block's last key
-            (real keys only under a key-padding mask), to continue with; it carries no
-            gradient. Both run the efficient form (``mode`` "auto" or "efficient"): on the
-            CPU its causal kernel, which starts from the state and leaves the next one in
-            place (forward and backward, eagerly), elsewhere and under torch.compile its
-            PyTorch code (no Triton kernel).
+            (real keys only under a key-padding mask), to continue with. Its sums are
+            differentiable w.r.t. key, value and ``initial_state.sums``, so a sequence fed
+            in segments gets the gradients of one call over the whole (detach the sums to
+            cut the graph between segments, as truncated backpropagation does). Both run
+            the efficient form (``mode`` "auto" or "efficient"): on the CPU its causal
+            kernel, which starts from the state and leaves the next one in place (custom
+            ops under torch.compile), on CUDA the Triton causal kernels, elsewhere its
+            PyTorch code.
         enable_gqa: grouped-query attention, as SDPA's: key and value may have Hkv heads,
             Hkv dividing H; query head h attends through key/value head h // (H / Hkv).
             Non-causal calls do the key side once per key/value head (``grouped.py``), and

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from .efficient import key_side_grads
 from .features import compute_dtype, feature_dim
 
 
@@ -92,3 +93,49 @@ def real_keys(
     if key_mask is None:
         return torch.full((b, h), float(nk), dtype=dtype, device=device)
     return key_mask.sum(-1).to(dtype).expand(b, h).contiguous()
+
+
+def final_state(
+    sums: Tensor,
+    count: Tensor,
+    key: Tensor,
+    value: Tensor,
+    key_mask: Tensor | None,
+    normalize: bool,
+    initial_sums: Tensor | None,
+    chunk: int = 256,
+) -> TaylorShiftState:
+    """The state after a causal block, whose ``sums`` a form has computed (no autograd
+    history), made differentiable as what it is: S = S_0 + Σ_j φ(k'_j)ᵀ [v_j, 1] over the
+    block's real keys, S_0 = ``initial_sums`` (None: no key before the block). A loss on a
+    later segment's output then reaches this block's key and value and the sums before it,
+    as it would through one call over the whole sequence. Only where autograd will ask:
+    otherwise the state is returned as it is. ``chunk``: tokens per step of the backward."""
+    inputs = (key, value) if initial_sums is None else (key, value, initial_sums)
+    if torch.is_grad_enabled() and any(x.requires_grad for x in inputs):
+        sums = FinalSumsFunction.apply(sums, key, value, initial_sums, key_mask, normalize, chunk)
+    return TaylorShiftState(sums, count)
+
+
+class FinalSumsFunction(torch.autograd.Function):
+    """``final_state``'s sums: forward returns the value computed (a copy: an output must
+    not be one of the inputs), backward gives ∂S/∂S_0 = identity and the key and value
+    gradients of Σ_j φ(k'_j)ᵀ [v_j, 1] (``efficient.key_side_grads``, chunk by chunk, no
+    (N, D) feature gradient formed). First-order only, as the forms' own backward passes."""
+
+    @staticmethod
+    def forward(ctx, sums, key, value, initial_sums, key_mask, normalize, chunk):
+        ctx.save_for_backward(key, value, key_mask)
+        ctx.normalize, ctx.chunk = normalize, chunk
+        return sums.clone()
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad):
+        key, value, key_mask = ctx.saved_tensors
+        need_k, need_v, need_s = ctx.needs_input_grad[1:4]
+        g_key, g_value = key_side_grads(
+            key, value, key_mask, grad.to(compute_dtype(key.dtype)), ctx.normalize, ctx.chunk,
+            need_k, need_v,
+        )  # fmt: skip
+        return None, g_key, g_value, grad if need_s else None, None, None, None

@@ -40,7 +40,7 @@ from ..taylor_shift.efficient_causal import causal_count
 from ..taylor_shift.features import feature_dim, taylor_weight
 from ..taylor_shift.fused import CAUSAL_CHUNK, causal_piece_chunks
 from ..taylor_shift.second_order import graph_grads, taylor_sums, wants_graph
-from ..taylor_shift.state import TaylorShiftState, real_keys
+from ..taylor_shift.state import TaylorShiftState, final_state, real_keys
 from .efficient import (
     _apply,
     _flat,
@@ -433,8 +433,9 @@ def triton_causal_efficient_taylor_shift(
     query, key, value and a tensor temperature. ``chunk_size`` defaults to DEFAULT_CHUNK.
     ``initial_state`` (checked by the caller; key and value with the query's heads) holds
     the keys before the block, and the output is differentiable w.r.t. its sums; with
-    ``output_final_state`` the state after the block's last key (its real keys added; no
-    gradient) is returned too: ``(out, state)``.
+    ``output_final_state`` the state after the block's last key (its real keys added;
+    differentiable w.r.t. key, value and ``initial_state.sums``, ``state.final_state``) is
+    returned too: ``(out, state)``.
     """
     check_kernel_inputs(query, "causal efficient form")
     b, h, nq, d = query.shape
@@ -469,7 +470,10 @@ def triton_causal_efficient_taylor_shift(
     keys = real_keys(key_mask, b, h, nk, torch.float32, query.device)
     if initial_state is not None:
         keys = initial_state.count.detach().to(torch.float32) + keys
-    return y, TaylorShiftState(public_sums(after, b, h, d, dv), keys)
+    sums = None if initial_state is None else initial_state.sums
+    return y, final_state(
+        public_sums(after, b, h, d, dv), keys, key, value, key_mask, normalize, sums
+    )
 
 
 __all__ = ["DEFAULT_CHUNK", "triton_causal_efficient_taylor_shift"]
