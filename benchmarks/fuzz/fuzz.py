@@ -2,6 +2,7 @@
 
     python benchmarks/fuzz/fuzz.py op --seed 1 --cases 250
     python benchmarks/fuzz/fuzz.py decode --seed 1 --cases 150
+    python benchmarks/fuzz/fuzz.py state --seed 1 --cases 300
 
 The test suite checks chosen shapes; this draws many at random, with the sizes where
 kernels change their tiling or split their work: d in 1..128 (odd, the CPU kernels'
@@ -11,10 +12,30 @@ no mask / key padding / a mask that varies over queries, float or per-head tenso
 temperature, plain scores, float32, float64, float16 and bfloat16 inputs.
 
 ``op``: ``taylor_shift_attention`` and its gradients (query, key, value, a tensor
-temperature) against ``naive_taylor_shift_attention`` run in float64.
+temperature) against ``naive_taylor_shift_attention`` run in float64; with 3 query heads,
+grouped-query attention on 1 key/value head in about 40 % of the cases (``enable_gqa``;
+the reference repeats key and value); only some of query, key and value requiring grad
+in a quarter of the cases; the inputs in one of four memory layouts
+(``LAYOUTS``: contiguous, heads transposed in from (B, N, H, d) storage as a model's
+projections leave them, features strided, rows padded), the reference's contiguous. The
+grouping, the layout and the inputs that require grad are drawn from the case's own seed,
+so the other draws of a seed are those of earlier runs.
 ``decode``: a prefix fed through ``taylor_shift_decode`` in one block, then one token at a
-time (in place or not, with key padding or not) against one causal call over the whole
-sequence in float64, the rows of real tokens compared.
+time (in place or not, with key padding or not, grouped-query attention and the layouts as
+in ``op``) against one causal call over the whole sequence in float64, the rows of real
+tokens compared.
+``state``: a causal sequence cut at random points into segments (empty ones too), each a
+``taylor_shift_attention`` call continuing the state the one before returned
+(``initial_state``, ``output_final_state``; the first from None or from
+``TaylorShiftState.zeros``, the last returning its state or not), grouped-query attention
+(3 query heads on 1 key/value head) or not, key padding or not, inputs in one of the
+memory layouts of ``op`` (each segment a slice of them), some inputs frozen as in ``op``:
+the outputs and the
+gradients through every segment against one causal call of the reference over the whole
+sequence in float64, and the last state's sums (a relative bound) and count (exactly)
+against one float64 call of the efficient form. ``TAYLORSHIFT_CPU_KERNELS=off`` runs the
+PyTorch forms; ``TRITON_INTERPRET=1 TAYLORSHIFT_TRITON=interpret`` the Triton kernels on
+the CPU (bfloat16 then left out).
 
 Each result (output, each gradient) has an error budget, SPEC §8's rule: 10x the error of
 the float64 reference's own code run in the case's dtype, plus OP_TOLERANCE of the dtype
@@ -32,24 +53,54 @@ failed.
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import sys
 
 import torch
 
-from taylorshift import naive_taylor_shift_attention, taylor_shift_attention, taylor_shift_decode
+from taylorshift import (
+    TaylorShiftState,
+    naive_taylor_shift_attention,
+    taylor_shift_attention,
+    taylor_shift_decode,
+)
 
 LENGTHS = [1, 2, 7, 191, 192, 193, 300]
 # float32 drawn twice as often: it is what reaches the CPU kernels' float32 paths; float16
 # and bfloat16 reach them too (sums in float32), float64 stays on the PyTorch forms
 OP_DTYPES = [torch.float32, torch.float32, torch.float64, torch.float16, torch.bfloat16]
 # the budget's share of a result's size, beside 10x the reference's own error in the dtype
+# causal segments: the dtypes of OP_DTYPES, bfloat16 left out where the Triton interpreter
+# runs the kernels (numpy has no bfloat16)
+STATE_DTYPES = [
+    dt for dt in OP_DTYPES if dt != torch.bfloat16 or not os.environ.get("TRITON_INTERPRET")
+]
 OP_TOLERANCE = {torch.float32: 2e-5, torch.float64: 1e-11, torch.float16: 2e-3,
                 torch.bfloat16: 2e-2}  # fmt: skip
 # decoding against one float64 causal call: a relative bound only (about 4x the rounding
 # of the result itself in float16 and bfloat16)
 DECODE_TOLERANCE = {torch.float32: 2e-5, torch.float64: 1e-10, torch.float16: 2e-3,
                     torch.bfloat16: 2e-2}  # fmt: skip
+
+
+# memory layouts the inputs reach the op in (the reference always gets contiguous ones):
+# as a model's projections leave them ((B, N, H, d) storage, heads transposed in), with the
+# features strided (d-major storage), or rows padded in a wider buffer
+LAYOUTS = ["contiguous", "heads-last", "features-first", "padded-rows"]
+
+
+def _laid_out(x: torch.Tensor, layout: str) -> torch.Tensor:
+    """``x`` (B, H, N, k) with the same values in ``layout``; differentiable (a copy and
+    views), so a gradient reaches the contiguous leaf it came from."""
+    if layout == "heads-last":
+        return x.transpose(1, 2).contiguous().transpose(1, 2)
+    if layout == "features-first":
+        return x.transpose(-2, -1).contiguous().transpose(-2, -1)
+    if layout == "padded-rows":
+        wide = torch.nn.functional.pad(x, (0, 3))
+        return wide[..., : x.shape[-1]]
+    return x
 
 
 def _used(actual, reference, low, scale: float, tol: float) -> float:
@@ -88,15 +139,26 @@ def op_case(rng: random.Random, seed: int, params: dict) -> float:
     masks = [None, "padding", "general"] if mode != "efficient" else [None, "padding"]
     mask_kind = rng.choice(masks)
     tensor_tau = normalize and rng.random() < 0.5
-    params.update(d=d, dv=dv, nq=nq, nk=nk, b=b, h=h, mode=mode, causal=causal,
-                  mask=mask_kind, threads=threads, normalize=normalize,
-                  dtype=str(dtype).removeprefix("torch."), tensor_tau=tensor_tau)  # fmt: skip
+    # grouped-query attention (3 query heads on 1 key/value head), drawn from the case's own
+    # seed so that the draws above stay those of earlier runs of a seed
+    own = random.Random(seed)
+    kv_heads = 1 if h == 3 and own.random() < 0.4 else h
+    layout = own.choice(LAYOUTS)
+    # which of query, key, value require grad (all in half the cases; a frozen input must
+    # not change the others' gradients); a tensor temperature always does
+    need = [True] * 3 if own.random() < 0.5 else [own.random() < 0.5 for _ in range(3)]
+    need = need if any(need) or tensor_tau else [True] * 3
+    wanted = "".join(name for name, n in zip("qkv", need, strict=True) if n)
+    params.update(d=d, dv=dv, nq=nq, nk=nk, b=b, h=h, kv_heads=kv_heads, mode=mode,
+                  causal=causal, mask=mask_kind, threads=threads, normalize=normalize,
+                  dtype=str(dtype).removeprefix("torch."), tensor_tau=tensor_tau,
+                  layout=layout, grad=wanted)  # fmt: skip
 
     torch.set_num_threads(threads)
     g = torch.Generator().manual_seed(seed)
     q = torch.randn(b, h, nq, d, generator=g, dtype=dtype)
-    k = torch.randn(b, h, nk, d, generator=g, dtype=dtype)
-    v = torch.randn(b, h, nk, dv, generator=g, dtype=dtype)
+    k = torch.randn(b, kv_heads, nk, d, generator=g, dtype=dtype)
+    v = torch.randn(b, kv_heads, nk, dv, generator=g, dtype=dtype)
     mask = None
     if mask_kind == "padding":
         mask = torch.rand(b, 1, 1, nk, generator=g) < 0.7
@@ -105,18 +167,22 @@ def op_case(rng: random.Random, seed: int, params: dict) -> float:
     tau = (torch.rand(1, h, 1, 1, generator=g, dtype=dtype) * 3 + 0.5) if tensor_tau else 1.0
 
     def run(inputs, tau_, out_dtype, mode_):
-        leaves = [x.to(out_dtype).requires_grad_() for x in inputs]
+        leaves = [x.to(out_dtype).requires_grad_(n) for x, n in zip(inputs, need, strict=True)]
         tau_leaf = tau_.detach().to(out_dtype).requires_grad_() if tensor_tau else tau_
         kwargs = {"normalize": normalize}
         if normalize:
             kwargs["temperature"] = tau_leaf
         if mode_ is None:
-            out = naive_taylor_shift_attention(*leaves, mask, causal, **kwargs)
+            ql, kl, vl = leaves
+            kl, vl = (x.repeat_interleave(h // kv_heads, 1) for x in (kl, vl))
+            out = naive_taylor_shift_attention(ql, kl, vl, mask, causal, **kwargs)
         else:
-            out = taylor_shift_attention(*leaves, mask, causal, mode=mode_, **kwargs)
+            kwargs["enable_gqa"] = kv_heads != h
+            laid_out = [_laid_out(x, layout) for x in leaves]
+            out = taylor_shift_attention(*laid_out, mask, causal, mode=mode_, **kwargs)
         grad_out = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed + 1),
                                dtype=torch.float64)  # fmt: skip
-        wrt = leaves + ([tau_leaf] if tensor_tau else [])
+        wrt = [x for x in leaves if x.requires_grad] + ([tau_leaf] if tensor_tau else [])
         return [out, *torch.autograd.grad(out, wrt, grad_out.to(out_dtype))], grad_out
 
     got, grad_out = run((q, k, v), tau, dtype, mode)
@@ -150,12 +216,18 @@ def decode_case(rng: random.Random, seed: int, params: dict) -> float:
     padded = rng.random() < 0.3
     inplace = rng.random() < 0.5
     tau_kind = rng.choice(["1", "2.5", "tensor"]) if normalize else "plain"
-    params.update(d=d, dv=dv, b=b, h=h, n=n, prefix=prefix, dtype=str(dtype).removeprefix("torch."),
-                  threads=threads, padded=padded, inplace=inplace, tau=tau_kind)  # fmt: skip
+    # grouped-query attention and the layout, from the case's own seed (as op_case)
+    own = random.Random(seed)
+    kv_heads = 1 if h == 3 and own.random() < 0.4 else h
+    layout = own.choice(LAYOUTS)
+    params.update(d=d, dv=dv, b=b, h=h, kv_heads=kv_heads, n=n, prefix=prefix,
+                  dtype=str(dtype).removeprefix("torch."), threads=threads, padded=padded,
+                  inplace=inplace, tau=tau_kind, layout=layout)  # fmt: skip
 
     torch.set_num_threads(threads)
     g = torch.Generator().manual_seed(seed)
-    q, k, v = (torch.randn(b, h, n, x, generator=g, dtype=dtype) for x in (d, d, dv))
+    q = torch.randn(b, h, n, d, generator=g, dtype=dtype)
+    k, v = (torch.randn(b, kv_heads, n, x, generator=g, dtype=dtype) for x in (d, dv))
     pad = torch.rand(b, n, generator=g) < 0.8 if padded else None
     kwargs: dict = {"normalize": normalize}
     if tau_kind == "tensor":
@@ -165,9 +237,10 @@ def decode_case(rng: random.Random, seed: int, params: dict) -> float:
 
     as64 = {key: x.double() if isinstance(x, torch.Tensor) else x for key, x in kwargs.items()}
     mask = None if pad is None else pad[:, None, None, :]
-    want = taylor_shift_attention(
-        q.double(), k.double(), v.double(), mask, True, mode="direct", **as64
-    )
+    kr, vr = (x.double().repeat_interleave(h // kv_heads, 1) for x in (k, v))
+    want = taylor_shift_attention(q.double(), kr, vr, mask, True, mode="direct", **as64)
+    q, k, v = (_laid_out(x, layout) for x in (q, k, v))
+    kwargs["enable_gqa"] = kv_heads != h
     outs, state = [], None
     if prefix:
         block = None if pad is None else pad[:, :prefix]
@@ -193,13 +266,119 @@ def decode_case(rng: random.Random, seed: int, params: dict) -> float:
     return _used(got[rows], want[rows], want[rows], 0.0, tol)
 
 
+def state_case(rng: random.Random, seed: int, params: dict) -> float:
+    """One causal sequence cut into segments, each a call continuing the state of the one
+    before (``initial_state``, ``output_final_state``), as ``op_case``: the outputs and the
+    gradients through every segment (query, key, value, a tensor temperature; the states'
+    sums carry them back) against one causal call of the reference over the whole sequence
+    in float64, and the last state's sums and count against the float64 efficient form's."""
+    d = rng.choice([1, 2, 3, 8, 16, 17, 32, 64, 65])
+    dv = rng.choice([1, d, 5])
+    b, h = rng.choice([1, 2]), rng.choice([1, 3])
+    kv_heads = 1 if h == 3 and rng.random() < 0.4 else h  # grouped-query attention
+    n = rng.choice([1, 2, 7, 64, 191, 300, 600])
+    cuts = sorted(rng.randint(0, n) for _ in range(rng.randint(0, 3)))
+    mode = rng.choice(["auto", "efficient"])
+    threads = rng.choice([1, 2, 3, 8])
+    normalize = rng.random() < 0.8
+    dtype = rng.choice(STATE_DTYPES)
+    padded = rng.random() < 0.3
+    zeros_first = rng.random() < 0.3  # the first segment from TaylorShiftState.zeros
+    final_state = rng.random() < 0.7  # the last segment returns its state
+    tensor_tau = normalize and rng.random() < 0.5
+    layout = rng.choice(LAYOUTS)
+    need = [True] * 3 if rng.random() < 0.5 else [rng.random() < 0.5 for _ in range(3)]
+    need = need if any(need) or tensor_tau else [True] * 3  # (as op_case)
+    wanted = "".join(name for name, n in zip("qkv", need, strict=True) if n)
+    params.update(d=d, dv=dv, b=b, h=h, kv_heads=kv_heads, n=n, cuts=cuts, mode=mode,
+                  threads=threads, normalize=normalize, dtype=str(dtype).removeprefix("torch."),
+                  padded=padded, zeros_first=zeros_first, final_state=final_state,
+                  tensor_tau=tensor_tau, layout=layout, grad=wanted)  # fmt: skip
+
+    torch.set_num_threads(threads)
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(b, h, n, d, generator=g, dtype=dtype)
+    k = torch.randn(b, kv_heads, n, d, generator=g, dtype=dtype)
+    v = torch.randn(b, kv_heads, n, dv, generator=g, dtype=dtype)
+    pad = torch.rand(b, n, generator=g) < 0.7 if padded else None
+    tau = (torch.rand(1, h, 1, 1, generator=g, dtype=dtype) * 3 + 0.5) if tensor_tau else 1.0
+    grad_out = torch.randn(b, h, n, dv, generator=g, dtype=torch.float64)
+    bounds = list(zip([0, *cuts], [*cuts, n], strict=True))
+    grouped = kv_heads != h
+
+    def leaves_of(out_dtype):
+        inputs = zip((q, k, v), need, strict=True)
+        leaves = [x.detach().to(out_dtype).requires_grad_(n) for x, n in inputs]
+        tau_leaf = tau.detach().to(out_dtype).requires_grad_() if tensor_tau else tau
+        options = {"normalize": normalize, **({"temperature": tau_leaf} if normalize else {})}
+        return leaves, tau_leaf, options
+
+    def grads(out, leaves, tau_leaf):
+        wrt = [x for x in leaves if x.requires_grad] + ([tau_leaf] if tensor_tau else [])
+        return list(torch.autograd.grad(out, wrt, grad_out.to(out.dtype)))
+
+    def reference(out_dtype):
+        (ql, kl, vl), tau_leaf, options = leaves_of(out_dtype)
+        mask = None if pad is None else pad[:, None, None, :]
+        kr, vr = (x.repeat_interleave(h // kv_heads, 1) for x in (kl, vl))
+        out = naive_taylor_shift_attention(ql, kr, vr, mask, True, **options)
+        return [out, *grads(out, [ql, kl, vl], tau_leaf)]
+
+    leaves, tau_leaf, options = leaves_of(dtype)
+    ql, kl, vl = (_laid_out(x, layout) for x in leaves)
+    options.update(mode=mode, enable_gqa=grouped)
+    state = TaylorShiftState.zeros(b, kv_heads, d, dv, dtype=dtype) if zeros_first else None
+    outs = []
+    for i, (i0, i1) in enumerate(bounds):
+        last = i == len(bounds) - 1
+        mask = None if pad is None else pad[:, None, None, i0:i1]
+        result = taylor_shift_attention(
+            ql[:, :, i0:i1], kl[:, :, i0:i1], vl[:, :, i0:i1], mask, True,
+            initial_state=state, output_final_state=final_state or not last, **options,
+        )  # fmt: skip
+        out, state = result if final_state or not last else (result, None)
+        outs.append(out)
+    out = torch.cat(outs, 2)
+    got = [out, *grads(out, leaves, tau_leaf)]
+    want = reference(torch.float64)
+    low = reference(dtype) if dtype != torch.float64 else want
+    if not all(torch.isfinite(x).all() for x in got):
+        return float("inf")
+    tol = OP_TOLERANCE[dtype]
+    # as op_case: a gradient's budget is at least the size of the terms it sums, Nk times
+    # that where it vanishes in exact arithmetic
+    size = grad_out.abs().max().item() * (1 + v.abs().max().item()) if v.numel() else 0.0
+    scales = [0.0]
+    for r in want[1:]:
+        vanishes = r.numel() and r.abs().max().item() < 1e-9 * size
+        scales.append(size * n if vanishes else size)
+    used = [_used(*x, tol) for x in zip(got, want, low, scales, strict=True)]
+    if final_state:
+        # the last state against one float64 call of the efficient form: the same sums in
+        # another order, so a relative bound only
+        as64 = {key: x.double() if isinstance(x, torch.Tensor) else x
+                for key, x in options.items()}  # fmt: skip
+        mask = None if pad is None else pad[:, None, None, :]
+        _, exact = taylor_shift_attention(
+            q.double(), k.double(), v.double(), mask, True, output_final_state=True,
+            **{**as64, "mode": "efficient"},
+        )  # fmt: skip
+        used.append(_used(state.sums.detach(), exact.sums, exact.sums, 0.0, tol))
+        if not torch.equal(state.count.double(), exact.count):
+            return float("inf")
+    return max(used)
+
+
+CASES = {"op": op_case, "decode": decode_case, "state": state_case}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("what", choices=["op", "decode"])
+    parser.add_argument("what", choices=list(CASES))
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--cases", type=int, default=200)
     args = parser.parse_args(argv)
-    case = op_case if args.what == "op" else decode_case
+    case = CASES[args.what]
     rng = random.Random(args.seed)
     failed = 0
     worst: dict[str, float] = {}

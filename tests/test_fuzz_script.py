@@ -1,0 +1,41 @@
+"""benchmarks/fuzz/fuzz.py, a few cases of each target: the script runs on today's API and
+fails a case whose result is off (the op's output scaled by 1 + 1e-3)."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "fuzz" / "fuzz.py"
+
+
+@pytest.fixture(scope="module")
+def fuzz():
+    spec = importlib.util.spec_from_file_location("fuzz_script", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("what", ["op", "decode", "state"])
+def test_each_target_runs_and_passes(fuzz, what, capsys):
+    assert fuzz.main([what, "--seed", "11", "--cases", "4"]) == 0
+    assert f"{what}: 4 cases, seed 11, 0 failed" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("what", ["op", "state"])
+def test_an_output_off_by_1e_3_fails(fuzz, what, monkeypatch, capsys):
+    real = fuzz.taylor_shift_attention
+
+    def off(*args, **kwargs):
+        result = real(*args, **kwargs)
+        if isinstance(result, tuple):
+            return result[0] * (1 + 1e-3), *result[1:]
+        return result * (1 + 1e-3)
+
+    monkeypatch.setattr(fuzz, "taylor_shift_attention", off)
+    assert fuzz.main([what, "--seed", "11", "--cases", "4"]) == 1
+    out = capsys.readouterr().out
+    assert "its error budget" in out and f"{what}: 4 cases, seed 11, 0 failed" not in out
