@@ -62,6 +62,43 @@ def test_op_compiles_whole_and_matches_eager(mode, causal):
         assert_rel_close(got, want, 1e-5, name, atol=1e-7)
 
 
+@pytest.mark.parametrize(
+    ("heads", "shape"),
+    [(3, (1, 1, 1, 1)), (3, ()), (1, (1, 1, 1, 1)), (3, (B, 1, 1, 1))],
+    ids=["one-for-all-heads", "0-d", "one-head", "per-batch-entry"],
+)
+@pytest.mark.parametrize(
+    "form", ["direct", "efficient", "causal", "causal-state"], ids=lambda x: x
+)  # fmt: skip
+def test_compiled_kernels_take_a_broadcast_temperature(form, heads, shape):
+    # A tensor temperature that broadcasts to (B, H, 1, 1) from fewer entries: traced, the
+    # CPU kernels' custom ops got its per-head factors as a stride-0 view (B·H,), whose
+    # address C read as B·H floats (wrong outputs past the first head). Outputs and every
+    # gradient against the float64 reference; a state call also returns its state.
+    g = torch.Generator().manual_seed(4)
+    q, k, v = (torch.randn(B, heads, N, D, generator=g) for _ in range(3))
+    tau = torch.rand(shape, generator=g) + 0.5
+    mode, causal = ("direct", False) if form == "direct" else ("efficient", form != "efficient")
+    state = form == "causal-state"
+
+    def op(q, k, v, t):
+        out = taylor_shift_attention(
+            q, k, v, None, causal, temperature=t, mode=mode, output_final_state=state
+        )
+        return out[0] if state else out
+
+    compiled = torch.compile(op, backend="aot_eager", fullgraph=True)
+    got = _grads(compiled, [x.clone().requires_grad_() for x in (q, k, v, tau)])
+    exact = [x.double().requires_grad_() for x in (q, k, v, tau)]
+
+    def reference(q, k, v, t):
+        return naive_taylor_shift_attention(q, k, v, None, causal, temperature=t)
+
+    want = _grads(reference, exact)
+    for name, a, e in zip(["out", "dq", "dk", "dv", "dtau"], got, want, strict=True):
+        assert_rel_close(a, e, 2e-5, name, atol=1e-6)
+
+
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_op_compiles_whole_with_dynamic_shapes(causal):
     # dynamic=True: batch and length are symbols from the first trace (a float check of

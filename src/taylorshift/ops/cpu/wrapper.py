@@ -95,6 +95,15 @@ def checked(status: int) -> None:
         raise MemoryError("the CPU kernels could not allocate their scratch memory")
 
 
+def c_factors(factors: Tensor | None) -> Tensor | None:
+    """What C reads of the per-head factors (B·H,): float32 at consecutive addresses. A
+    traced graph can hand the custom ops a broadcast view (a temperature of one entry for
+    every head: stride 0), whose address alone does not hold B·H floats."""
+    if factors is None or factors.is_contiguous():
+        return factors
+    return factors.contiguous()
+
+
 def flat_mask(key_mask: Tensor | None, b: int, h: int, n: int) -> Tensor | None:
     """The key mask (B, H, N) bool (broadcast views too) as contiguous uint8 (B·H, N), H the
     key's heads (the query's, or a grouped causal call's key/value heads)."""
@@ -143,6 +152,7 @@ def forward_pass(
     # (every tensor whose address goes to C is held by a name until the call returns; the
     # addresses of tensors that are never None taken directly: ``ptr`` costs a Python call)
     q, k, v = c_operand(query), c_operand(key), c_operand(value)
+    factors = c_factors(factors)
     count_shape, state_shape_ = saved_shapes(form, b, h, nq, d, dv)
     out, den = float32_empty(b, h, nq, dv), float32_empty(bh, nq)
     count = float32_empty(*count_shape)
@@ -170,7 +180,7 @@ def backward_pass(
     b, h, nq, d = query.shape
     nk, dv, group = key.shape[2], value.shape[3], h // key.shape[1]
     q, k, v = c_operand(query), c_operand(key), c_operand(value)
-    g, y32 = c_operand(grad_out), c_operand(y)
+    g, y32, factors = c_operand(grad_out), c_operand(y), c_factors(factors)
     gq, gk = float32_empty(*query.shape), float32_empty(*key.shape)
     gv = float32_empty(*value.shape)
     g_factor = float32_empty(b * h) if need_factor else None
@@ -338,7 +348,8 @@ def traced_factors(query: Tensor, temperature: Tensor | None, factor: float) -> 
     b, h = query.shape[:2]
     if temperature is None:
         return query.new_full((b * h,), factor, dtype=torch.float32)
-    return temperature.to(torch.float32).expand(b, h, 1, 1).reshape(b * h)
+    # (contiguous: from a temperature of fewer entries the reshape is a stride-0 view)
+    return temperature.to(torch.float32).expand(b, h, 1, 1).reshape(b * h).contiguous()
 
 
 def check_kernel_inputs(query: Tensor, value: Tensor, torch_form: str) -> None:
