@@ -1,5 +1,6 @@
-"""benchmarks/fuzz/fuzz.py, a few cases of each target: the script runs on today's API and
-fails a case whose result is off (the op's output scaled by 1 + 1e-3)."""
+"""benchmarks/fuzz/fuzz.py, a few cases of each target (the op also compiled): the script
+runs on today's API and fails a case whose result is off (the op's output scaled by
+1 + 1e-3)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import importlib.util
 from pathlib import Path
 
 import pytest
+import torch
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "fuzz" / "fuzz.py"
 
@@ -19,10 +21,25 @@ def fuzz():
     return module
 
 
+@pytest.fixture(autouse=True)
+def same_threads():
+    threads = torch.get_num_threads()  # (the cases set their own)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.mark.parametrize("what", ["op", "decode", "state"])
 def test_each_target_runs_and_passes(fuzz, what, capsys):
     assert fuzz.main([what, "--seed", "11", "--cases", "4"]) == 0
     assert f"{what}: 4 cases, seed 11, 0 failed" in capsys.readouterr().out
+
+
+def test_compiled_op_runs_and_decode_refuses_compile(fuzz, capsys):
+    assert fuzz.main(["op", "--seed", "11", "--cases", "2", "--compile", "aot_eager"]) == 0
+    assert "op: 2 cases, seed 11, 0 failed" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        fuzz.main(["decode", "--compile", "aot_eager"])
+    assert "--compile: the op and state targets only" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("what", ["op", "state"])

@@ -68,14 +68,13 @@ from taylorshift import (
 
 LENGTHS = [1, 2, 7, 191, 192, 193, 300]
 # float32 drawn twice as often: it is what reaches the CPU kernels' float32 paths; float16
-# and bfloat16 reach them too (sums in float32), float64 stays on the PyTorch forms
+# and bfloat16 reach them too (sums in float32), float64 stays on the PyTorch forms.
+# bfloat16 is left out where the Triton interpreter runs the kernels (numpy has no
+# bfloat16: what the kernels compute there means nothing)
 OP_DTYPES = [torch.float32, torch.float32, torch.float64, torch.float16, torch.bfloat16]
+if os.environ.get("TRITON_INTERPRET"):
+    OP_DTYPES.remove(torch.bfloat16)
 # the budget's share of a result's size, beside 10x the reference's own error in the dtype
-# causal segments: the dtypes of OP_DTYPES, bfloat16 left out where the Triton interpreter
-# runs the kernels (numpy has no bfloat16)
-STATE_DTYPES = [
-    dt for dt in OP_DTYPES if dt != torch.bfloat16 or not os.environ.get("TRITON_INTERPRET")
-]
 OP_TOLERANCE = {torch.float32: 2e-5, torch.float64: 1e-11, torch.float16: 2e-3,
                 torch.bfloat16: 2e-2}  # fmt: skip
 # decoding against one float64 causal call: a relative bound only (about 4x the rounding
@@ -90,6 +89,26 @@ DECODE_TOLERANCE = {torch.float32: 2e-5, torch.float64: 1e-10, torch.float16: 2e
 LAYOUTS = ["contiguous", "heads-last", "features-first", "padded-rows"]
 
 
+# shapes of a tensor temperature, all broadcasting to (B, H, 1, 1): per head, one for all
+# heads, 0-d, per batch entry, per batch entry and head
+TAU_SHAPES = ["heads", "one", "0-d", "batch", "batch-heads"]
+
+
+def _shaped(tau: torch.Tensor, shape: str, b: int) -> torch.Tensor:
+    """A temperature of ``shape`` from per-head values ``tau`` (1, H, 1, 1)."""
+    if shape == "one":
+        return tau[:, :1]
+    if shape == "0-d":
+        return tau[0, 0, 0, 0]
+    if shape == "batch":
+        return tau[:, :1].repeat(b, 1, 1, 1) * torch.linspace(1, 1.5, b, dtype=tau.dtype).view(
+            b, 1, 1, 1
+        )
+    if shape == "batch-heads":
+        return tau.repeat(b, 1, 1, 1)
+    return tau
+
+
 def _laid_out(x: torch.Tensor, layout: str) -> torch.Tensor:
     """``x`` (B, H, N, k) with the same values in ``layout``; differentiable (a copy and
     views), so a gradient reaches the contiguous leaf it came from."""
@@ -101,6 +120,24 @@ def _laid_out(x: torch.Tensor, layout: str) -> torch.Tensor:
         wide = torch.nn.functional.pad(x, (0, 3))
         return wide[..., : x.shape[-1]]
     return x
+
+
+# torch.compile's backend for the op under test (``--compile``), None: eager
+COMPILE: str | None = None
+
+
+def _attention_under_test():
+    """``taylor_shift_attention`` as the cases call it: eagerly, or with ``--compile`` traced
+    whole (fullgraph) by that backend, anew for each case (Dynamo's caches reset: a case's
+    shapes never fall back to eager by hitting the recompile limit)."""
+    if COMPILE is None:
+        return taylor_shift_attention
+    torch._dynamo.reset()
+
+    def call(*args, **kwargs):
+        return taylor_shift_attention(*args, **kwargs)
+
+    return torch.compile(call, backend=COMPILE, fullgraph=True)
 
 
 def _used(actual, reference, low, scale: float, tol: float) -> float:
@@ -121,6 +158,33 @@ def _used(actual, reference, low, scale: float, tol: float) -> float:
     budget = 10 * (low.double() - reference).abs().max().item()
     budget += tol * max(size, scale)
     return diff / budget if budget > 0 else (0.0 if diff == 0 else float("inf"))
+
+
+def _inputs(seed: int, b: int, h: int, kv_heads: int, nq: int, nk: int, d: int, dv: int, dtype):
+    """q (B, H, Nq, d), k (B, Hkv, Nk, d), v (B, Hkv, Nk, dv), standard normal in ``dtype``,
+    and the generator that drew them, for the case's further draws."""
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(b, h, nq, d, generator=g, dtype=dtype)
+    k = torch.randn(b, kv_heads, nk, d, generator=g, dtype=dtype)
+    v = torch.randn(b, kv_heads, nk, dv, generator=g, dtype=dtype)
+    return q, k, v, g
+
+
+def _shares_used(got, want, low, grad_out, v, nk: int, dtype) -> list[float]:
+    """``_used`` of each result [output, gradients...] (``inf`` when any is not finite):
+    the output's budget from its own size; a gradient's at least from the size of the terms
+    it sums, |∂L/∂out| (1 + |v|), and Nk times that where it vanishes in exact arithmetic
+    (d = 1: q/|q| = ±1 has no direction to move in; or a single attended key: the query and
+    key gradients are then sums of up to Nk cancelled terms)."""
+    if not all(torch.isfinite(x).all() for x in got):
+        return [float("inf")]
+    size = grad_out.abs().max().item() * (1 + v.abs().max().item()) if v.numel() else 0.0
+    scales = [0.0]
+    for r in want[1:]:
+        vanishes = r.numel() and r.abs().max().item() < 1e-9 * size
+        scales.append(size * nk if vanishes else size)
+    tol = OP_TOLERANCE[dtype]
+    return [_used(*x, tol) for x in zip(got, want, low, scales, strict=True)]
 
 
 def op_case(rng: random.Random, seed: int, params: dict) -> float:
@@ -144,6 +208,7 @@ def op_case(rng: random.Random, seed: int, params: dict) -> float:
     own = random.Random(seed)
     kv_heads = 1 if h == 3 and own.random() < 0.4 else h
     layout = own.choice(LAYOUTS)
+    tau_shape = own.choice(TAU_SHAPES)
     # which of query, key, value require grad (all in half the cases; a frozen input must
     # not change the others' gradients); a tensor temperature always does
     need = [True] * 3 if own.random() < 0.5 else [own.random() < 0.5 for _ in range(3)]
@@ -152,19 +217,22 @@ def op_case(rng: random.Random, seed: int, params: dict) -> float:
     params.update(d=d, dv=dv, nq=nq, nk=nk, b=b, h=h, kv_heads=kv_heads, mode=mode,
                   causal=causal, mask=mask_kind, threads=threads, normalize=normalize,
                   dtype=str(dtype).removeprefix("torch."), tensor_tau=tensor_tau,
-                  layout=layout, grad=wanted)  # fmt: skip
+                  layout=layout, grad=wanted,
+                  tau_shape=tau_shape if tensor_tau else None)  # fmt: skip
 
     torch.set_num_threads(threads)
-    g = torch.Generator().manual_seed(seed)
-    q = torch.randn(b, h, nq, d, generator=g, dtype=dtype)
-    k = torch.randn(b, kv_heads, nk, d, generator=g, dtype=dtype)
-    v = torch.randn(b, kv_heads, nk, dv, generator=g, dtype=dtype)
+    q, k, v, g = _inputs(seed, b, h, kv_heads, nq, nk, d, dv, dtype)
     mask = None
     if mask_kind == "padding":
         mask = torch.rand(b, 1, 1, nk, generator=g) < 0.7
     elif mask_kind == "general":
         mask = torch.rand(b, h, nq, nk, generator=g) < 0.7
-    tau = (torch.rand(1, h, 1, 1, generator=g, dtype=dtype) * 3 + 0.5) if tensor_tau else 1.0
+    tau = 1.0
+    if tensor_tau:  # (the values drawn per head, then cut to the drawn shape)
+        tau = torch.rand(1, h, 1, 1, generator=g, dtype=dtype) * 3 + 0.5
+        tau = _shaped(tau, tau_shape, b)
+
+    attention = _attention_under_test()
 
     def run(inputs, tau_, out_dtype, mode_):
         leaves = [x.to(out_dtype).requires_grad_(n) for x, n in zip(inputs, need, strict=True)]
@@ -179,7 +247,7 @@ def op_case(rng: random.Random, seed: int, params: dict) -> float:
         else:
             kwargs["enable_gqa"] = kv_heads != h
             laid_out = [_laid_out(x, layout) for x in leaves]
-            out = taylor_shift_attention(*laid_out, mask, causal, mode=mode_, **kwargs)
+            out = attention(*laid_out, mask, causal, mode=mode_, **kwargs)
         grad_out = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed + 1),
                                dtype=torch.float64)  # fmt: skip
         wrt = [x for x in leaves if x.requires_grad] + ([tau_leaf] if tensor_tau else [])
@@ -188,19 +256,7 @@ def op_case(rng: random.Random, seed: int, params: dict) -> float:
     got, grad_out = run((q, k, v), tau, dtype, mode)
     want, _ = run((q, k, v), tau, torch.float64, None)
     low = run((q, k, v), tau, dtype, None)[0] if dtype != torch.float64 else want
-    if not all(torch.isfinite(x).all() for x in got):
-        return float("inf")
-    tol = OP_TOLERANCE[dtype]
-    # the size of the terms a gradient sums (the output's budget is its own size only);
-    # d = 1 (q/|q| = ±1 has no direction to move in) or a single attended key: the query
-    # and key gradients vanish in exact arithmetic, sums of up to Nk such terms cancelled
-    size = grad_out.abs().max().item() * (1 + v.abs().max().item()) if v.numel() else 0.0
-    scales = [0.0]
-    for r in want[1:]:
-        vanishes = r.numel() and r.abs().max().item() < 1e-9 * size
-        scales.append(size * nk if vanishes else size)
-    used = [_used(*x, tol) for x in zip(got, want, low, scales, strict=True)]
-    return max(used)
+    return max(_shares_used(got, want, low, grad_out, v, nk, dtype))
 
 
 def decode_case(rng: random.Random, seed: int, params: dict) -> float:
@@ -281,27 +337,29 @@ def state_case(rng: random.Random, seed: int, params: dict) -> float:
     mode = rng.choice(["auto", "efficient"])
     threads = rng.choice([1, 2, 3, 8])
     normalize = rng.random() < 0.8
-    dtype = rng.choice(STATE_DTYPES)
+    dtype = rng.choice(OP_DTYPES)
     padded = rng.random() < 0.3
     zeros_first = rng.random() < 0.3  # the first segment from TaylorShiftState.zeros
     final_state = rng.random() < 0.7  # the last segment returns its state
     tensor_tau = normalize and rng.random() < 0.5
     layout = rng.choice(LAYOUTS)
+    tau_shape = rng.choice(TAU_SHAPES)
     need = [True] * 3 if rng.random() < 0.5 else [rng.random() < 0.5 for _ in range(3)]
     need = need if any(need) or tensor_tau else [True] * 3  # (as op_case)
     wanted = "".join(name for name, n in zip("qkv", need, strict=True) if n)
     params.update(d=d, dv=dv, b=b, h=h, kv_heads=kv_heads, n=n, cuts=cuts, mode=mode,
                   threads=threads, normalize=normalize, dtype=str(dtype).removeprefix("torch."),
                   padded=padded, zeros_first=zeros_first, final_state=final_state,
-                  tensor_tau=tensor_tau, layout=layout, grad=wanted)  # fmt: skip
+                  tensor_tau=tensor_tau, layout=layout, grad=wanted,
+                  tau_shape=tau_shape if tensor_tau else None)  # fmt: skip
 
     torch.set_num_threads(threads)
-    g = torch.Generator().manual_seed(seed)
-    q = torch.randn(b, h, n, d, generator=g, dtype=dtype)
-    k = torch.randn(b, kv_heads, n, d, generator=g, dtype=dtype)
-    v = torch.randn(b, kv_heads, n, dv, generator=g, dtype=dtype)
+    q, k, v, g = _inputs(seed, b, h, kv_heads, n, n, d, dv, dtype)
     pad = torch.rand(b, n, generator=g) < 0.7 if padded else None
-    tau = (torch.rand(1, h, 1, 1, generator=g, dtype=dtype) * 3 + 0.5) if tensor_tau else 1.0
+    tau = 1.0
+    if tensor_tau:  # (the values drawn per head, then cut to the drawn shape)
+        tau = torch.rand(1, h, 1, 1, generator=g, dtype=dtype) * 3 + 0.5
+        tau = _shaped(tau, tau_shape, b)
     grad_out = torch.randn(b, h, n, dv, generator=g, dtype=torch.float64)
     bounds = list(zip([0, *cuts], [*cuts, n], strict=True))
     grouped = kv_heads != h
@@ -328,11 +386,12 @@ def state_case(rng: random.Random, seed: int, params: dict) -> float:
     ql, kl, vl = (_laid_out(x, layout) for x in leaves)
     options.update(mode=mode, enable_gqa=grouped)
     state = TaylorShiftState.zeros(b, kv_heads, d, dv, dtype=dtype) if zeros_first else None
+    attention = _attention_under_test()
     outs = []
     for i, (i0, i1) in enumerate(bounds):
         last = i == len(bounds) - 1
         mask = None if pad is None else pad[:, None, None, i0:i1]
-        result = taylor_shift_attention(
+        result = attention(
             ql[:, :, i0:i1], kl[:, :, i0:i1], vl[:, :, i0:i1], mask, True,
             initial_state=state, output_final_state=final_state or not last, **options,
         )  # fmt: skip
@@ -342,17 +401,8 @@ def state_case(rng: random.Random, seed: int, params: dict) -> float:
     got = [out, *grads(out, leaves, tau_leaf)]
     want = reference(torch.float64)
     low = reference(dtype) if dtype != torch.float64 else want
-    if not all(torch.isfinite(x).all() for x in got):
-        return float("inf")
+    used = _shares_used(got, want, low, grad_out, v, n, dtype)
     tol = OP_TOLERANCE[dtype]
-    # as op_case: a gradient's budget is at least the size of the terms it sums, Nk times
-    # that where it vanishes in exact arithmetic
-    size = grad_out.abs().max().item() * (1 + v.abs().max().item()) if v.numel() else 0.0
-    scales = [0.0]
-    for r in want[1:]:
-        vanishes = r.numel() and r.abs().max().item() < 1e-9 * size
-        scales.append(size * n if vanishes else size)
-    used = [_used(*x, tol) for x in zip(got, want, low, scales, strict=True)]
     if final_state:
         # the last state against one float64 call of the efficient form: the same sums in
         # another order, so a relative bound only
@@ -377,7 +427,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("what", choices=list(CASES))
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--cases", type=int, default=200)
+    parser.add_argument(
+        "--compile", metavar="BACKEND", default=None,
+        help="op and state: the op under test traced by torch.compile(fullgraph=True) with "
+        "this backend (aot_eager, inductor), anew each case",
+    )  # fmt: skip
     args = parser.parse_args(argv)
+    if args.compile and args.what == "decode":
+        parser.error("--compile: the op and state targets only")
+    global COMPILE
+    COMPILE = args.compile
     case = CASES[args.what]
     rng = random.Random(args.seed)
     failed = 0
