@@ -348,8 +348,8 @@ def traced_factors(query: Tensor, temperature: Tensor | None, factor: float) -> 
     b, h = query.shape[:2]
     if temperature is None:
         return query.new_full((b * h,), factor, dtype=torch.float32)
-    # (contiguous: from a temperature of fewer entries the reshape is a stride-0 view)
-    return temperature.to(torch.float32).expand(b, h, 1, 1).reshape(b * h).contiguous()
+    # (from a temperature of fewer entries a stride-0 view: c_factors lays it out for C)
+    return temperature.to(torch.float32).expand(b, h, 1, 1).reshape(b * h)
 
 
 def check_kernel_inputs(query: Tensor, value: Tensor, torch_form: str) -> None:
