@@ -428,9 +428,12 @@ def test_output_factor_off_gives_the_plain_weighted_mean(mode, mask_kind, causal
     assert_rel_close(kernel(q, k, v, mask, causal), want, 1e-12, "output")
 
 
-def test_output_factor_off_decodes_like_the_parallel_form():
-    kernel = create_kernel("taylorshift", 2, 4, output_factor=False).to(F64).eval()
-    q, k, v = (t[:, :2] for t in qkv(9, 9, requires_grad=False))
+@pytest.mark.parametrize("kv_heads", [4, 2], ids=["plain", "grouped"])
+def test_output_factor_off_decodes_like_the_parallel_form(kv_heads):
+    # grouped: 4 query heads on 2 key/value heads (the state, and its count, per kv head)
+    kernel = create_kernel("taylorshift", 4, 4, output_factor=False).to(F64).eval()
+    q, k, v = qkv(9, 9, requires_grad=False, h=4)
+    k, v = k[:, :kv_heads], v[:, :kv_heads]
     padding = torch.ones(2, 9, dtype=torch.bool)
     padding[1, 6:] = False  # a ragged batch, right-padded
     want = kernel(q, k, v, padding[:, None, None, :], True)

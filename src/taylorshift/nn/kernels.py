@@ -371,6 +371,8 @@ class TaylorShiftKernel(AttentionKernel):
             real = key_padding_mask.to(torch.float32)
         count = real.cumsum(-1)[:, None, :, None]  # (B, 1, T, 1)
         if before is not None:
+            # (the count is kept per key/value head: to the query heads that read each)
+            before = before.repeat_interleave(q.shape[1] // before.shape[1], dim=1)
             count = count + before[:, :, None, None].to(torch.float32)
         return self._without_factor(out, count)
 
