@@ -118,6 +118,80 @@ def test_short_conv_padded_batch_equals_sequences_one_by_one(kernel_id, taps, ca
         assert_rel_close(y[b, :n], alone[0], RTOL, f"sequence {b} (length {n})")
 
 
+# Layers where a token's result depends on where the other real tokens sit: the short
+# convolution, the local heads' windows, W_A. (name, kernel id, projection, layer settings)
+POSITIONAL = [
+    ("conv-taylor", "taylorshift-efficient", "standard", {"short_conv": 3}),
+    ("conv-softmax", "softmax", "optimized", {"short_conv": 2}),
+    ("local-heads", "taylorshift-direct", "standard", {}),
+    ("super", "taylorshift-direct", "super", {}),
+]
+# each row's real tokens: padding before them, between them, after them
+PLACES = {
+    "left": [[0, 0, 1, 1, 1, 1, 1, 1, 1], [0, 0, 0, 0, 0, 0, 1, 1, 1]],
+    "between": [[1, 0, 1, 1, 0, 0, 1, 1, 1], [0, 1, 1, 0, 1, 0, 1, 0, 1]],
+    "right": [[1, 1, 1, 1, 1, 1, 1, 0, 0], [1, 1, 1, 0, 0, 0, 0, 0, 0]],
+}
+
+
+def positional_layer(name: str) -> Attention:
+    _, kernel_id, projection, settings = next(c for c in POSITIONAL if c[0] == name)
+    module = make_attention(kernel_id, projection, DIM, HEADS, **settings)
+    if name == "local-heads":  # the first head a sliding window of 2 tokens
+        torch.manual_seed(0)
+        module = Attention(DIM, HEADS, qkv_bias=True, dtype=F64,
+                           kernel_args={"local_heads": 1, "window": 2})  # fmt: skip
+    for p in module.parameters():  # large enough that every tap and row shows
+        p.data.normal_(0, 0.5, generator=torch.Generator().manual_seed(p.numel()))
+    return module
+
+
+@pytest.mark.parametrize("place", list(PLACES))
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("name", [c[0] for c in POSITIONAL])
+def test_padding_anywhere_equals_the_real_tokens_alone(name, causal, place):
+    """Padding before or between real tokens counts as absent, as after them: the output
+    and the input gradient at the real tokens are those of the real tokens run alone."""
+    module = positional_layer(name)
+    mask = torch.tensor(PLACES[place], dtype=torch.bool)
+    x = randn(2, 9, DIM, seed=3, requires_grad=True)
+    g = randn(2, 9, DIM, seed=4) * mask[..., None]  # (padded rows' outputs are not used)
+    y = module(x, attn_mask=mask, is_causal=causal)
+    (gx,) = torch.autograd.grad(y, x, g)
+    for b in range(2):
+        real = mask[b].nonzero()[:, 0]
+        xb = x[b : b + 1, real].detach().requires_grad_()
+        alone = module(xb, is_causal=causal)
+        (g_alone,) = torch.autograd.grad(alone, xb, g[b : b + 1, real])
+        assert_rel_close(y[b, real], alone[0], RTOL, f"row {b}: output")
+        assert_rel_close(gx[b, real], g_alone[0], RTOL, f"row {b}: input gradient")
+
+
+@pytest.mark.parametrize(
+    ("name", "kind"),
+    [("conv-taylor", "state"), ("conv-taylor", "kv"), ("conv-softmax", "kv"),
+     ("local-heads", "state"), ("local-heads", "kv")],
+)  # fmt: skip
+def test_decoding_after_a_prompt_padded_anywhere_equals_the_real_tokens_alone(name, kind):
+    """A prompt block padded on the left or between its tokens, then two more blocks: each
+    real token's row equals the causal forward over the real tokens so far (the short
+    convolution's cache keeps the last real tokens, not the block's last slots)."""
+    module = positional_layer(name).eval()
+    mask = torch.tensor(PLACES["left"] + PLACES["between"], dtype=torch.bool)[[0, 2, 3]]
+    x = randn(3, 13, DIM, seed=5)
+    cache = module.new_cache(kind)
+    steps = [module.decode(x[:, :9], cache, mask)]
+    steps.append(module.decode(x[:, 9:11], cache, torch.tensor([[1, 0], [1, 1], [0, 1]]) > 0))
+    steps.append(module.decode(x[:, 11:], cache))
+    got = torch.cat(steps, dim=1)
+    full = torch.cat([mask, torch.tensor([[1, 0], [1, 1], [0, 1]]) > 0,
+                      torch.ones(3, 2, dtype=torch.bool)], dim=1)  # fmt: skip
+    for b in range(3):
+        real = full[b].nonzero()[:, 0]
+        alone = module(x[b : b + 1, real], is_causal=True)
+        assert_rel_close(got[b, real], alone[0], RTOL, f"row {b}")
+
+
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_short_conv_mixes_the_tokens_it_should(causal):
     # Taps (a, b, c) over channels: causal q'_i = a q_{i-2} + b q_{i-1} + c q_i, centred

@@ -2,8 +2,11 @@
 
 token embedding (+ positions) -> ``depth`` pre-norm causal ``Block``s -> LayerNorm ->
 LM head (optionally tied to the token embedding). Layout: token ids (B, N), logits
-(B, N, vocab_size). Right-padded batches pass a padding mask (B, N), True = real token:
-padded tokens are never attended and their logits are not meaningful.
+(B, N, vocab_size). Padded batches pass a padding mask (B, N), True = real token:
+padded tokens are never attended and their logits are not meaningful. With right padding
+the default positions are right; with padding before or between real tokens, pass
+positions that count each row's real tokens, and each row's logits at its real tokens are
+those of its real tokens alone (``taylorshift.nn.Attention``, "Padding anywhere").
 
 ``generate`` prefills the prompt in one pass, then decodes token by token with a cache per
 layer: TaylorShift and linear attention carry a constant-size state (O(H · d² · dv) per
@@ -159,7 +162,8 @@ class CausalLM(nn.Module):
 
         Args:
             tokens: long (B, N).
-            padding_mask: bool (B, N), True = real token (right padding).
+            padding_mask: bool (B, N), True = real token (padding anywhere: see the
+                module docs for the positions it then needs).
             positions: long (B, N) or (N,), the tokens' positions (default 0..N-1).
         """
         self._check_tokens("tokens", tokens)

@@ -29,7 +29,16 @@ It gives every token its k − 1 predecessors (causal: left-aligned) or its neig
 weights lack (docs/accuracy.md; Based and Mamba use such short convolutions for the same
 reason). Tokens masked as key padding are zeroed before the convolution, so padding never
 leaks into real tokens and a padded batch equals its sequences run alone. Decoding keeps
-the last k − 1 projected tokens of each row in the cache (``conv``).
+the last k − 1 real projected tokens of each row in the cache (``conv``).
+
+Padding anywhere. The short convolution, ``super``'s W_A and a kernel's local heads
+(``local_heads``: a sliding window) read where the real tokens sit, not only which they
+are. With key padding (a (B, N) mask, or (B, 1, 1, N)) in self-attention, such a layer runs
+on each row's real tokens moved to the front in their order and puts the rows back
+(``ops.masks.real_tokens_first``): padding before or between real tokens then counts as
+absent, as it does after them and in every other layer, and ``decode`` takes blocks padded
+anywhere (e.g. left-padded prompts). The context of cross-attention is convolved as it
+stands.
 
 ``num_kv_heads = Hkv`` (projection ``standard``) gives keys and values Hkv < H heads,
 grouped-query attention (Ainslie et al.): W_K and W_V project to Hkv · head_dim features,
@@ -51,7 +60,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .._inference import inference_only
-from .._validate import check_choice, check_int
+from .._validate import check_choice, check_int, values_readable
+from ..ops.masks import permute_tokens, real_tokens_first
 from .kernels import create_kernel
 
 PROJECTIONS = ("standard", "optimized", "query-only", "super")
@@ -104,6 +114,18 @@ def padding_to_mask(attn_mask: Tensor | None, batch: int, n_key: int) -> Tensor 
             )
         return attn_mask[:, None, None, :]
     return attn_mask
+
+
+def _padding_inside(mask: Tensor | None) -> bool:
+    """Whether ``mask``, key padding of shape (B, N) or (B, 1, 1, N) (the same for every head
+    and query), has a padded token before a real one: only then does moving the real tokens
+    first change anything. Where values cannot be read (torch.compile, torch.func) any key
+    padding counts (the permutation is the identity for right padding)."""
+    if mask is None or mask.dim() not in (2, 4) or (mask.dim() == 4 and mask.shape[1:3] != (1, 1)):
+        return False
+    if not values_readable():
+        return True
+    return bool((mask[..., 1:] & ~mask[..., :-1]).any())
 
 
 def check_kv_heads(
@@ -307,10 +329,24 @@ class Attention(nn.Module):
                 f"got {tuple(context.shape)}"
             )
         mask = padding_to_mask(attn_mask, x.shape[0], source.shape[1])
+        inverse = None
+        if context is None and self._counts_positions and _padding_inside(mask):
+            # padding before or between real tokens: the real tokens first (see the class doc)
+            order, inverse = real_tokens_first(mask[:, 0, 0, :])
+            x = source = permute_tokens(x, order)
+            mask = mask.gather(-1, order[:, None, None, :])
         q, k, v = self.heads_in(x, source, mask, is_causal, self_attention=context is None)
         y = self.kernel(q, k, v, mask, is_causal)  # (B, H, N, d)
         y = y.transpose(1, 2).reshape(x.shape[0], x.shape[1], self.dim)
-        return self.proj_drop(self.proj(self.norm(y)))
+        y = self.proj_drop(self.proj(self.norm(y)))
+        return y if inverse is None else permute_tokens(y, inverse)
+
+    @property
+    def _counts_positions(self) -> bool:
+        """Whether a token's result depends on where the other real tokens sit, not only on
+        which they are: the short convolution's taps, W_A's rows, the local heads' windows."""
+        local_heads = getattr(self.kernel, "local_heads", 0)
+        return self.conv is not None or self.projection == "super" or bool(local_heads)
 
     def heads_in(
         self,
@@ -373,7 +409,7 @@ class Attention(nn.Module):
             past = qkv.new_zeros((b, self.short_conv - 1, c))
         seq = torch.cat([past, qkv], dim=1)  # (B, k - 1 + T, 3 dim)
         out = F.conv1d(seq.transpose(1, 2), self.conv.weight, self.conv.bias, groups=c)
-        # The last k - 1 real tokens of each row (right padding: real tokens come first).
+        # The last k - 1 real tokens of each row (real tokens come first: decode put them there).
         real = t if mask is None else mask.sum(1)
         keep = torch.arange(self.short_conv - 1, device=qkv.device)
         index = (torch.as_tensor(real, device=qkv.device).view(-1, 1) + keep).expand(b, -1)
@@ -395,11 +431,17 @@ class Attention(nn.Module):
         """Causal self-attention of T new tokens x (B, T, dim) after those in ``cache``.
 
         ``cache`` comes from ``new_cache`` and is updated in place; ``key_padding_mask``
-        (B, T), True = real token. Row t equals row ``N + t`` of ``forward(..., is_causal=
-        True)`` over all real tokens so far. Inference only.
+        (B, T), True = real token, padding anywhere in the block. Row t (a real token)
+        equals row ``N + t`` of ``forward(..., is_causal=True)`` over all real tokens so
+        far. Inference only.
         """
         if x.dim() != 3 or x.shape[-1] != self.dim:
             raise ValueError(f"x must be (B, T, dim={self.dim}); got shape {tuple(x.shape)}")
+        inverse = None
+        if self._counts_positions and _padding_inside(key_padding_mask):
+            # padding before or between real tokens: the real tokens first (see the class doc)
+            order, inverse = real_tokens_first(key_padding_mask)
+            x, key_padding_mask = permute_tokens(x, order), key_padding_mask.gather(-1, order)
         q = self.q_proj(x)
         k = x if self.k_proj is None else self.k_proj(x)
         v = x if self.v_proj is None else self.v_proj(x)
@@ -409,7 +451,8 @@ class Attention(nn.Module):
         q, k = self.q_norm(q), self.k_norm(k)
         y = self.kernel.decode(q, k, v, key_padding_mask, cache)
         y = y.transpose(1, 2).reshape(x.shape[0], x.shape[1], self.dim)
-        return self.proj(self.norm(y))
+        y = self.proj(self.norm(y))
+        return y if inverse is None else permute_tokens(y, inverse)
 
 
 _Init = TypeVar("_Init", bound=Callable[..., None])

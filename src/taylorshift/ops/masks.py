@@ -1,11 +1,12 @@
-"""Masks shared by every attention op: is a bool mask just key padding?"""
+"""Masks shared by every attention op: is a bool mask just key padding? Which order puts
+a row's real tokens first?"""
 
 from __future__ import annotations
 
 import torch
 from torch import Tensor
 
-__all__ = ["key_padding_of"]
+__all__ = ["key_padding_of", "permute_tokens", "real_tokens_first"]
 
 
 def key_padding_of(mask: Tensor) -> Tensor | None:
@@ -25,3 +26,23 @@ def key_padding_of(mask: Tensor) -> Tensor | None:
     if not bool((mask == mask[..., :1, :]).all()):
         return None
     return mask[..., :1, :]
+
+
+def real_tokens_first(padding: Tensor) -> tuple[Tensor, Tensor]:
+    """The permutation of the token axis (the last) of a key-padding mask ``padding``
+    (…, N) bool, True = real token, that moves each row's real tokens to the front in their
+    order, the padding after them; and its inverse. Both (…, N) long (``permute_tokens``).
+
+    Layers whose result depends on where the real tokens sit (a short convolution, a
+    sliding window) run on the permuted tokens, so that padding before or between real
+    tokens counts as if it were not there; for right padding the order is the identity.
+    """
+    order = torch.argsort((~padding).to(torch.uint8), dim=-1, stable=True)
+    return order, torch.argsort(order, dim=-1)
+
+
+def permute_tokens(x: Tensor, order: Tensor) -> Tensor:
+    """``x`` (…, N, k) with its token axis (-2) in the order ``order`` gives, (…, N) long
+    broadcasting to x's leading axes (e.g. (B, N) for (B, N, k), (B, 1, N) for (B, H, N, k))."""
+    index = order.unsqueeze(-1).expand(*x.shape[:-1], x.shape[-1])
+    return x.gather(-2, index)
