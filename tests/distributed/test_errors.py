@@ -99,6 +99,14 @@ def test_conversion_refuses_kernels_that_cannot_span_ranks(kernel, kernel_args, 
         convert_sequence_parallel(module)
 
 
+def test_conversion_refuses_a_short_convolution():
+    # its taps at a slice's first tokens would read zeros in place of the previous rank's
+    module = nn.ModuleDict({"attn": Attention(8, 2, short_conv=3)})
+    with pytest.raises(ValueError, match=r"attn has short_conv=3, whose taps reach tokens of"):
+        convert_sequence_parallel(module)
+    convert_sequence_parallel(Attention(8, 2, short_conv=1))  # one tap: token by token
+
+
 def test_conversion_refuses_the_super_projection():
     module = nn.ModuleDict({"attn": Attention(8, 2, projection="super", context_len=6)})
     with pytest.raises(ValueError, match=r"attn has projection='super', whose W_A mixes values"):

@@ -103,7 +103,9 @@ def convert_sequence_parallel(model: nn.Module, group=None) -> nn.Module:
     Raises:
         ValueError: a kernel that cannot attend across ranks (softmax, linear, holt; a
             TaylorShift order other than 2), an ``Attention`` with ``projection='super'``
-            (its W_A mixes values over the whole sequence), or no TaylorShift kernel at all.
+            (its W_A mixes values over the whole sequence) or a short convolution of more
+            than one tap (it reads the neighbouring ranks' tokens), or no TaylorShift kernel
+            at all.
     """
     group_place(group)
     if isinstance(model, AttentionKernel):
@@ -114,6 +116,12 @@ def convert_sequence_parallel(model: nn.Module, group=None) -> nn.Module:
             raise ValueError(
                 f"{path or 'model'} has projection='super', whose W_A mixes values over the "
                 "whole sequence: it cannot run on a slice; use another projection"
+            )
+        if isinstance(parent, Attention) and parent.short_conv > 1:
+            raise ValueError(
+                f"{path or 'model'} has short_conv={parent.short_conv}, whose taps reach "
+                "tokens of the neighbouring ranks: it cannot run on a slice yet; convert a "
+                "layer without a short convolution (or short_conv=1)"
             )
         for name, child in parent.named_children():
             if isinstance(child, AttentionKernel):
