@@ -72,6 +72,30 @@ def test_padded_batch_equals_sequences_alone(short_conv, local):
 
 
 @pytest.mark.parametrize(
+    ("args", "short_conv"),
+    [({}, 0), ({}, 3), ({"local_heads": 1, "window": 2}, 0)],
+    ids=["taylor", "conv3", "local-heads"],
+)
+def test_padding_anywhere_equals_the_real_tokens_alone(args, short_conv):
+    """Left padding and padding between real tokens: each row's logits at its real tokens
+    are those of its real tokens alone, at positions 0, 1, ... by default, or at the
+    positions given (they move with their tokens)."""
+    model = lm(kernel_args=args, short_conv=short_conv)
+    for p in model.parameters():  # large enough that positions and taps show
+        p.data.normal_(0, 0.3, generator=torch.Generator().manual_seed(p.numel()))
+    mask = torch.tensor([[0, 0, 1, 1, 1, 1, 1, 1], [1, 0, 1, 1, 0, 0, 1, 1]], dtype=torch.bool)
+    x = tokens(2, 8)
+    given = torch.arange(8).expand(2, 8) + 3
+    by_default, at_given = model(x, mask), model(x, mask, positions=given)
+    for i in range(2):
+        real = mask[i].nonzero()[:, 0]
+        alone = model(x[i : i + 1, real])
+        assert_rel_close(by_default[i, real], alone[0], 1e-12, f"row {i}, default positions")
+        alone = model(x[i : i + 1, real], positions=given[i, real])
+        assert_rel_close(at_given[i, real], alone[0], 1e-12, f"row {i}, given positions")
+
+
+@pytest.mark.parametrize(
     ("kernel", "args", "caches", "short_conv"),
     [(*d, 0) for d in DECODERS] + [(*d, 3) for d in CONV_DECODERS],
     ids=DECODER_IDS + [f"{k}-conv3" for k, _, _ in CONV_DECODERS],

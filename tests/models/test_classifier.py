@@ -88,6 +88,46 @@ def test_padded_batch_equals_unpadded_sequences_other_settings(settings):
     assert_rel_close(padded, run_unpadded(model, x, LENGTHS), 1e-12, "padded vs unpadded")
 
 
+# each row's real tokens, padding before or between them: (B 3, N 9)
+PADDED_INSIDE = {
+    "left": [[0, 0, 1, 1, 1, 1, 1, 1, 1], [0, 0, 0, 0, 0, 0, 1, 1, 1], [0] * 8 + [1]],
+    "between": [[1, 0, 1, 1, 0, 0, 1, 1, 1], [0, 1, 1, 0, 1, 0, 1, 0, 1], [1] * 9],
+}
+
+
+@pytest.mark.parametrize("place", list(PADDED_INSIDE))
+@pytest.mark.parametrize(
+    "settings",
+    [
+        {},
+        {"pooling": "mean", "pos_embedding": "learned", "max_len": 9},
+        {"token_embedding": "conv", "short_conv": 3, "pooling": "mean"},
+        {
+            "in_features": 4,
+            "token_embedding": "linear",
+            "kernel_args": {"local_heads": 1, "window": 2},
+        },
+    ],
+    ids=["cls", "mean-learned", "conv-embedding-short-conv", "features-local-heads"],
+)
+def test_padding_anywhere_equals_unpadded_sequences(settings, place):
+    """Padding before or between real tokens, as after them: the logits, and the features
+    at the real tokens, are those of each row's real tokens alone (positions 0, 1, ...)."""
+    model = classifier(**settings)
+    for p in model.parameters():  # large enough that positions and taps show
+        p.data.normal_(0, 0.3, generator=torch.Generator().manual_seed(p.numel()))
+    mask = torch.tensor(PADDED_INSIDE[place], dtype=torch.bool)
+    x = inputs_for(model, batch=3, length=9)
+    logits, features = model(x, mask), model.forward_features(x, mask)
+    for b in range(3):
+        alone = x[b : b + 1, mask[b]]
+        assert_rel_close(logits[b], model(alone)[0], 1e-12, f"row {b}: logits")
+        real = torch.cat([torch.tensor([True]), mask[b]])  # CLS first, if any
+        real = real[-features.shape[1] :]
+        want = model.forward_features(alone)[0]
+        assert_rel_close(features[b, real], want, 1e-12, f"row {b}: features")
+
+
 @pytest.mark.parametrize("token_embedding", ["vocab", "conv"])
 def test_garbage_at_padded_positions_changes_nothing(token_embedding):
     model = classifier(token_embedding=token_embedding)

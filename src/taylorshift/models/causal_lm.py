@@ -3,10 +3,11 @@
 token embedding (+ positions) -> ``depth`` pre-norm causal ``Block``s -> LayerNorm ->
 LM head (optionally tied to the token embedding). Layout: token ids (B, N), logits
 (B, N, vocab_size). Padded batches pass a padding mask (B, N), True = real token:
-padded tokens are never attended and their logits are not meaningful. With right padding
-the default positions are right; with padding before or between real tokens, pass
-positions that count each row's real tokens, and each row's logits at its real tokens are
-those of its real tokens alone (``taylorshift.nn.Attention``, "Padding anywhere").
+padded tokens are never attended and their logits are not meaningful. The padding may sit
+anywhere (right, left, between real tokens): ``forward`` runs on each row's real tokens
+moved to the front in their order and puts the rows back, so a row's logits at its real
+tokens are those of its real tokens alone, at positions 0, 1, … (or the ``positions``
+given, which move with their tokens).
 
 ``generate`` prefills the prompt in one pass, then decodes token by token with a cache per
 layer: TaylorShift and linear attention carry a constant-size state (O(H · d² · dv) per
@@ -25,6 +26,7 @@ from torch import Tensor, nn
 from .._inference import inference_only
 from .._validate import check_bool, check_int, check_number, values_readable
 from ..nn import CACHE_KINDS
+from ..ops.masks import padding_inside, permute_tokens, real_tokens_first
 from .encoder import (
     TrunkConfig,
     check_padding_mask,
@@ -162,16 +164,24 @@ class CausalLM(nn.Module):
 
         Args:
             tokens: long (B, N).
-            padding_mask: bool (B, N), True = real token (padding anywhere: see the
-                module docs for the positions it then needs).
+            padding_mask: bool (B, N), True = real token, padding anywhere (module docs).
             positions: long (B, N) or (N,), the tokens' positions (default 0..N-1).
         """
         self._check_tokens("tokens", tokens)
         check_padding_mask(padding_mask, *tokens.shape)
+        inverse = None
+        if padding_mask is not None and padding_inside(padding_mask):
+            # padding before or between real tokens: each row's real tokens first (their
+            # positions with them), the rows put back at the end (see the module docs)
+            order, inverse = real_tokens_first(padding_mask)
+            tokens, padding_mask = tokens.gather(1, order), padding_mask.gather(1, order)
+            if positions is not None:
+                positions = positions.expand(tokens.shape).gather(1, order)
         x = self.embed(tokens, positions)
         for block in self.blocks:
             x = block(x, attn_mask=padding_mask, is_causal=True)
-        return self.head(self.norm(x))
+        logits = self.head(self.norm(x))
+        return logits if inverse is None else permute_tokens(logits, inverse)
 
     # Decoding
 

@@ -9,6 +9,7 @@ import torch
 from torch import Tensor, nn
 
 from .._validate import check_choice, check_int, check_number, values_readable
+from ..ops.masks import padding_inside, permute_tokens, real_tokens_first
 from .embedding import ConvTokenEmbedding
 from .encoder import EncoderClassifier, EncoderConfig, check_padding_mask
 from .registry import register_model_class
@@ -154,17 +155,29 @@ class TransformerClassifier(EncoderClassifier):
         return x
 
     def forward_features(self, inputs: Tensor, padding_mask: Tensor | None = None) -> Tensor:
-        """(B, N) ids or (B, N, in_features) -> (B, N (+1, CLS first), dim), after the norm."""
+        """(B, N) ids or (B, N, in_features) -> (B, N (+1, CLS first), dim), after the norm.
+
+        Padding may sit anywhere (right, left, between real tokens): the trunk runs on each
+        row's real tokens moved to the front in their order (positions 0, 1, … and the
+        convolutions see them as one unpadded sequence), and the rows are put back."""
         self._check_inputs(inputs, padding_mask)
-        return self._encode(self.embed_tokens(inputs, padding_mask), padding_mask)
+        if padding_mask is None or not padding_inside(padding_mask):
+            return self._encode(self.embed_tokens(inputs, padding_mask), padding_mask)
+        order, inverse = real_tokens_first(padding_mask)
+        inputs = inputs.gather(1, order) if inputs.dim() == 2 else permute_tokens(inputs, order)
+        padding_mask = padding_mask.gather(1, order)
+        features = self._encode(self.embed_tokens(inputs, padding_mask), padding_mask)
+        cls = features.shape[1] - inverse.shape[1]  # (1 with a CLS token first)
+        return torch.cat([features[:, :cls], permute_tokens(features[:, cls:], inverse)], 1)
 
     def forward(self, inputs: Tensor, padding_mask: Tensor | None = None) -> Tensor:
         """Logits (B, num_classes).
 
         Args:
             inputs: token ids (B, N) (``vocab_size`` set) or features (B, N, in_features).
-            padding_mask: optional (B, N) bool, True = real token. Padded positions do not
-                change any output: the logits equal those of the unpadded sequences.
+            padding_mask: optional (B, N) bool, True = real token, padding anywhere.
+                Padded positions do not change any output: the logits equal those of the
+                unpadded sequences (``forward_features``).
         """
         features = self.forward_features(inputs, padding_mask)
         return self.head(self._pool(features, padding_mask))

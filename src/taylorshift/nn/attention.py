@@ -60,8 +60,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .._inference import inference_only
-from .._validate import check_choice, check_int, values_readable
-from ..ops.masks import permute_tokens, real_tokens_first
+from .._validate import check_choice, check_int
+from ..ops.masks import padding_inside, permute_tokens, real_tokens_first
 from .kernels import create_kernel
 
 PROJECTIONS = ("standard", "optimized", "query-only", "super")
@@ -117,15 +117,11 @@ def padding_to_mask(attn_mask: Tensor | None, batch: int, n_key: int) -> Tensor 
 
 
 def _padding_inside(mask: Tensor | None) -> bool:
-    """Whether ``mask``, key padding of shape (B, N) or (B, 1, 1, N) (the same for every head
-    and query), has a padded token before a real one: only then does moving the real tokens
-    first change anything. Where values cannot be read (torch.compile, torch.func) any key
-    padding counts (the permutation is the identity for right padding)."""
+    """Whether ``mask`` is key padding of shape (B, N) or (B, 1, 1, N) (the same for every
+    head and query) with a padded token before a real one (``ops.masks.padding_inside``)."""
     if mask is None or mask.dim() not in (2, 4) or (mask.dim() == 4 and mask.shape[1:3] != (1, 1)):
         return False
-    if not values_readable():
-        return True
-    return bool((mask[..., 1:] & ~mask[..., :-1]).any())
+    return padding_inside(mask)
 
 
 def check_kv_heads(

@@ -6,7 +6,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-__all__ = ["key_padding_of", "permute_tokens", "real_tokens_first"]
+from .._validate import values_readable
+
+__all__ = ["key_padding_of", "padding_inside", "permute_tokens", "real_tokens_first"]
 
 
 def key_padding_of(mask: Tensor) -> Tensor | None:
@@ -46,3 +48,13 @@ def permute_tokens(x: Tensor, order: Tensor) -> Tensor:
     broadcasting to x's leading axes (e.g. (B, N) for (B, N, k), (B, 1, N) for (B, H, N, k))."""
     index = order.unsqueeze(-1).expand(*x.shape[:-1], x.shape[-1])
     return x.gather(-2, index)
+
+
+def padding_inside(padding: Tensor) -> bool:
+    """Whether a key-padding mask (…, N) bool, True = real token, has a padded token before
+    a real one in some row: only then does ``real_tokens_first`` change the order. Where
+    values cannot be read (torch.compile's tracing, torch.func) it says True: the caller
+    then permutes, which is the identity for right padding."""
+    if not values_readable():
+        return True
+    return bool((padding[..., 1:] & ~padding[..., :-1]).any())
