@@ -253,6 +253,27 @@ def test_models_compile_whole_forward_and_backward(name, settings):
         assert_rel_close(a, e, 1e-4, atol=1e-7)
 
 
+@pytest.mark.parametrize("pos_embedding", ["learned", "cosine"])
+def test_lm_with_positions_given_and_padding_inside_compiles_whole(pos_embedding):
+    # given positions: the learned table's range check reads values (eager only); padding
+    # before real tokens: the model moves each row's real tokens first (a permutation)
+    torch.manual_seed(0)
+    model = create_model("lm-tiny", pos_embedding=pos_embedding, short_conv=3).eval()
+    tokens = torch.randint(0, 20, (2, 17))
+    mask = torch.ones(2, 17, dtype=torch.bool)
+    mask[0, :5] = False  # left padding
+    mask[1, 3:6] = False  # padding between real tokens
+    positions = (mask.cumsum(1) - 1).clamp(min=0)
+    compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
+    got, want = compiled(tokens, mask, positions), model(tokens, mask, positions)
+    assert_rel_close(got[mask], want[mask], 1e-5, atol=1e-7)
+    params = [p for p in model.parameters() if p.requires_grad]
+    g_got = torch.autograd.grad(got[mask].square().mean(), params)
+    g_want = torch.autograd.grad(want[mask].square().mean(), params)
+    for a, e in zip(g_got, g_want, strict=True):
+        assert_rel_close(a, e, 1e-4, atol=1e-7)
+
+
 def test_model_compiles_whole_for_batches_of_other_shapes():
     # torch.compile's default: a second shape compiles again with the sizes that changed
     # as symbols; this had broken the graph of every model whose attention picks its form

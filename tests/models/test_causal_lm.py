@@ -120,6 +120,16 @@ def test_cached_decoding_equals_forward(kernel, args, caches, short_conv):
             assert_rel_close(got[i : i + 1, idx], ref, 1e-9, f"{kind} cache, item {i}")
 
 
+def test_learned_positions_given_are_checked():
+    model = lm(pos_embedding="learned", max_len=8)
+    x = tokens(1, 4)
+    model(x, positions=torch.tensor([0, 1, 2, 7]))  # the last row of the table
+    with pytest.raises(ValueError, match=r"cover max_len=8 tokens; got a sequence of 9"):
+        model(x, positions=torch.tensor([0, 1, 2, 8]))
+    with pytest.raises(ValueError, match=r"positions must be >= 0; got a position of -1"):
+        model(x, positions=torch.tensor([-1, 0, 1, 2]))  # (it would read the table's end)
+
+
 def _greedy_by_forward(model, prompt_rows, steps):
     out = []
     for row in prompt_rows:

@@ -11,6 +11,8 @@ import math
 import torch
 from torch import Tensor, nn
 
+from .._validate import values_readable
+
 
 def sinusoidal_position_embedding(
     length: int, dim: int, *, device=None, dtype=None, base: float = 10000.0
@@ -71,16 +73,25 @@ class LearnedPositionEmbedding(nn.Module):
         nn.init.trunc_normal_(self.weight, std=0.02)
 
     def forward(self, x: Tensor, positions: Tensor | None = None) -> Tensor:
-        """x (B, N, dim); ``positions`` long (B, N) or (N,), default 0..N-1."""
-        n = x.shape[1] if positions is None or positions.numel() == 0 else positions.max() + 1
+        """x (B, N, dim); ``positions`` long (B, N) or (N,) in [0, max_len), default 0..N-1."""
+        if positions is None:
+            self._check_length(x.shape[1])
+            return x + self.weight[: x.shape[1]].to(x.dtype)
+        # (torch.compile cannot branch on values while tracing: the range check is
+        # eager-only; a compiled graph fails in the lookup instead, as for token ids)
+        if positions.numel() and values_readable():
+            low = int(positions.min())
+            if low < 0:
+                raise ValueError(f"positions must be >= 0; got a position of {low}")
+            self._check_length(int(positions.max()) + 1)
+        return x + self.weight[positions].to(x.dtype)
+
+    def _check_length(self, n: int) -> None:
         if n > self.max_len:
             raise ValueError(
                 f"learned position embeddings cover max_len={self.max_len} tokens; got a "
-                f"sequence of {int(n)} tokens (use pos_embedding='cosine' for any length)"
+                f"sequence of {n} tokens (use pos_embedding='cosine' for any length)"
             )
-        if positions is None:
-            return x + self.weight[: x.shape[1]].to(x.dtype)
-        return x + self.weight[positions].to(x.dtype)
 
     def extra_repr(self) -> str:
         return f"max_len={self.max_len}, dim={self.weight.shape[1]}"
