@@ -1,6 +1,6 @@
 """benchmarks/fuzz/fuzz.py, a few cases of each target (the op also compiled): the script
-runs on today's API and fails a case whose result is off (the op's output scaled by
-1 + 1e-3)."""
+runs on today's API and fails a case whose result is off (the op's output, or a model's
+decoded logits, scaled by 1 + 1e-3)."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ def same_threads():
     torch.set_num_threads(threads)
 
 
-@pytest.mark.parametrize("what", ["op", "decode", "state"])
+@pytest.mark.parametrize("what", ["op", "decode", "state", "model"])
 def test_each_target_runs_and_passes(fuzz, what, capsys):
     assert fuzz.main([what, "--seed", "11", "--cases", "4"]) == 0
     assert f"{what}: 4 cases, seed 11, 0 failed" in capsys.readouterr().out
@@ -39,7 +39,7 @@ def test_compiled_op_runs_and_decode_refuses_compile(fuzz, capsys):
     assert "op: 2 cases, seed 11, 0 failed" in capsys.readouterr().out
     with pytest.raises(SystemExit):
         fuzz.main(["decode", "--compile", "aot_eager"])
-    assert "--compile: the op and state targets only" in capsys.readouterr().err
+    assert "--compile: the op, state and model targets only" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("what", ["op", "state"])
@@ -56,3 +56,11 @@ def test_an_output_off_by_1e_3_fails(fuzz, what, monkeypatch, capsys):
     assert fuzz.main([what, "--seed", "11", "--cases", "4"]) == 1
     out = capsys.readouterr().out
     assert "its error budget" in out and f"{what}: 4 cases, seed 11, 0 failed" not in out
+
+
+def test_decoded_logits_off_by_1e_3_fail_the_model_target(fuzz, monkeypatch, capsys):
+    real = fuzz.CausalLM.decode
+    monkeypatch.setattr(fuzz.CausalLM, "decode", lambda *a, **k: real(*a, **k) * (1 + 1e-3))
+    assert fuzz.main(["model", "--seed", "11", "--cases", "3"]) == 1
+    out = capsys.readouterr().out
+    assert "its error budget" in out and "model: 3 cases, seed 11, 0 failed" not in out

@@ -3,6 +3,7 @@
     python benchmarks/fuzz/fuzz.py op --seed 1 --cases 250
     python benchmarks/fuzz/fuzz.py decode --seed 1 --cases 150
     python benchmarks/fuzz/fuzz.py state --seed 1 --cases 300
+    python benchmarks/fuzz/fuzz.py model --seed 1 --cases 300
 
 The test suite checks chosen shapes; this draws many at random, with the sizes where
 kernels change their tiling or split their work: d in 1..128 (odd, the CPU kernels'
@@ -36,6 +37,13 @@ sequence in float64, and the last state's sums (a relative bound) and count (exa
 against one float64 call of the efficient form. ``TAYLORSHIFT_CPU_KERNELS=off`` runs the
 PyTorch forms; ``TRITON_INTERPRET=1 TAYLORSHIFT_TRITON=interpret`` the Triton kernels on
 the CPU (bfloat16 then left out).
+``model``: a random ``CausalLM`` (kernel and its options, projection, grouped key/value
+heads, short convolution, q/k norms, positions; ``_model_config``), or an encoder
+classifier (pooling, ids or features, conv token embedding, ``super``;
+``_classifier_config``), in float64 or float32 on a batch padded on the right, the left or
+anywhere: its outputs and every parameter's gradient against each row's real tokens
+alone, in float64; then the LM's decoding in random blocks padded anywhere, from the state
+and the key/value cache, against the same.
 
 Each result (output, each gradient) has an error budget, SPEC §8's rule: 10x the error of
 the float64 reference's own code run in the case's dtype, plus OP_TOLERANCE of the dtype
@@ -53,6 +61,7 @@ failed.
 from __future__ import annotations
 
 import argparse
+import copy
 import os
 import random
 import sys
@@ -65,6 +74,7 @@ from taylorshift import (
     taylor_shift_attention,
     taylor_shift_decode,
 )
+from taylorshift.models import CausalLM, TransformerClassifier
 
 LENGTHS = [1, 2, 7, 191, 192, 193, 300]
 # float32 drawn twice as often: it is what reaches the CPU kernels' float32 paths; float16
@@ -419,7 +429,194 @@ def state_case(rng: random.Random, seed: int, params: dict) -> float:
     return max(used)
 
 
-CASES = {"op": op_case, "decode": decode_case, "state": state_case}
+# model: the kernels beside TaylorShift, and the budget's share of a result's size
+MODEL_KERNELS = ["linear", "softmax", "holt", "softmax-naive"]
+MODEL_TOLERANCE = {torch.float32: 2e-5, torch.float64: 1e-11}
+
+
+def _model_config(rng: random.Random) -> dict:
+    """A random ``CausalLMConfig``'s fields: the kernel and its options (TaylorShift in 70 %:
+    mode, order 4, plain scores, no output factor, log temperature, local heads), the
+    projection, grouped key/value heads, the short convolution, q/k norms, biases,
+    positions, tied embeddings; heads of 1-16 features."""
+    kernel = "taylorshift" if rng.random() < 0.7 else rng.choice(MODEL_KERNELS)
+    h, head_dim = rng.choice([1, 2, 3, 4]), rng.choice([1, 2, 3, 8, 16])
+    args: dict = {}
+    if kernel == "taylorshift":
+        order = 4 if rng.random() < 0.1 else 2
+        args["mode"] = rng.choice(["auto", "direct"] + (["efficient"] if order == 2 else []))
+        if order == 4:
+            args["order"] = 4
+        if rng.random() < 0.2:
+            args["normalize"] = False
+        if rng.random() < 0.3:
+            args["output_factor"] = False
+        if args.get("normalize", True) and rng.random() < 0.2:
+            args["log_temperature"] = True
+        if h > 1 and rng.random() < 0.25:
+            args.update(local_heads=rng.randint(1, h - 1), window=rng.choice([1, 2, 3, 5]))
+    projection = rng.choice(["standard", "optimized", "query-only"])
+    kv_heads = None
+    if projection == "standard" and "local_heads" not in args and h > 1 and rng.random() < 0.4:
+        kv_heads = rng.choice([x for x in range(1, h) if h % x == 0])
+    return dict(vocab_size=rng.choice([5, 23]), dim=h * head_dim, depth=rng.choice([1, 2]),
+                num_heads=h, mlp_ratio=2, attn_kernel=kernel, kernel_args=args,
+                projection=projection, num_kv_heads=kv_heads,
+                short_conv=rng.choice([0, 0, 2, 3]), qk_norm=rng.random() < 0.3,
+                qkv_bias=rng.random() < 0.5, pos_embedding=rng.choice(["cosine", "learned"]),
+                tie_embeddings=rng.random() < 0.2, max_len=400)  # fmt: skip
+
+
+def _real_positions(mask: torch.Tensor, before: torch.Tensor | int = 0) -> torch.Tensor:
+    """Each token's position: the real tokens before it in its row (``before`` more)."""
+    return (mask.long().cumsum(-1) - 1).clamp(min=0) + torch.as_tensor(before).view(-1, 1)
+
+
+def _padding(g: torch.Generator, b: int, n: int, kind: str) -> torch.Tensor:
+    """(B, N) real-token mask: every token real, or right, left or scattered padding (each
+    row at least one real token)."""
+    if kind == "none":
+        return torch.ones(b, n, dtype=torch.bool)
+    lengths = torch.randint(1, n + 1, (b,), generator=g)
+    mask = torch.arange(n)[None, :] < lengths[:, None]
+    if kind == "left":
+        return mask.flip(-1)
+    if kind == "scattered":
+        mask = torch.rand(b, n, generator=g) < 0.6
+        mask[:, 0] |= ~mask.any(-1)
+    return mask
+
+
+def _classifier_config(rng: random.Random, config: dict, n: int) -> dict:
+    """``_model_config``'s fields made a ``ClassifierConfig``'s: 3 classes, CLS or mean
+    pooling, token ids or 3 features per token through a table, a linear layer or the conv
+    embedding, ``super``'s W_A in some cases (context_len from N up)."""
+    vocab_size = config.pop("vocab_size")
+    del config["tie_embeddings"]
+    features = rng.random() < 0.3
+    embedding = rng.choice(["linear", "conv"] if features else ["vocab", "conv"])
+    config.update(num_classes=3, pooling=rng.choice(["cls", "mean"]), token_embedding=embedding,
+                  **({"in_features": 3} if features else {"vocab_size": vocab_size}))  # fmt: skip
+    if not config["short_conv"] and config["num_kv_heads"] is None and rng.random() < 0.15:
+        config.update(projection="super", context_len=n + 1 + rng.randint(0, 3))
+    return config
+
+
+def model_case(rng: random.Random, seed: int, params: dict) -> float:
+    """A random causal LM (``_model_config``), or in 30 % an encoder classifier
+    (``_classifier_config``), in float64 or float32 on a batch padded on the right, the left
+    or anywhere (positions given, counting real tokens, or left to the model): its outputs
+    (the LM's logits at the real tokens, the classifier's) and every parameter's gradient
+    against each row's real tokens run alone by the model in float64 (a parameter's
+    gradient held to at least 1e-3 of the largest one's size); then the LM's decoding in
+    random blocks, padded anywhere, from each cache the kernel has (state, key/value),
+    against the same."""
+    config = _model_config(rng)
+    dtype = rng.choice([torch.float64, torch.float64, torch.float32])
+    b, n = rng.choice([1, 2, 3]), rng.choice([1, 2, 5, 9, 20, 70, 200])
+    threads = rng.choice([1, 2])
+    pad_kind = rng.choice(["none", "right", "left", "scattered"])
+    lm = rng.random() >= 0.3
+    given_positions = lm and rng.random() < 0.5
+    if not lm:
+        config = _classifier_config(rng, config, n)
+    params.update(model="lm" if lm else "classifier")
+    params.update({k: v for k, v in config.items() if k not in ("mlp_ratio", "max_len")})
+    params.update(dtype=str(dtype).removeprefix("torch."), b=b, n=n, threads=threads,
+                  padding=pad_kind, positions=given_positions)  # fmt: skip
+    torch.set_num_threads(threads)
+    torch.manual_seed(seed)
+    kind = CausalLM if lm else TransformerClassifier
+    ref = kind(kind.config_class(**config), dtype=torch.float64).eval()
+    with torch.no_grad():  # temperatures away from 1, biases away from 0
+        for name, p in ref.named_parameters():
+            if name.endswith("log_temperature"):
+                p.uniform_(-0.7, 0.7)
+            elif name.endswith("temperature"):
+                p.uniform_(0.5, 2.0)
+            elif name.endswith("bias"):
+                p.normal_(0, 0.1)
+    model = copy.deepcopy(ref).to(dtype)
+    low = copy.deepcopy(model) if dtype != torch.float64 else ref  # the rows alone, in dtype
+    g = torch.Generator().manual_seed(seed)
+    if config.get("in_features"):
+        inputs = torch.randn(b, n, config["in_features"], generator=g, dtype=torch.float64)
+    else:
+        inputs = torch.randint(0, config["vocab_size"], (b, n), generator=g)
+    mask = _padding(g, b, n, pad_kind)
+    outputs = config["vocab_size"] if lm else config["num_classes"]
+    w = torch.randn(b, n if lm else 1, outputs, generator=g, dtype=torch.float64)
+    tol = MODEL_TOLERANCE[dtype]
+
+    def run(net, x, *extra):  # x float64 features or ids
+        return net(x.to(dtype if net is not ref else torch.float64) if x.is_floating_point()
+                   else x, *extra)  # fmt: skip
+
+    # the batch, padded, against each row's real tokens alone
+    under_test = model
+    if COMPILE is not None:
+        torch._dynamo.reset()
+        under_test = torch.compile(model, backend=COMPILE, fullgraph=True)
+    extra = [None if pad_kind == "none" else mask]
+    if given_positions:
+        extra.append(_real_positions(mask))
+    out = run(under_test, inputs, *extra)
+    weights = w * mask[..., None] if lm else w[:, 0]
+    (out.double() * weights).sum().backward()
+    used = 0.0
+    for i in range(b):
+        real = mask[i].nonzero()[:, 0]
+        want, low_out = run(ref, inputs[i : i + 1, real]), run(low, inputs[i : i + 1, real])
+        w_row = w[i : i + 1, real] if lm else w[i]
+        (want * w_row).sum().backward()
+        if low is not ref:
+            (low_out.double() * w_row).sum().backward()
+        got = out[i : i + 1, real] if lm else out[i : i + 1]
+        used = max(used, _used(got, want, low_out, 0.0, tol))
+    grads = {name: p.grad for name, p in ref.named_parameters()}
+    largest = max(x.abs().max().item() for x in grads.values() if x is not None)
+    lows = {name: p.grad for name, p in low.named_parameters()}
+    for name, p in model.named_parameters():
+        if grads[name] is None or p.grad is None:
+            if (grads[name] is None) != (p.grad is None):
+                params["gradient"] = f"{name}: one side None"
+                return float("inf")
+            continue
+        if not torch.isfinite(p.grad).all():
+            return float("inf")
+        used = max(used, _used(p.grad, grads[name], lows[name], 1e-3 * largest, tol))
+    if not lm:
+        return used
+
+    # decoding in random blocks, padded anywhere, from each cache the kernel has
+    tokens = inputs
+    kinds = ["kv"] + (["state"] if model.blocks[0].attn.kernel.has_state else [])
+    with torch.no_grad():
+        for kind in kinds:
+            caches, t, seen = model.new_caches(kind), 0, torch.zeros(b, dtype=torch.long)
+            got = torch.zeros(b, n, config["vocab_size"], dtype=torch.float64)
+            real = torch.zeros(b, n, dtype=torch.bool)
+            while t < n:
+                size = min(n - t, rng.choice([1, 1, 2, 3, 7]) if t else rng.randint(1, n))
+                block = torch.ones(b, size, dtype=torch.bool)
+                if rng.random() < 0.3:
+                    block = torch.rand(b, size, generator=g) < 0.6
+                step = tokens[:, t : t + size]
+                given = None if bool(block.all()) else block
+                got[:, t : t + size] = model.decode(
+                    step, caches, _real_positions(block, seen), given
+                ).double()
+                real[:, t : t + size], seen, t = block, seen + block.sum(-1), t + size
+            for i in range(b):
+                if not real[i].any():
+                    continue
+                idx = real[i].nonzero()[:, 0]
+                want, low_out = ref(tokens[i : i + 1, idx]), low(tokens[i : i + 1, idx])
+                used = max(used, _used(got[i : i + 1, idx], want, low_out, 0.0, tol))
+    return used
+
+
+CASES = {"op": op_case, "decode": decode_case, "state": state_case, "model": model_case}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -429,12 +626,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cases", type=int, default=200)
     parser.add_argument(
         "--compile", metavar="BACKEND", default=None,
-        help="op and state: the op under test traced by torch.compile(fullgraph=True) with "
-        "this backend (aot_eager, inductor), anew each case",
+        help="op, state and model: the op (the model's forward) under test traced by "
+        "torch.compile(fullgraph=True) with this backend (aot_eager, inductor), anew each case",
     )  # fmt: skip
     args = parser.parse_args(argv)
     if args.compile and args.what == "decode":
-        parser.error("--compile: the op and state targets only")
+        parser.error("--compile: the op, state and model targets only")
     global COMPILE
     COMPILE = args.compile
     case = CASES[args.what]
