@@ -327,7 +327,7 @@ class Attention(nn.Module):
         mask = padding_to_mask(attn_mask, x.shape[0], source.shape[1])
         inverse = None
         if context is None and self._counts_positions and _padding_inside(mask):
-            # padding before or between real tokens: the real tokens first (see the class doc)
+            # padding before or between real tokens: the real tokens first (module docs)
             order, inverse = real_tokens_first(mask[:, 0, 0, :])
             x = source = permute_tokens(x, order)
             mask = mask.gather(-1, order[:, None, None, :])
@@ -435,7 +435,7 @@ class Attention(nn.Module):
             raise ValueError(f"x must be (B, T, dim={self.dim}); got shape {tuple(x.shape)}")
         inverse = None
         if self._counts_positions and _padding_inside(key_padding_mask):
-            # padding before or between real tokens: the real tokens first (see the class doc)
+            # padding before or between real tokens: the real tokens first (module docs)
             order, inverse = real_tokens_first(key_padding_mask)
             x, key_padding_mask = permute_tokens(x, order), key_padding_mask.gather(-1, order)
         q = self.q_proj(x)
