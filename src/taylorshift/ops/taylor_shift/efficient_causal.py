@@ -26,7 +26,6 @@ from .direct import weighted_sums, weighted_sums_grad
 from .efficient import (
     finish_outputs,
     grad_outputs,
-    key_state,
     query_factor,
     state_input_grad,
 )
@@ -170,24 +169,30 @@ class CausalEfficientTaylorShiftFunction(torch.autograd.Function):
         chunk,
         state_sums=None,
         state_count=None,
+        output_state=False,
     ):
         # The state comes as its two tensors: autograd sees tensor arguments only, and the
-        # output is differentiable w.r.t. the sums.
+        # output is differentiable w.r.t. the sums. With ``output_state`` the sweep's state
+        # after the last key comes out too, (sums, count), without a gradient here (the
+        # caller attaches it: ``state.final_state``).
         b, h = query.shape[:2]
         cd = compute_dtype(query.dtype)
         tau = query_factor(temperature, factor, cd, b, h)
         initial = None
         if state_sums is not None:
             initial = TaylorShiftState(state_sums, state_count)
-        out, den, count, _ = causal_forward(
-            query, key, value, tau, normalize, key_mask, chunk, initial, final_state=False
+        out, den, count, final = causal_forward(
+            query, key, value, tau, normalize, key_mask, chunk, initial, final_state=output_state
         )
         ctx.save_for_backward(query, key, value, temperature, key_mask, out, den, count, state_sums)
         ctx.factor, ctx.normalize, ctx.chunk = factor, normalize, chunk
-        return out
+        if not output_state:
+            return out
+        ctx.mark_non_differentiable(final.sums, final.count)
+        return out, final.sums, final.count
 
     @staticmethod
-    def backward(ctx, grad_out):
+    def backward(ctx, grad_out, *_):  # (the final state's sums and count: no gradient here)
         query, key, value, temperature, key_mask, out, den, count, initial = ctx.saved_tensors
         need_q, need_k, need_v, need_t = ctx.needs_input_grad[:4]
         if wants_graph():  # create_graph=True: gradients that differentiate again
@@ -208,7 +213,7 @@ class CausalEfficientTaylorShiftFunction(torch.autograd.Function):
                 grad_out, (query, key, value, temperature), ctx.needs_input_grad[:4], mask,
                 True, ctx.factor, ctx.normalize,
             )  # fmt: skip
-            return (*grads, None, None, None, None, None, None)
+            return (*grads, None, None, None, None, None, None, None)
         need_s = ctx.needs_input_grad[8]
         normalize, chunk = ctx.normalize, ctx.chunk
         b, h, nq, d = query.shape
@@ -326,6 +331,7 @@ class CausalEfficientTaylorShiftFunction(torch.autograd.Function):
             None,
             g_initial,
             None,
+            None,
         )
 
 
@@ -356,14 +362,13 @@ def causal_efficient_taylor_shift(
     sums = count = None
     if initial_state is not None:
         sums, count = initial_state.sums, initial_state.count
-    out = CausalEfficientTaylorShiftFunction.apply(
-        query, key, value, t, f, normalize, key_mask, chunk, sums, count
-    )
     if not output_final_state:
-        return out
-    b, kv_heads = key.shape[:2]
-    added = key_state(key, value, key_mask, normalize, chunk)
-    real = real_keys(key_mask, b, kv_heads, key.shape[2], added.dtype, added.device)
-    if initial_state is not None:
-        added, real = sums.detach() + added, count.detach() + real
-    return out, final_state(added, real, key, value, key_mask, normalize, sums, chunk)
+        return CausalEfficientTaylorShiftFunction.apply(
+            query, key, value, t, f, normalize, key_mask, chunk, sums, count
+        )
+    # the sweep's own state after the last key (the initial state's keys and the block's
+    # real ones), its gradient attached by final_state
+    out, after, real = CausalEfficientTaylorShiftFunction.apply(
+        query, key, value, t, f, normalize, key_mask, chunk, sums, count, True
+    )
+    return out, final_state(after, real, key, value, key_mask, normalize, sums, chunk)
