@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -11,6 +13,7 @@ from taylorshift.models import (
     TransformerClassifier,
     sinusoidal_position_embedding,
 )
+from taylorshift.models.embedding import sinusoidal_at
 from tests.helpers import assert_rel_close
 from tests.models.cases import F64, KERNEL_IDS, KERNEL_SPECS, classifier, inputs_for, lengths_mask
 
@@ -195,6 +198,22 @@ def test_cosine_positions_any_length_learned_limited():
     learned(inputs_for(learned, batch=1, length=8))
     with pytest.raises(ValueError, match=r"cover max_len=8 tokens; got a sequence of 9"):
         learned(inputs_for(learned, batch=1, length=9))
+
+
+def test_cosine_positions_in_float64_carry_no_float32_rounding():
+    # written from the definition with Python's double-precision math, far into a sequence
+    # (where a float32 angle is off by ~1e-3 rad)
+    positions, dim = [0, 1, 77, 12_345, 1_000_003], 6
+
+    def entry(p: int, i: int) -> float:  # pe[p, 2j] = sin(p / base^(2j/dim)), then cos
+        angle = p / 10000.0 ** (2 * (i // 2) / dim)
+        return math.sin(angle) if i % 2 == 0 else math.cos(angle)
+
+    want = torch.tensor([[entry(p, i) for i in range(dim)] for p in positions], dtype=F64)
+    got = sinusoidal_at(torch.tensor(positions), dim, dtype=torch.float64)
+    assert (got - want).abs().max() < 1e-9
+    in_float32 = sinusoidal_at(torch.tensor(positions), dim, dtype=torch.float32)
+    assert (in_float32.double() - want).abs().max() > 1e-5  # (the check can fail)
 
 
 def test_learned_positions_are_parameters_cosine_have_none():

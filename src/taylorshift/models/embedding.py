@@ -33,14 +33,17 @@ def sinusoidal_at(positions: Tensor, dim: int, *, dtype=None, base: float = 1000
     Equal, entry for entry, to the rows of ``sinusoidal_position_embedding``; costs
     O(len(positions) · dim) whatever the positions (a decoding step far into a sequence).
     """
+    dtype = dtype or torch.get_default_dtype()
+    # float32 arithmetic for every dtype but float64, which gets its own precision (a
+    # float64 model is a reference: its positions must not carry float32 rounding)
+    work = torch.float64 if dtype == torch.float64 else torch.float32
     half = (dim + 1) // 2
     inv_freq = torch.exp(
-        torch.arange(half, device=positions.device, dtype=torch.float32)
-        * (-2.0 * math.log(base) / dim)
+        torch.arange(half, device=positions.device, dtype=work) * (-2.0 * math.log(base) / dim)
     )
-    angle = positions.to(torch.float32)[..., None] * inv_freq
+    angle = positions.to(work)[..., None] * inv_freq
     pe = torch.stack((angle.sin(), angle.cos()), dim=-1).flatten(-2)[..., :dim]
-    return pe.to(dtype or torch.get_default_dtype())
+    return pe.to(dtype)
 
 
 class CosinePositionEmbedding(nn.Module):
