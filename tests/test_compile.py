@@ -228,13 +228,21 @@ def test_modules_compile_whole():
     [
         ("lm-tiny", {}),
         ("lm-tiny", {"short_conv": 4, "kernel_args": {"mode": "efficient"}}),
+        # (q/k norms before a kernel that transposes the keys itself: see Attention._heads)
+        ("lm-tiny", {"attn_kernel": "softmax-naive", "qk_norm": True}),
         ("listops-small", {"kernel_args": {"mode": "direct"}}),
         (
             "listops-small",
             {"kernel_args": {"mode": "efficient"}, "pooling": "mean", "short_conv": 3},
         ),
     ],
-    ids=["lm", "lm-conv-efficient", "listops-direct", "listops-efficient-mean-conv"],
+    ids=[
+        "lm",
+        "lm-conv-efficient",
+        "lm-naive-softmax-qk-norm",
+        "listops-direct",
+        "listops-efficient-mean-conv",
+    ],
 )
 def test_models_compile_whole_forward_and_backward(name, settings):
     torch.manual_seed(0)

@@ -276,14 +276,22 @@ class Attention(nn.Module):
             self.align_weight.copy_(torch.eye(ell) + torch.randn(ell, ell) / (10 * math.sqrt(ell)))
             self.align_bias.zero_()
 
-    def _heads(self, x: Tensor, heads: int | None = None) -> Tensor:
-        b, n, _ = x.shape
-        heads = heads or self.num_heads
-        return x.view(b, n, heads, self.head_dim).transpose(1, 2)  # (B, H, N, d)
+    def _heads(self, x: Tensor, heads: int | None = None, norm: nn.Module | None = None):
+        """(B, N, heads · d) -> (B, heads, N, d), ``norm`` (q/k norm) applied per head first.
 
-    def _kv_heads(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        """Keys and values (B, M, kv_dim) -> (B, Hkv, M, d)."""
-        return self._heads(k, self.num_kv_heads), self._heads(v, self.num_kv_heads)
+        The norm runs on the projection's own (B, N, heads, d) layout, before the heads are
+        transposed out: on the transposed view, a compiled backward of LayerNorm (whose
+        real and traced output strides then differ, torch 2.13) failed in the softmax-naive
+        kernel with qk_norm ("view size is not compatible")."""
+        b, n, _ = x.shape
+        x = x.view(b, n, heads or self.num_heads, self.head_dim)
+        return (x if norm is None else norm(x)).transpose(1, 2)
+
+    def _qkv_heads(self, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Queries (B, N, dim), keys and values (B, M, kv_dim) -> (B, H | Hkv, ·, d), the
+        q/k norms applied."""
+        kv = self.num_kv_heads
+        return self._heads(q, norm=self.q_norm), self._heads(k, kv, self.k_norm), self._heads(v, kv)
 
     def _align(self, v: Tensor, key_mask: Tensor | None, is_causal: bool) -> Tensor:
         """Super's W_A from the left on values (B, H, N, d), shared by the heads."""
@@ -360,13 +368,13 @@ class Attention(nn.Module):
         v = source if self.v_proj is None else self.v_proj(source)
         if self.conv is not None:
             q, k, v = self._local_mix(q, k, v, mask, is_causal, self_attention)
-        q, (k, v) = self._heads(q), self._kv_heads(k, v)
+        q, k, v = self._qkv_heads(q, k, v)
         if self.projection == "super":
             # A key is padding when no query attends to it: zero its value before W_A
             # mixes it into the others (whatever form the mask came in).
             key_mask = None if mask is None else mask.any(dim=-2, keepdim=True)  # (B,1|H,1,Nk)
             v = self._align(v, key_mask, is_causal)
-        return self.q_norm(q), self.k_norm(k), v
+        return q, k, v
 
     def _local_mix(
         self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool,
@@ -443,8 +451,7 @@ class Attention(nn.Module):
         v = x if self.v_proj is None else self.v_proj(x)
         if self.conv is not None:
             q, k, v = self._local_mix_step(q, k, v, cache, key_padding_mask)
-        q, (k, v) = self._heads(q), self._kv_heads(k, v)
-        q, k = self.q_norm(q), self.k_norm(k)
+        q, k, v = self._qkv_heads(q, k, v)
         y = self.kernel.decode(q, k, v, key_padding_mask, cache)
         y = y.transpose(1, 2).reshape(x.shape[0], x.shape[1], self.dim)
         y = self.proj(self.norm(y))
