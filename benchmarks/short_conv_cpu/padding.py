@@ -1,6 +1,7 @@
-"""Training-step time of a causal LM with a short convolution on padded batches: the layer
-as it is (real tokens moved first where padding sits before or between them) against the
-layer that never moves them (what it did before 2026-11-28, wrong for such padding).
+"""Training-step time of a causal LM with a short convolution on padded batches: the model
+as it is (each row's real tokens moved first where padding sits before or between them:
+``CausalLM.forward``, and the layers for callers of their own) against the model that
+never moves them (what it did before 2026-11-28, wrong for such padding).
 
     python benchmarks/short_conv_cpu/padding.py [--rounds 9] [--out padding.json]
 
@@ -8,31 +9,35 @@ Batches of 16 sequences, half of them shorter, padded on the right (the permutat
 skipped: the check alone is timed) or on the left (the permutation runs, forward and
 backward). Both variants run in this one process, interleaved in a shuffled order per
 round, with 2 torch threads; the median per-step time (forward + backward of the LM loss
-at the real tokens) and the ratio now / before are reported. "Before" is the library's
-``nn.attention._padding_inside`` replaced by one that says no padding sits inside.
+at the real tokens) and the ratio now / before are reported. "Before" replaces the checks
+(``causal_lm.padding_inside`` and ``nn.attention._padding_inside``) by ones that say no
+padding sits inside.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import random
-import shlex
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
+import taylorshift.models.causal_lm as causal_lm
 import taylorshift.nn.attention as attention
-from taylorshift.atomic import write_atomic
-from taylorshift.bench.machine import machine_info
+from taylorshift.bench.files import write_json
+from taylorshift.bench.machine import command_line, machine_info
 from taylorshift.models import create_model
 
 HERE = Path(__file__).resolve().parent
-NOW = attention._padding_inside
+NOW = (causal_lm.padding_inside, attention._padding_inside)
+BEFORE = (lambda mask: False, lambda mask: False)
+
+
+def use(checks) -> None:
+    causal_lm.padding_inside, attention._padding_inside = checks
 
 
 def step_ms(model, ids, mask, repeats: int) -> float:
@@ -52,7 +57,7 @@ def main() -> None:
     p.add_argument("--out", type=Path, default=HERE / "padding.json")
     args = p.parse_args()
     torch.set_num_threads(2)
-    variants = {"before": lambda mask: False, "now": NOW}
+    variants = {"before": BEFORE, "now": NOW}
     rows = []
     for kernel in args.kernels:
         for n in args.seq_lens:
@@ -67,15 +72,15 @@ def main() -> None:
             for side, mask in (("right", right), ("left", right.flip(-1))):
                 times = {name: [] for name in variants}
                 for fn in variants.values():  # warm-up
-                    attention._padding_inside = fn
+                    use(fn)
                     step_ms(model, ids, mask, 1)
                 for _ in range(args.rounds):
                     order = list(variants)
                     random.shuffle(order)
                     for name in order:
-                        attention._padding_inside = variants[name]
+                        use(variants[name])
                         times[name].append(step_ms(model, ids, mask, args.repeats))
-                attention._padding_inside = NOW
+                use(NOW)
                 before, now = (statistics.median(times[k]) for k in ("before", "now"))
                 rows.append(
                     {"kernel": kernel, "seq_len": n, "padding": side, "before_ms": before,
@@ -86,13 +91,8 @@ def main() -> None:
                     f"now {now:7.1f} ms, now / before {now / before:.3f}",
                     flush=True,
                 )
-    results = {
-        "machine": machine_info("cpu"),
-        "torch": torch.__version__,
-        "command": " ".join(shlex.quote(a) for a in ["python", *sys.argv]),
-        "rows": rows,
-    }
-    write_atomic(args.out, (json.dumps(results, indent=1) + "\n").encode())
+    machine = machine_info("cpu")
+    write_json(args.out, {"machine": machine, "command": f"python {command_line()}", "rows": rows})
 
 
 if __name__ == "__main__":
