@@ -261,12 +261,11 @@ def test_models_compile_whole_forward_and_backward(name, settings):
         assert_rel_close(a, e, 1e-4, atol=1e-7)
 
 
-@pytest.mark.parametrize("pos_embedding", ["learned", "cosine"])
-def test_lm_with_positions_given_and_padding_inside_compiles_whole(pos_embedding):
+def test_lm_with_positions_given_and_padding_inside_compiles_whole():
     # given positions: the learned table's range check reads values (eager only); padding
     # before real tokens: the model moves each row's real tokens first (a permutation)
     torch.manual_seed(0)
-    model = create_model("lm-tiny", pos_embedding=pos_embedding, short_conv=3).eval()
+    model = create_model("lm-tiny", pos_embedding="learned", short_conv=3).eval()
     tokens = torch.randint(0, 20, (2, 17))
     mask = torch.ones(2, 17, dtype=torch.bool)
     mask[0, :5] = False  # left padding
