@@ -167,6 +167,16 @@ def test_padding_anywhere_equals_the_real_tokens_alone(name, causal, place):
         assert_rel_close(gx[b, real], g_alone[0], RTOL, f"row {b}: input gradient")
 
 
+def test_padding_inside_reads_cpu_masks_only():
+    from taylorshift.ops.masks import padding_inside
+
+    right, left = (torch.tensor(PLACES[p], dtype=torch.bool) for p in ("right", "left"))
+    assert not padding_inside(right) and padding_inside(left)
+    # elsewhere it reads nothing (no device sync per layer) and says True: the caller
+    # permutes, the identity for right padding (meta stands in for an accelerator)
+    assert padding_inside(right.to("meta"))
+
+
 @pytest.mark.parametrize(
     ("name", "kind"),
     [("conv-taylor", "state"), ("conv-taylor", "kv"), ("conv-softmax", "kv"),

@@ -37,8 +37,9 @@ are. With key padding (a (B, N) mask, or (B, 1, 1, N)) in self-attention, such a
 on each row's real tokens moved to the front in their order and puts the rows back
 (``ops.masks.real_tokens_first``): padding before or between real tokens then counts as
 absent, as it does after them and in every other layer, and ``decode`` takes blocks padded
-anywhere (e.g. left-padded prompts). The context of cross-attention is convolved as it
-stands.
+anywhere (e.g. left-padded prompts). On the CPU a right-padded mask skips the permutation
+(one check of the mask); on an accelerator and under torch.compile the permutation always
+runs (no device sync). The context of cross-attention is convolved as it stands.
 
 ``num_kv_heads = Hkv`` (projection ``standard``) gives keys and values Hkv < H heads,
 grouped-query attention (Ainslie et al.): W_K and W_V project to Hkv · head_dim features,

@@ -52,9 +52,11 @@ def permute_tokens(x: Tensor, order: Tensor) -> Tensor:
 
 def padding_inside(padding: Tensor) -> bool:
     """Whether a key-padding mask (…, N) bool, True = real token, has a padded token before
-    a real one in some row: only then does ``real_tokens_first`` change the order. Where
-    values cannot be read (torch.compile's tracing, torch.func, meta tensors) it says True:
-    the caller then permutes, which is the identity for right padding."""
-    if not values_readable() or padding.device.type == "meta":
+    a real one in some row: only then does ``real_tokens_first`` change the order. It reads
+    the mask on the CPU only: elsewhere (an accelerator, where reading it would stall the
+    stream once per layer; meta tensors) and where values cannot be read (torch.compile's
+    tracing, torch.func) it says True, and the caller permutes, which is the identity for
+    right padding."""
+    if padding.device.type != "cpu" or not values_readable():
         return True
     return bool((padding[..., 1:] & ~padding[..., :-1]).any())

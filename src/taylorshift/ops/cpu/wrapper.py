@@ -99,9 +99,7 @@ def c_factors(factors: Tensor | None) -> Tensor | None:
     """What C reads of the per-head factors (B·H,): float32 at consecutive addresses. A
     traced graph can hand the custom ops a broadcast view (a temperature of one entry for
     every head: stride 0), whose address alone does not hold B·H floats."""
-    if factors is None or factors.is_contiguous():
-        return factors
-    return factors.contiguous()
+    return None if factors is None else factors.contiguous()
 
 
 def flat_mask(key_mask: Tensor | None, b: int, h: int, n: int) -> Tensor | None:
