@@ -141,16 +141,35 @@ def _greedy_by_forward(model, prompt_rows, steps):
     return torch.stack(out)
 
 
+# prompt masks of three rows of 5 slots: real tokens (1) right-padded, left-padded, and with
+# padding between them (each row its own real tokens alone: 5, 1 and 3 of them)
+PROMPT_MASKS = {
+    "right": [[1, 1, 1, 1, 1], [1, 0, 0, 0, 0], [1, 1, 1, 0, 0]],
+    "left": [[1, 1, 1, 1, 1], [0, 0, 0, 0, 1], [0, 0, 1, 1, 1]],
+    "between": [[1, 1, 1, 1, 1], [0, 0, 1, 0, 0], [1, 0, 1, 0, 1]],
+}
+
+
 @pytest.mark.parametrize(
-    "kernel, short_conv", [("taylorshift", 0), ("softmax", 0), ("linear", 0), ("taylorshift", 4)]
+    "kernel, short_conv, layout",
+    [
+        ("taylorshift", 0, "right"),
+        ("softmax", 0, "right"),
+        ("linear", 0, "right"),
+        ("taylorshift", 4, "right"),
+        ("taylorshift", 4, "left"),
+        ("softmax", 0, "left"),
+        ("taylorshift", 0, "between"),
+    ],
 )
-def test_greedy_generate_equals_rerunning_forward(kernel, short_conv):
+def test_greedy_generate_equals_rerunning_forward(kernel, short_conv, layout):
+    """Each row continues its real tokens alone, wherever the prompt's padding sits."""
     model = lm(kernel, short_conv=short_conv)
-    x, lengths = tokens(3, 5, seed=4), [5, 1, 3]
-    got = model.generate(x, 6, prompt_mask=lengths_mask(lengths, 5), temperature=0)
-    ref = _greedy_by_forward(model, [x[i, :m] for i, m in enumerate(lengths)], 6)
+    x, mask = tokens(3, 5, seed=4), torch.tensor(PROMPT_MASKS[layout], dtype=torch.bool)
+    got = model.generate(x, 6, prompt_mask=mask, temperature=0)
+    ref = _greedy_by_forward(model, [x[i, mask[i]] for i in range(3)], 6)
     assert torch.equal(got, ref)
-    assert torch.equal(got, model.generate(x, 6, prompt_mask=lengths_mask(lengths, 5), top_k=1))
+    assert torch.equal(got, model.generate(x, 6, prompt_mask=mask, top_k=1))
 
 
 def test_state_and_kv_caches_generate_the_same_text():
@@ -235,10 +254,10 @@ def test_bad_input_is_refused():
         lm("taylorshift", {"order": 4, "mode": "direct"}).new_caches("state")
     with pytest.raises(ValueError, match=r"cache must be one of"):
         model.generate(x, 2, cache="paged")
-    with pytest.raises(ValueError, match=r"prompt_mask must be right padding"):
-        model.generate(x, 2, prompt_mask=torch.tensor([[False, True, True, True]] * 2))
-    with pytest.raises(ValueError, match=r"prompt_mask must be right padding"):
+    with pytest.raises(ValueError, match=r"prompt_mask must hold at least one real .* row 1"):
         model.generate(x, 2, prompt_mask=torch.tensor([[True] * 4, [False] * 4]))
+    with pytest.raises(ValueError, match=r"prompt_mask must be \(B, N\) = \(2, 4\); got \(2, 3\)"):
+        model.generate(x, 2, prompt_mask=torch.ones(2, 3, dtype=torch.bool))
     with pytest.raises(ValueError, match=r"max_new_tokens must be an int >= 0; got -1"):
         model.generate(x, -1)
     with pytest.raises(ValueError, match=r"temperature must be a number >= 0"):

@@ -225,10 +225,12 @@ class CausalLM(nn.Module):
         """Continue each prompt by up to ``max_new_tokens`` tokens.
 
         Args:
-            prompt: long (B, N) token ids, right-padded when lengths differ.
+            prompt: long (B, N) token ids, padded anywhere when lengths differ (left
+                padding, the usual layout for generation, right, or between tokens).
             max_new_tokens: tokens to add.
-            prompt_mask: bool (B, N), True = real token; every row holds at least one real
-                token, all before its padding.
+            prompt_mask: bool (B, N), True = real token; every row holds at least one. A
+                row continues its real tokens as if they stood alone, at positions
+                0, 1, … in their order.
             temperature: sampling temperature; 0 picks the most likely token (greedy).
             top_k: sample among the k most likely tokens only.
             cache: ``"auto"``, ``"state"`` or ``"kv"`` (see ``new_caches``).
@@ -242,16 +244,24 @@ class CausalLM(nn.Module):
         """
         self._check_tokens("prompt", prompt)
         b, n = prompt.shape
-        lengths = self._check_generate(prompt, prompt_mask, max_new_tokens, temperature, top_k)
+        self._check_generate(prompt, prompt_mask, max_new_tokens, temperature, top_k)
         if cache not in CACHE_KINDS:
             raise ValueError(f"cache must be one of {CACHE_KINDS}; got {cache!r}")
         was_training = self.training
         self.eval()
         try:
             caches = self.new_caches(cache)
-            positions = torch.arange(n, device=prompt.device).expand(b, n)
+            if prompt_mask is None:
+                positions = torch.arange(n, device=prompt.device).expand(b, n)
+                lengths, last = positions[:, -1] + 1, positions[:, -1]
+            else:
+                # real tokens count 0, 1, … in their order (padding's own positions are
+                # never read); the next token follows each row's last real one
+                positions = (prompt_mask.cumsum(1) - 1).clamp(min=0)
+                lengths = positions[:, -1] + 1
+                last = n - 1 - prompt_mask.flip(1).to(torch.int8).argmax(1)
             logits = self.decode(prompt, caches, positions, prompt_mask)
-            logits = logits[torch.arange(b, device=prompt.device), lengths - 1]  # (B, V)
+            logits = logits[torch.arange(b, device=prompt.device), last]  # (B, V)
             done = torch.zeros(b, dtype=torch.bool, device=prompt.device)
             out = []
             for t in range(max_new_tokens):
@@ -270,7 +280,7 @@ class CausalLM(nn.Module):
             return prompt.new_zeros((b, 0))
         return torch.stack(out, dim=1)
 
-    def _check_generate(self, prompt, prompt_mask, max_new_tokens, temperature, top_k) -> Tensor:
+    def _check_generate(self, prompt, prompt_mask, max_new_tokens, temperature, top_k) -> None:
         b, n = prompt.shape
         check_int("max_new_tokens", max_new_tokens, ge=0)
         check_number("temperature", temperature, ge=0, finite=False)
@@ -278,16 +288,14 @@ class CausalLM(nn.Module):
         if n == 0:
             raise ValueError("prompt must hold at least one token per row; got N = 0")
         if prompt_mask is None:
-            return torch.full((b,), n, dtype=torch.long, device=prompt.device)
-        check_padding_mask(prompt_mask, b, n)
-        lengths = prompt_mask.sum(1)
-        right_padded = torch.arange(n, device=prompt.device)[None, :] < lengths[:, None]
-        if not bool((right_padded == prompt_mask).all()) or int(lengths.min()) < 1:
+            return
+        check_padding_mask(prompt_mask, b, n, "prompt_mask")
+        empty = (~prompt_mask.any(1)).nonzero()[:, 0]
+        if empty.numel():
             raise ValueError(
-                "prompt_mask must be right padding with at least one real token per row "
-                "(True first, then False); got a row with a gap or no real token"
+                "prompt_mask must hold at least one real token (True) per row; got none in "
+                f"row {int(empty[0])}"
             )
-        return lengths
 
     def extra_repr(self) -> str:
         return f"attn_kernel={self.config.attn_kernel!r}"

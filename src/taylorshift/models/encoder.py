@@ -316,13 +316,15 @@ class EncoderClassifier(nn.Module):
         return f"attn_kernel={self.config.attn_kernel!r}"
 
 
-def check_padding_mask(padding_mask: Tensor | None, batch: int, length: int) -> None:
+def check_padding_mask(
+    padding_mask: Tensor | None, batch: int, length: int, name: str = "padding_mask"
+) -> None:
     if padding_mask is None:
         return
     if not isinstance(padding_mask, Tensor) or padding_mask.dtype != torch.bool:
         what = padding_mask.dtype if isinstance(padding_mask, Tensor) else type(padding_mask)
-        raise TypeError(f"padding_mask must be a bool tensor (True = real token); got {what}")
+        raise TypeError(f"{name} must be a bool tensor (True = real token); got {what}")
     if tuple(padding_mask.shape) != (batch, length):
         raise ValueError(
-            f"padding_mask must be (B, N) = ({batch}, {length}); got {tuple(padding_mask.shape)}"
+            f"{name} must be (B, N) = ({batch}, {length}); got {tuple(padding_mask.shape)}"
         )
