@@ -45,6 +45,7 @@ class OpCase:
     lengths: tuple[int, ...]
     key_lengths: tuple[int, ...] | None = None  # non-causal only: keys split otherwise
     chunk: int | None = None
+    kv_heads: int = H  # fewer: grouped-query attention (enable_gqa)
 
     @property
     def id(self) -> str:
@@ -58,6 +59,8 @@ class OpCase:
             parts.append("k" + "_".join(map(str, self.key_lengths)))
         if self.chunk is not None:
             parts.append(f"chunk{self.chunk}")
+        if self.kv_heads != H:
+            parts.append(f"kv{self.kv_heads}")
         return "-".join(parts)
 
 
@@ -83,11 +86,19 @@ def op_cases(world_size: int) -> list[OpCase]:
         len(range(11)[sequence_shard(11, r, world_size)]) for r in range(world_size)
     )
     cases.append(OpCase(False, True, True, query_lengths, key_lengths, chunk=2))
+    # Grouped-query attention: one key/value head for the H query heads, states per it.
+    lengths, chunk = LAYOUTS[world_size][1]
+    cases += [OpCase(c, True, True, lengths, chunk=chunk, kv_heads=1) for c in (False, True)]
     return cases
 
 
 LOW_PRECISION_CASES = ["bfloat16-causal-pad", "float16-full-pad"]
-MODULE_CASES = ["module-causal-pad", "module-full-nopad"]
+MODULE_CASES = [
+    "module-causal-pad",
+    "module-full-nopad",
+    "module-gqa-causal-pad",
+    "module-gqa-full-pad",
+]
 DDP_CASES = {4: ["ddp-2x2-causal-pad"], 2: []}
 ERROR_CASES = {4: ["error-not-a-member"], 2: []}
 BENCH_CASES = {2: ["bench-measure-smoke"], 4: []}
@@ -122,7 +133,12 @@ def _sum_over_ranks(t: torch.Tensor, group=None) -> torch.Tensor:
 def run_op_case(case: OpCase, rank: int) -> None:
     nq = sum(case.lengths)
     nk = nq if case.key_lengths is None else sum(case.key_lengths)
-    q, k, v = _randn(B, H, nq, D, seed=1), _randn(B, H, nk, D, seed=2), _randn(B, H, nk, DV, seed=3)
+    hkv = case.kv_heads
+    q, k, v = (
+        _randn(B, H, nq, D, seed=1),
+        _randn(B, hkv, nk, D, seed=2),
+        _randn(B, hkv, nk, DV, seed=3),
+    )
     g_out = _randn(B, H, nq, DV, seed=4)
     mask = None
     if case.padded:
@@ -143,7 +159,9 @@ def run_op_case(case: OpCase, rank: int) -> None:
 
     qf, kf, vf, tf = leaves(q, k, v, temperature)
     tau = {} if tf is None else {"temperature": tf}
-    expected = naive_taylor_shift_attention(qf, kf, vf, mask, case.causal, **tau, **options)
+    # the reference reads key/value head h // (H / Hkv) for query head h, repeated by hand
+    kr, vr = (t.repeat_interleave(H // hkv, dim=1) for t in (kf, vf))
+    expected = naive_taylor_shift_attention(qf, kr, vr, mask, case.causal, **tau, **options)
     (expected * g_out).sum().backward()
 
     qs = _bounds(case.lengths, rank)
@@ -152,8 +170,9 @@ def run_op_case(case: OpCase, rank: int) -> None:
     local_mask = None if mask is None else mask[..., ks]
     tau = {} if tl is None else {"temperature": tl}
     out = sequence_parallel_taylor_shift(
-        ql, kl, vl, local_mask, case.causal, **tau, **options, chunk_size=case.chunk
-    )
+        ql, kl, vl, local_mask, case.causal, **tau, **options, chunk_size=case.chunk,
+        enable_gqa=hkv != H,
+    )  # fmt: skip
     (out * g_out[:, :, qs]).sum().backward()
     t_grad = None if tl is None else _sum_over_ranks(tl.grad)
 
@@ -204,9 +223,11 @@ def run_low_precision_case(case_id: str, rank: int, world_size: int) -> None:
     assert rel_error(local[0], exact[0][:, :, s]) < 5e-3, "output relative RMS"
 
 
-def _attention(seed: int = 0) -> Attention:
+def _attention(seed: int = 0, **settings) -> Attention:
     torch.manual_seed(seed)
-    module = Attention(12, H, qkv_bias=True, dtype=F64, kernel_args={"mode": "efficient"})
+    module = Attention(
+        12, H, qkv_bias=True, dtype=F64, kernel_args={"mode": "efficient"}, **settings
+    )
     spread_temperature(module, seed)
     return module
 
@@ -223,7 +244,7 @@ def run_module_case(case_id: str, rank: int, world_size: int) -> None:
     mask = None
     if "pad" in case_id.split("-"):
         mask = torch.arange(n)[None, :] < torch.tensor([[n - 5], [n]])
-    whole = _attention()
+    whole = _attention(num_kv_heads=1 if "gqa" in case_id else None)
     local = convert_sequence_parallel(copy.deepcopy(whole))
     assert type(local.kernel).__name__ == "SequenceParallelKernel"
 

@@ -50,6 +50,21 @@ def test_bad_arguments_are_named(kwargs, error, match):
         sequence_parallel_taylor_shift(Q, Q, V, **kwargs)
 
 
+def test_grouped_heads_need_enable_gqa_and_one_mask_for_every_head():
+    k, v = Q[:, :1], V[:, :1]
+    with pytest.raises(ValueError, match=r"fewer key/value heads: pass enable_gqa=True"):
+        sequence_parallel_taylor_shift(Q, k, v)
+    with pytest.raises(TypeError, match=r"enable_gqa must be a bool; got 1"):
+        sequence_parallel_taylor_shift(Q, k, v, enable_gqa=1)
+    per_head = torch.ones(2, 3, 1, 5, dtype=torch.bool)
+    with pytest.raises(
+        ValueError,
+        match=r"key_padding_mask: with grouped key/value heads the mask must be the same for "
+        r"every head \(\(B, 1, 1, Nk\) = \(2, 1, 1, 5\)\); got shape \(2, 3, 1, 5\)",
+    ):
+        sequence_parallel_taylor_shift(Q, k, v, per_head, enable_gqa=True)
+
+
 def test_causal_needs_the_same_positions_for_queries_and_keys():
     with pytest.raises(
         ValueError, match=r"query and key must have the same length; got Nq = 3 and Nk = 5"

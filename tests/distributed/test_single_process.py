@@ -68,6 +68,29 @@ def test_one_process_equals_the_plain_op(causal, normalize, initialized, request
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("initialized", [False, True], ids=["no-dist", "group-of-one"])
+def test_grouped_heads_equal_key_and_value_repeated(causal, initialized, request):
+    """enable_gqa: the states per key/value head; query head h reads head h // (H / Hkv)."""
+    group = request.getfixturevalue("group_of_one") if initialized else None
+    q, _, _ = random_qkv(2, 4, 11, 11, 4, 5)
+    _, k, v = random_qkv(2, 2, 11, 11, 4, 5, seed=1)
+    tau = torch.tensor([0.7, 1.0, 1.6, 0.9], dtype=torch.float64).reshape(1, 4, 1, 1)
+    tau.requires_grad_()
+    mask = key_padding(2, 11, seed=2)
+    leaves = [q, k, v, tau]
+    y = sequence_parallel_taylor_shift(
+        q, k, v, mask, causal, temperature=tau, group=group, enable_gqa=True
+    )
+    got = torch.autograd.grad(y.square().sum(), leaves)
+    kr, vr = (t.repeat_interleave(2, dim=1) for t in (k, v))
+    y_ref = taylor_shift_attention(q, kr, vr, mask, causal, temperature=tau, mode="efficient")
+    want = torch.autograd.grad(y_ref.square().sum(), leaves)
+    assert_rel_close(y, y_ref, RTOL, "output")
+    for g, g_ref, name in zip(got, want, "qkvt", strict=True):
+        assert_rel_close(g, g_ref, RTOL, f"grad {name}")
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_padded_key_content_never_matters(causal, group_of_one):
     q, k, v = random_qkv(2, 3, 11, 11, 4, 5, requires_grad=False)
     mask = key_padding(2, 11, seed=2, empty_row=False)

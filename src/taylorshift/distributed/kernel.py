@@ -77,6 +77,7 @@ class SequenceParallelKernel(TaylorShiftKernel):
             temperature=self.tau,
             normalize=self.normalize,
             group=self.group,
+            enable_gqa=k.shape[1] != q.shape[1],
         )
 
 

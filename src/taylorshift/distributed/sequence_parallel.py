@@ -29,7 +29,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .._validate import check_int
+from .._validate import check_bool, check_int
 from ..ops.taylor_shift.checks import check_inputs
 from ..ops.taylor_shift.efficient import default_chunk_size, efficient_taylor_shift, key_side_grads
 from ..ops.taylor_shift.efficient_causal import (
@@ -55,6 +55,7 @@ def sequence_parallel_taylor_shift(
     normalize: bool = True,
     group=None,
     chunk_size: int | None = None,
+    enable_gqa: bool = False,
 ) -> Tensor:
     r"""Efficient TaylorShift over a sequence split across the ranks of ``group``.
 
@@ -76,12 +77,14 @@ def sequence_parallel_taylor_shift(
 
     Args:
         query: (B, H, Nq_r, d), this rank's queries.
-        key: (B, H, Nk_r, d), this rank's keys. With ``is_causal`` the same positions as the
-            queries (Nk_r = Nq_r); without, any split of the keys (cross-attention).
-        value: (B, H, Nk_r, dv).
+        key: (B, H, Nk_r, d), this rank's keys ((B, Hkv, Nk_r, d) with ``enable_gqa``). With
+            ``is_causal`` the same positions as the queries (Nk_r = Nq_r); without, any
+            split of the keys (cross-attention).
+        value: (B, H, Nk_r, dv), or (B, Hkv, Nk_r, dv) with ``enable_gqa``.
         key_padding_mask: optional bool tensor broadcastable to (B, H, 1, Nk_r), True =
             attend, this rank's part of the key padding (a (B, N) padding mask ``m`` is
-            ``m[:, None, None, start_r:stop_r]``). Masks varying over queries are refused.
+            ``m[:, None, None, start_r:stop_r]``). Masks varying over queries are refused,
+            and with grouped heads masks varying over heads.
         is_causal: query i attends key j iff j <= i in the whole sequence.
         temperature: τ, a float or a tensor broadcastable to (B, H, 1, 1) (``normalize``
             only). Its gradient on each rank is that of the rank's own queries: sum it over
@@ -93,6 +96,10 @@ def sequence_parallel_taylor_shift(
             process when ``torch.distributed`` is not initialized (then, as for a group of
             one, this is the single-process efficient form).
         chunk_size: tokens per chunk of the local sweeps (default: the efficient forms').
+        enable_gqa: grouped-query attention, as ``taylor_shift_attention``'s: key and value
+            may have Hkv heads dividing H, query head h reading key/value head
+            h // (H / Hkv). The states, and so the collectives, are then kept per key/value
+            head: H / Hkv times fewer bytes.
 
     Returns:
         (B, H, Nq_r, dv) in the dtype of ``query``. States, and the collectives, are float32
@@ -102,10 +109,14 @@ def sequence_parallel_taylor_shift(
         TypeError, ValueError: for bad input, naming the argument, the expected and the
         actual value.
     """
+    check_bool("enable_gqa", enable_gqa)
     problem = check_inputs(
-        query, key, value, None, is_causal, temperature, scale, normalize, 2, "efficient"
-    )
-    key_mask = _key_padding(key_padding_mask, problem.batch, problem.heads, problem.n_key, query)
+        query, key, value, None, is_causal, temperature, scale, normalize, 2, "efficient",
+        enable_gqa,
+    )  # fmt: skip
+    b, h, d, dv = problem.batch, problem.heads, problem.head_dim, problem.value_dim
+    kv_heads = key.shape[1]
+    key_mask = _key_padding(key_padding_mask, b, h, problem.n_key, query, kv_heads)
     key, value = drop_masked_content(key, value, key_mask)
     if is_causal and problem.n_query != problem.n_key:
         raise ValueError(
@@ -115,13 +126,12 @@ def sequence_parallel_taylor_shift(
         )
     check_int("chunk_size", chunk_size, ge=1, allow_none=True)
     world, _ = group_place(group)
-    b, h, d, dv = problem.batch, problem.heads, problem.head_dim, problem.value_dim
     if not chunk_size:
         chunk_size = (
             DEFAULT_CAUSAL_CHUNK if is_causal else default_chunk_size(b * h, d, dv, query.device)
         )
 
-    if world == 1:
+    if world == 1 and (is_causal or kv_heads == h):  # (the causal form takes grouped heads)
         form = causal_efficient_taylor_shift if is_causal else efficient_taylor_shift
         return form(query, key, value, key_mask, temperature, scale, normalize, chunk_size)
 
@@ -137,9 +147,10 @@ def sequence_parallel_taylor_shift(
         )  # fmt: skip
     # Every key of every rank precedes every query in the sense of the causal sweep's
     # initial state: the query side is a causal sweep over no local keys started from S.
-    state = SumOverRanks.apply(local, group)
-    no_key = key.new_zeros((b, h, 0, d))
-    no_value = value.new_zeros((b, h, 0, dv))
+    # (grouped heads: the state per key/value head, each group's query heads read it)
+    state = local if world == 1 else SumOverRanks.apply(local, group)
+    no_key = key.new_zeros((b, kv_heads, 0, d))
+    no_value = value.new_zeros((b, kv_heads, 0, dv))
     return causal_efficient_taylor_shift(
         query, no_key, no_value, None, temperature, scale, normalize, chunk_size,
         initial_state=TaylorShiftState.from_sums(state),
@@ -173,8 +184,10 @@ class KeyStateFunction(torch.autograd.Function):
         return gk, gv, None, None, None
 
 
-def _key_padding(mask: object, b: int, h: int, nk: int, query: Tensor) -> Tensor | None:
-    """The key padding mask as (B, H, Nk) bool, or None; refuses anything else by name."""
+def _key_padding(
+    mask: object, b: int, h: int, nk: int, query: Tensor, kv_heads: int
+) -> Tensor | None:
+    """The key padding mask as (B, Hkv, Nk) bool, or None; refuses anything else by name."""
     if mask is None:
         return None
     expected = f"(B, H, 1, Nk) = ({b}, {h}, 1, {nk})"
@@ -199,7 +212,12 @@ def _key_padding(mask: object, b: int, h: int, nk: int, query: Tensor) -> Tensor
             f"key_padding_mask must broadcast to {expected}: one row for every query (a (B, N) "
             f"padding mask m is m[:, None, None, :]); got shape {tuple(mask.shape)}"
         )
-    return mask.expand(target)[:, :, 0, :]
+    if kv_heads != h and mask.dim() >= 3 and mask.shape[-3] > 1:
+        raise ValueError(
+            "key_padding_mask: with grouped key/value heads the mask must be the same for "
+            f"every head ((B, 1, 1, Nk) = ({b}, 1, 1, {nk})); got shape {tuple(mask.shape)}"
+        )
+    return mask.expand(target)[:, :kv_heads, 0, :]
 
 
 def sequence_shard(n: int, rank: int, world_size: int) -> slice:
