@@ -1,6 +1,6 @@
 """benchmarks/fuzz/fuzz.py, a few cases of each target (the op also compiled): the script
 runs on today's API and fails a case whose result is off (the op's output, or a model's
-decoded logits, scaled by 1 + 1e-3)."""
+decoded logits, scaled by 1 + 1e-3; a sequence-parallel model's)."""
 
 from __future__ import annotations
 
@@ -64,3 +64,19 @@ def test_decoded_logits_off_by_1e_3_fail_the_model_target(fuzz, monkeypatch, cap
     assert fuzz.main(["model", "--seed", "11", "--cases", "3"]) == 1
     out = capsys.readouterr().out
     assert "its error budget" in out and "model: 3 cases, seed 11, 0 failed" not in out
+
+
+def test_seqpar_runs_on_two_processes_and_fails_outputs_off_by_1e_3(fuzz, monkeypatch, capsys):
+    assert fuzz.main(["seqpar", "--seed", "11", "--cases", "1", "--ranks", "2"]) == 0
+    assert "seqpar: 1 cases, seed 11, 2 ranks, 0 failed" in capsys.readouterr().out
+    real = fuzz.convert_sequence_parallel
+
+    def off(model):  # (one process: --ranks 1 runs the cases here)
+        model = real(model)
+        model.register_forward_hook(lambda module, args, out: out * (1 + 1e-3))
+        return model
+
+    monkeypatch.setattr(fuzz, "convert_sequence_parallel", off)
+    assert fuzz.main(["seqpar", "--seed", "11", "--cases", "3", "--ranks", "1"]) == 1
+    out = capsys.readouterr().out
+    assert "its error budget" in out and "seqpar: 3 cases, seed 11, 1 ranks, 0 failed" not in out

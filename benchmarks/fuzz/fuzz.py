@@ -4,6 +4,7 @@
     python benchmarks/fuzz/fuzz.py decode --seed 1 --cases 150
     python benchmarks/fuzz/fuzz.py state --seed 1 --cases 300
     python benchmarks/fuzz/fuzz.py model --seed 1 --cases 300
+    python benchmarks/fuzz/fuzz.py seqpar --seed 1 --cases 200 --ranks 3
 
 The test suite checks chosen shapes; this draws many at random, with the sizes where
 kernels change their tiling or split their work: d in 1..128 (odd, the CPU kernels'
@@ -44,6 +45,15 @@ classifier (pooling, ids or features, conv token embedding, ``super``;
 anywhere: its outputs and every parameter's gradient against each row's real tokens
 alone, in float64; then the LM's decoding in random blocks padded anywhere, from the state
 and the key/value cache, against the same.
+``seqpar``: sequence parallelism on ``--ranks`` gloo processes (one thread each; 1: one
+process, no group): a random ``CausalLM`` that ``convert_sequence_parallel`` takes (the
+``taylorshift`` kernel in any mode, plain scores or log temperature; ``_model_config``'s
+projection, grouped key/value heads, q/k norms, biases, positions; short convolution 0 or
+1 tap), or in 30 % a non-causal ``Attention`` layer on features, in float64 or float32,
+padded on the right, the left or anywhere, its tokens split over the ranks at random cut
+points (empty slices too): each rank's outputs at its real tokens and every parameter's
+gradient summed over the ranks against the unconverted model on the whole batch in
+float64 (the LM given each token's real-token position, as the whole model counts them).
 
 Each result (output, each gradient) has an error budget, SPEC §8's rule: 10x the error of
 the float64 reference's own code run in the case's dtype, plus OP_TOLERANCE of the dtype
@@ -62,11 +72,16 @@ from __future__ import annotations
 
 import argparse
 import copy
+import datetime
 import os
 import random
+import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 import torch
+import torch.distributed as dist
 
 from taylorshift import (
     TaylorShiftState,
@@ -74,7 +89,9 @@ from taylorshift import (
     taylor_shift_attention,
     taylor_shift_decode,
 )
+from taylorshift.distributed import convert_sequence_parallel
 from taylorshift.models import CausalLM, TransformerClassifier
+from taylorshift.nn import Attention
 
 LENGTHS = [1, 2, 7, 191, 192, 193, 300]
 # float32 drawn twice as often: it is what reaches the CPU kernels' float32 paths; float16
@@ -467,6 +484,19 @@ def _model_config(rng: random.Random) -> dict:
                 tie_embeddings=rng.random() < 0.2, max_len=400)  # fmt: skip
 
 
+@torch.no_grad()
+def _spread(model: torch.nn.Module) -> torch.nn.Module:
+    """``model`` with its temperatures away from 1 and its biases away from 0."""
+    for name, p in model.named_parameters():
+        if name.endswith("log_temperature"):
+            p.uniform_(-0.7, 0.7)
+        elif name.endswith("temperature"):
+            p.uniform_(0.5, 2.0)
+        elif name.endswith("bias"):
+            p.normal_(0, 0.1)
+    return model
+
+
 def _real_positions(mask: torch.Tensor, before: torch.Tensor | int = 0) -> torch.Tensor:
     """Each token's position: the real tokens before it in its row (``before`` more)."""
     return (mask.long().cumsum(-1) - 1).clamp(min=0) + torch.as_tensor(before).view(-1, 1)
@@ -527,15 +557,7 @@ def model_case(rng: random.Random, seed: int, params: dict) -> float:
     torch.set_num_threads(threads)
     torch.manual_seed(seed)
     kind = CausalLM if lm else TransformerClassifier
-    ref = kind(kind.config_class(**config), dtype=torch.float64).eval()
-    with torch.no_grad():  # temperatures away from 1, biases away from 0
-        for name, p in ref.named_parameters():
-            if name.endswith("log_temperature"):
-                p.uniform_(-0.7, 0.7)
-            elif name.endswith("temperature"):
-                p.uniform_(0.5, 2.0)
-            elif name.endswith("bias"):
-                p.normal_(0, 0.1)
+    ref = _spread(kind(kind.config_class(**config), dtype=torch.float64).eval())
     model = copy.deepcopy(ref).to(dtype)
     low = copy.deepcopy(model) if dtype != torch.float64 else ref  # the rows alone, in dtype
     g = torch.Generator().manual_seed(seed)
@@ -616,7 +638,164 @@ def model_case(rng: random.Random, seed: int, params: dict) -> float:
     return used
 
 
-CASES = {"op": op_case, "decode": decode_case, "state": state_case, "model": model_case}
+def _seqpar_config(rng: random.Random) -> dict:
+    """``_model_config``'s fields with what ``convert_sequence_parallel`` takes: the
+    ``taylorshift`` kernel of order 2 with its output factor and no local heads (any mode,
+    plain scores or a log temperature in some cases), a short convolution of 0 or 1 tap."""
+    config = _model_config(rng)
+    args = {"mode": rng.choice(["auto", "direct", "efficient"])}
+    if rng.random() < 0.2:
+        args["normalize"] = False
+    elif rng.random() < 0.2:
+        args["log_temperature"] = True
+    config.update(attn_kernel="taylorshift", kernel_args=args, short_conv=rng.choice([0, 1]))
+    return config
+
+
+def seqpar_case(rng: random.Random, seed: int, params: dict, rank: int, world: int) -> float:
+    """One random model on this rank's slice (module docs, ``seqpar``); every rank draws the
+    same case. Returns this rank's share of the budget (outputs at its real tokens, and every
+    parameter's gradient summed over the ranks)."""
+    config = _seqpar_config(rng)
+    dtype = rng.choice([torch.float64, torch.float64, torch.float32])
+    b, n = rng.choice([1, 2, 3]), rng.choice([1, 2, 5, 9, 20, 70, 200])
+    pad_kind = rng.choice(["none", "right", "left", "scattered"])
+    cuts = [0, *sorted(rng.randint(0, n) for _ in range(world - 1)), n]
+    lm = rng.random() >= 0.3
+    if not lm:
+        for key in ("vocab_size", "depth", "short_conv", "pos_embedding", "tie_embeddings"):
+            config.pop(key)
+    params.update(model="lm" if lm else "attention-full")
+    params.update({k: v for k, v in config.items() if k not in ("mlp_ratio", "max_len")})
+    params.update(dtype=str(dtype).removeprefix("torch."), b=b, n=n, padding=pad_kind,
+                  cuts=cuts[1:-1])  # fmt: skip
+    torch.manual_seed(seed)
+    if lm:
+        ref = CausalLM(CausalLM.config_class(**config), dtype=torch.float64)
+    else:
+        h = config["num_heads"]
+        ref = Attention(config["dim"], h, qkv_bias=config["qkv_bias"], qk_norm=config["qk_norm"],
+                        attn_kernel="taylorshift", kernel_args=config["kernel_args"],
+                        projection=config["projection"], num_kv_heads=config["num_kv_heads"],
+                        dtype=torch.float64)  # fmt: skip
+    ref = _spread(ref.eval())
+    model = convert_sequence_parallel(copy.deepcopy(ref).to(dtype))
+    low = copy.deepcopy(ref).to(dtype) if dtype != torch.float64 else ref
+    g = torch.Generator().manual_seed(seed)
+    if lm:
+        inputs = torch.randint(0, config["vocab_size"], (b, n), generator=g)
+    else:
+        inputs = torch.randn(b, n, config["dim"], generator=g, dtype=torch.float64)
+    mask = _padding(g, b, n, pad_kind)
+    w = torch.randn(b, n, config["vocab_size"] if lm else config["dim"], generator=g,
+                    dtype=torch.float64) * mask[..., None]  # fmt: skip
+    given = None if pad_kind == "none" else mask
+    mine = slice(cuts[rank], cuts[rank + 1])
+
+    def run(net, part=slice(None)):
+        if lm:  # a slice's tokens at their positions in the whole sequence
+            extra = [] if net is not model else [_real_positions(mask)[:, part]]
+            return net(inputs[:, part], None if given is None else given[:, part], *extra)
+        x = inputs[:, part].to(torch.float64 if net is ref else dtype)
+        return net(x, attn_mask=None if given is None else given[:, part], is_causal=False)
+
+    want, low_out = run(ref), run(low)
+    (want * w).sum().backward()
+    if low is not ref:
+        (low_out.double() * w).sum().backward()
+    got = run(model, mine)
+    (got.double() * w[:, mine]).sum().backward()
+    grads = {}
+    for name, p in model.named_parameters():  # (every rank: the same parameters, in order)
+        grad = torch.zeros_like(p) if p.grad is None else p.grad.clone()
+        if world > 1:
+            dist.all_reduce(grad)
+        grads[name] = grad
+    tol = MODEL_TOLERANCE[dtype]
+    real = mask[:, mine]
+    used = _used(got[real], want[:, mine][real], low_out[:, mine][real], 0.0, tol)
+    ref_grads = {name: p.grad for name, p in ref.named_parameters()}
+    largest = max(x.abs().max().item() for x in ref_grads.values() if x is not None)
+    lows = dict(low.named_parameters())
+    for name, grad in grads.items():
+        want_g = ref_grads[name]
+        if want_g is None:
+            want_g, low_g = torch.zeros_like(grad, dtype=torch.float64), grad.new_zeros(())
+        else:
+            low_g = lows[name].grad
+        if not torch.isfinite(grad).all():
+            return float("inf")
+        used = max(used, _used(grad, want_g, low_g, 1e-3 * largest, tol))
+    return used
+
+
+CASES = {"op": op_case, "decode": decode_case, "state": state_case, "model": model_case,
+         "seqpar": None}  # fmt: skip
+COLLECTIVE_TIMEOUT_S = 120
+
+
+def _seqpar_ranks(args) -> int:
+    """``--ranks`` processes, each this script as one rank; rank 0's report is the run's."""
+    if args.ranks == 1:
+        return _seqpar_rank(args.seed, args.cases, 0, 1)
+    with tempfile.TemporaryDirectory() as tmp:
+        base = [sys.executable, str(Path(__file__).resolve()), "seqpar", "--seed",
+                str(args.seed), "--cases", str(args.cases), "--ranks", str(args.ranks),
+                "--store", str(Path(tmp) / "store")]  # fmt: skip
+        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        pipe = {"stdout": subprocess.PIPE, "stderr": subprocess.STDOUT, "text": True}
+        ranks = [
+            subprocess.Popen([*base, "--rank", str(r)], env=env, **pipe) for r in range(args.ranks)
+        ]
+        outputs = [p.communicate()[0] for p in ranks]
+    print(outputs[0], end="", flush=True)
+    for r, (p, out) in enumerate(zip(ranks, outputs, strict=True)):
+        if r and p.returncode not in (0, 1):
+            print(f"rank {r} ended with status {p.returncode}:\n{out[-3000:]}", flush=True)
+    return 0 if all(p.returncode == 0 for p in ranks) else 1
+
+
+def _seqpar_rank(seed: int, cases: int, rank: int, world: int, store: str = "") -> int:
+    """One rank's loop over the cases: each case's largest share over the ranks (an
+    all-reduce), printed by rank 0. A case that raises ends the run (the other ranks may
+    be waiting in a collective; they stop at the timeout)."""
+    torch.set_num_threads(1)
+    if world > 1:
+        timeout = datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S)
+        store = dist.FileStore(store, world)
+        dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=timeout)
+    rng = random.Random(seed)
+    failed, ran = 0, 0
+    worst: dict[str, float] = {}
+    for i in range(cases):
+        params: dict = {}
+        try:
+            used = seqpar_case(rng, seed * 100_000 + i, params, rank, world)
+            share = torch.tensor([used if used == used else float("inf")], dtype=torch.float64)
+            if world > 1:
+                dist.all_reduce(share, op=dist.ReduceOp.MAX)
+        except Exception as err:  # a crash is a finding; the group may be stuck: stop
+            failed += 1
+            print(f"case {i}: rank {rank} raised {err!r:.300} {params}", flush=True)
+            break
+        used, ran = share.item(), ran + 1
+        worst[params["dtype"]] = max(worst.get(params["dtype"], 0.0), used)
+        if not used <= 1.0:
+            failed += 1
+            if rank == 0:
+                print(f"case {i}: {used:.3g}x its error budget {params}", flush=True)
+    if rank == 0 or failed:
+        spread = ", ".join(f"{dtype} {value:.3f}" for dtype, value in sorted(worst.items()))
+        stopped = f" (stopped after {ran})" if ran < cases else ""
+        print(
+            f"seqpar: {cases} cases{stopped}, seed {seed}, {world} ranks, {failed} failed; "
+            f"largest share of the error budget used: {spread}",
+            flush=True,
+        )
+    if world > 1:  # (gloo's threads may outlive the group; see tests/distributed/spawn.py)
+        sys.stdout.flush()
+        os._exit(1 if failed else 0)
+    return 1 if failed else 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -629,9 +808,18 @@ def main(argv: list[str] | None = None) -> int:
         help="op, state and model: the op (the model's forward) under test traced by "
         "torch.compile(fullgraph=True) with this backend (aot_eager, inductor), anew each case",
     )  # fmt: skip
+    parser.add_argument("--ranks", type=int, default=3, help="seqpar: processes (default 3)")
+    parser.add_argument("--rank", type=int, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--store", default="", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.compile and args.what == "decode":
+    if args.compile and args.what in ("decode", "seqpar"):
         parser.error("--compile: the op, state and model targets only")
+    if args.what == "seqpar":
+        if args.ranks < 1:
+            parser.error(f"--ranks must be at least 1; got {args.ranks}")
+        if args.rank is not None:
+            return _seqpar_rank(args.seed, args.cases, args.rank, args.ranks, args.store)
+        return _seqpar_ranks(args)
     global COMPILE
     COMPILE = args.compile
     case = CASES[args.what]

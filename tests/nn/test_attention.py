@@ -222,6 +222,18 @@ def test_short_conv_mixes_the_tokens_it_should(causal):
     assert_rel_close(module(x, is_causal=causal), want, 1e-12, "output")
 
 
+@pytest.mark.parametrize("taps", [1, 3])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_short_conv_takes_an_empty_sequence(taps, causal):
+    """N = 0 (a rank's empty slice under sequence parallelism): an empty output, and the
+    convolution's weights in the graph with zero gradients (DDP waits for every one)."""
+    module = Attention(DIM, HEADS, short_conv=taps).double()
+    y = module(randn(2, 0, DIM), is_causal=causal)
+    assert y.shape == (2, 0, DIM)
+    y.sum().backward()
+    assert module.conv.weight.grad is not None and not module.conv.weight.grad.any()
+
+
 def test_old_projection_name_works_with_a_warning_naming_the_new_one():
     with pytest.warns(FutureWarning, match=r"projection='efficient' is now called 'query-only'"):
         old = Attention(DIM, HEADS, projection="efficient")

@@ -392,13 +392,17 @@ class Attention(nn.Module):
         def mix(t: Tensor, start: int, zero: Tensor | None) -> Tensor:
             if zero is not None:
                 t = t * zero
-            width = t.shape[-1]
-            t = F.pad(t.transpose(1, 2), (left, taps - 1 - left))
+            n, width = t.shape[-2:]
+            # An empty sequence (a rank's slice under sequence parallelism) gets one zero
+            # token more, cut off again: conv1d refuses inputs shorter than its kernel, and
+            # the weights stay in the graph (zero gradients, as DDP expects of every rank).
+            t = F.pad(t.transpose(1, 2), (left, taps - 1 - left + (1 if n == 0 else 0)))
             sl = slice(start, start + width)
+            out = F.conv1d(t, weight[sl], bias[sl], groups=width)[..., :n]
             # Back to (B, N, width) in memory: with the feature axis strided, SDPA leaves its
             # fused CPU kernel for the math path (1.2-3.8x slower at N = 64-1,024:
             # benchmarks/short_conv_cpu).
-            return F.conv1d(t, weight[sl], bias[sl], groups=width).transpose(1, 2).contiguous()
+            return out.transpose(1, 2).contiguous()
 
         q = mix(q, 0, real if self_attention else None)
         return q, mix(k, self.dim, real), mix(v, self.dim + self.kv_dim, real)
