@@ -497,6 +497,14 @@ def _spread(model: torch.nn.Module) -> torch.nn.Module:
     return model
 
 
+def _floor(want: torch.Tensor, largest: float) -> float:
+    """The size a parameter's gradient ``want`` (float64) is held to at least: 1e-3 of the
+    largest gradient's, or the largest's itself where ``want`` vanishes in exact arithmetic
+    (at most 1e-9 of it: only rounding is left, e.g. the query projection's with one key,
+    whose weight is 1 whatever the scores, or a LayerNorm's over one feature)."""
+    return largest if want.abs().max().item() <= 1e-9 * largest else 1e-3 * largest
+
+
 def _real_positions(mask: torch.Tensor, before: torch.Tensor | int = 0) -> torch.Tensor:
     """Each token's position: the real tokens before it in its row (``before`` more)."""
     return (mask.long().cumsum(-1) - 1).clamp(min=0) + torch.as_tensor(before).view(-1, 1)
@@ -538,7 +546,7 @@ def model_case(rng: random.Random, seed: int, params: dict) -> float:
     or anywhere (positions given, counting real tokens, or left to the model): its outputs
     (the LM's logits at the real tokens, the classifier's) and every parameter's gradient
     against each row's real tokens run alone by the model in float64 (a parameter's
-    gradient held to at least 1e-3 of the largest one's size); then the LM's decoding in
+    gradient held to at least 1e-3 of the largest one's size, ``_floor``); then the LM's decoding in
     random blocks, padded anywhere, from each cache the kernel has (state, key/value),
     against the same."""
     config = _model_config(rng)
@@ -606,7 +614,7 @@ def model_case(rng: random.Random, seed: int, params: dict) -> float:
             continue
         if not torch.isfinite(p.grad).all():
             return float("inf")
-        used = max(used, _used(p.grad, grads[name], lows[name], 1e-3 * largest, tol))
+        used = max(used, _used(p.grad, grads[name], lows[name], _floor(grads[name], largest), tol))
     if not lm:
         return used
 
@@ -725,7 +733,7 @@ def seqpar_case(rng: random.Random, seed: int, params: dict, rank: int, world: i
             low_g = lows[name].grad
         if not torch.isfinite(grad).all():
             return float("inf")
-        used = max(used, _used(grad, want_g, low_g, 1e-3 * largest, tol))
+        used = max(used, _used(grad, want_g, low_g, _floor(want_g, largest), tol))
     return used
 
 
