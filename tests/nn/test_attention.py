@@ -334,6 +334,25 @@ def test_standard_cross_attention_with_other_context_dim(masked, causal):
     assert_rel_close(y, expected, RTOL, "output")
 
 
+@pytest.mark.parametrize(
+    "settings",
+    [{"short_conv": 3}, {"projection": "super", "context_len": 8}],
+    ids=["conv3", "super"],
+)  # fmt: skip
+def test_cross_attention_context_padded_anywhere_equals_its_real_tokens_alone(settings):
+    """Non-causal cross-attention moves the context's real tokens first, as self-attention
+    does its own: a row's output is that of its context's real tokens alone."""
+    module = Attention(DIM, HEADS, **settings).double()
+    for p in module.parameters():  # large enough that positions and taps show
+        p.data.normal_(0, 0.3, generator=torch.Generator().manual_seed(p.numel()))
+    x, context = randn(2, 4, DIM, seed=1), randn(2, 7, DIM, seed=2)
+    mask = torch.tensor([[0, 1, 1, 0, 1, 1, 1], [0, 0, 0, 1, 1, 0, 1]], dtype=torch.bool)
+    y = module(x, attn_mask=mask, context=context)
+    for b in range(2):
+        alone = module(x[b : b + 1], context=context[b : b + 1, mask[b]])
+        assert_rel_close(y[b : b + 1], alone, 1e-12, f"row {b}")
+
+
 @pytest.mark.parametrize("projection", PROJECTION_IDS)
 def test_cross_attention_with_a_context_of_another_length(projection):
     module = make_attention("softmax", projection, DIM, HEADS, context_len=10)

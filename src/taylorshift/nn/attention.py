@@ -39,7 +39,11 @@ on each row's real tokens moved to the front in their order and puts the rows ba
 absent, as it does after them and in every other layer, and ``decode`` takes blocks padded
 anywhere (e.g. left-padded prompts). On the CPU a right-padded mask skips the permutation
 (one check of the mask); on an accelerator and under torch.compile the permutation always
-runs (no device sync). The context of cross-attention is convolved as it stands.
+runs (no device sync). Non-causal cross-attention with a short convolution or ``super``
+does the same with its context (its real tokens first; the result, a sum over keys, needs
+no putting back). Left as they stand: the context of causal cross-attention (query i
+attends context tokens j <= i by slot), and local heads' windows in cross-attention, which
+align query i with context slot i + M − N, padding included (``ops.window``).
 
 ``num_kv_heads = Hkv`` (projection ``standard``) gives keys and values Hkv < H heads,
 grouped-query attention (Ainslie et al.): W_K and W_V project to Hkv · head_dim features,
@@ -339,6 +343,16 @@ class Attention(nn.Module):
             # padding before or between real tokens: the real tokens first (module docs)
             order, inverse = real_tokens_first(mask[:, 0, 0, :])
             x = source = permute_tokens(x, order)
+            mask = mask.gather(-1, order[:, None, None, :])
+        elif (
+            context is not None and not is_causal
+            and (self.conv is not None or self.projection == "super") and _padding_inside(mask)
+        ):  # fmt: skip
+            # the context's padding before or between its real tokens: its real tokens
+            # first for the taps and W_A (the result, a sum over the keys, needs no putting
+            # back; local heads align by slot in cross-attention, see the module docs)
+            order, _ = real_tokens_first(mask[:, 0, 0, :])
+            source = permute_tokens(source, order)
             mask = mask.gather(-1, order[:, None, None, :])
         q, k, v = self.heads_in(x, source, mask, is_causal, self_attention=context is None)
         y = self.kernel(q, k, v, mask, is_causal)  # (B, H, N, d)
