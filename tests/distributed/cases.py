@@ -102,6 +102,7 @@ MODULE_CASES = [
 DDP_CASES = {4: ["ddp-2x2-causal-pad"], 2: []}
 ERROR_CASES = {4: ["error-not-a-member"], 2: []}
 BENCH_CASES = {2: ["bench-measure-smoke"], 4: []}
+FUZZ_CASES = {2: ["fuzz-seqpar"], 4: []}
 
 
 def case_ids(world_size: int) -> list[str]:
@@ -112,6 +113,7 @@ def case_ids(world_size: int) -> list[str]:
         *DDP_CASES[world_size],
         *ERROR_CASES[world_size],
         *BENCH_CASES[world_size],
+        *FUZZ_CASES[world_size],
     ]
 
 
@@ -324,6 +326,24 @@ def run_bench_case(rank: int, world_size: int) -> None:
     assert all(t > 0 for t in times.values()), times
 
 
+def run_fuzz_case(rank: int, world_size: int) -> None:
+    """benchmarks/fuzz/fuzz.py's seqpar cases run in this group (the script's own runs start
+    a process per rank; tests/test_fuzz_script.py shows in one process that they can fail)."""
+    import importlib.util
+    import random
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "fuzz" / "fuzz.py"
+    spec = importlib.util.spec_from_file_location("fuzz_script", path)
+    fuzz = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(fuzz)
+    rng = random.Random(11)
+    for i in range(2):
+        params: dict = {}
+        used = fuzz.seqpar_case(rng, 1_100_000 + i, params, rank, world_size)
+        assert used <= 1.0, f"case {i}: {used:.3g}x its error budget {params}"
+
+
 def run_cases(rank: int, world_size: int) -> dict[str, str | None]:
     """Every case of this world size: {case id: None if passed, else the failure}."""
     groups = []
@@ -339,6 +359,7 @@ def run_cases(rank: int, world_size: int) -> dict[str, str | None]:
     runs += [(i, lambda: run_ddp_case(rank, groups)) for i in DDP_CASES[world_size]]
     runs += [(i, lambda: run_error_case(rank, groups)) for i in ERROR_CASES[world_size]]
     runs += [(i, lambda: run_bench_case(rank, world_size)) for i in BENCH_CASES[world_size]]
+    runs += [(i, lambda: run_fuzz_case(rank, world_size)) for i in FUZZ_CASES[world_size]]
     results: dict[str, str | None] = {}
     for case_id, run in runs:
         try:

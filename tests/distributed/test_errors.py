@@ -128,6 +128,16 @@ def test_conversion_refuses_the_super_projection():
         convert_sequence_parallel(module)
 
 
+def test_conversion_refuses_an_encoder_classifier_but_takes_its_trunk():
+    from taylorshift.models import create_model
+
+    model = create_model("vit-tiny", num_classes=3, img_size=8, patch_size=4, in_chans=1, depth=1)
+    with pytest.raises(ValueError, match=r"model is a VisionTransformer, which adds a CLS token"):
+        convert_sequence_parallel(model)
+    convert_sequence_parallel(model.blocks)
+    assert type(model.blocks[0].attn.kernel).__name__ == "SequenceParallelKernel"
+
+
 def test_conversion_refuses_a_model_without_attention():
     with pytest.raises(ValueError, match=r"model \(Linear\) has no attention kernel"):
         convert_sequence_parallel(nn.Linear(2, 2))

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from torch import nn
 
+from ..models.encoder import EncoderClassifier
 from ..nn.attention import Attention
 from ..nn.kernels import AttentionKernel, TaylorShiftKernel
 from .collectives import group_place
@@ -105,10 +106,18 @@ def convert_sequence_parallel(model: nn.Module, group=None) -> nn.Module:
         ValueError: a kernel that cannot attend across ranks (softmax, linear, holt; a
             TaylorShift order other than 2), an ``Attention`` with ``projection='super'``
             (its W_A mixes values over the whole sequence) or a short convolution of more
-            than one tap (it reads the neighbouring ranks' tokens), or no TaylorShift kernel
-            at all.
+            than one tap (it reads the neighbouring ranks' tokens), an encoder classifier
+            (``TransformerClassifier``, ``VisionTransformer``: a CLS token and pooling over
+            the whole sequence; convert its ``blocks``), or no TaylorShift kernel at all.
     """
     group_place(group)
+    if isinstance(model, EncoderClassifier):
+        raise ValueError(
+            f"model is a {type(model).__name__}, which adds a CLS token and positions and "
+            "pools over the whole sequence: on a slice each rank would pool its own tokens. "
+            "Convert its trunk (convert_sequence_parallel(model.blocks, group)) and pool "
+            "across the ranks yourself"
+        )
     if isinstance(model, AttentionKernel):
         return _converted(model, "model", group)
     replaced = 0
