@@ -106,6 +106,18 @@ def test_generate_command_continues_the_text(tmp_path, text_file, capsys):
     assert main([*argv[:3], "--ids", "97,98", "--temperature", "0"]) == 0
     ids = [int(t) for t in capsys.readouterr().out.strip().split(",")]
     assert len(ids) == 200 and all(0 <= i < 258 for i in ids)
+    # prompts of other lengths in one (left-padded) batch: greedy, each as if alone
+    greedy = [*argv[:3], "--temperature", "0", "--max-new-tokens", "6"]
+    alone = []
+    for text in ("the ", "a quick brown"):
+        assert main([*greedy, "--prompt", text]) == 0
+        alone.append(capsys.readouterr().out)
+    assert main([*greedy, "--prompt", "the ", "--prompt", "a quick brown"]) == 0
+    assert capsys.readouterr().out == "".join(alone)
+    assert main([*greedy, "--ids", "97,98,99", "--ids", "100"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert main([*greedy, "--ids", "100"]) == 0
+    assert len(lines) == 2 and lines[1] == capsys.readouterr().out.strip()
 
 
 def test_generate_command_errors(tmp_path, text_file, capsys):
@@ -123,7 +135,7 @@ def test_generate_command_errors(tmp_path, text_file, capsys):
         main(["generate", "--checkpoint", str(tmp_path / "run"), "--ids", "1,2", "--prompt", "a"])
     assert "not allowed with argument" in capsys.readouterr().err
     with pytest.raises(SystemExit):
-        main(["generate", "--checkpoint", str(tmp_path / "run"), "--prompt", ""])
+        main(["generate", "--checkpoint", str(tmp_path / "run"), "--prompt", "a", "--prompt", ""])
     assert "--prompt must hold at least one token" in capsys.readouterr().err
 
 

@@ -223,12 +223,19 @@ def run_eval(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 def add_generate_arguments(parser: argparse.ArgumentParser) -> None:
     _add_checkpoint_argument(parser, ", or a model file written by save_model, of a causal LM")
     prompt = parser.add_mutually_exclusive_group()
-    prompt.add_argument("--prompt", help="text to continue (default: a newline)")
+    prompt.add_argument(
+        "--prompt",
+        action="append",
+        help="text to continue (default: a newline); repeated, the prompts run as one batch "
+        "(left-padded) and each is printed with its continuation in turn",
+    )
     prompt.add_argument(
         "--ids",
         metavar="ID,ID,...",
+        action="append",
         help="the prompt as comma-separated token ids, e.g. --ids 1,2,3; the output is ids "
-        "too (models whose tokens are not bytes, e.g. recall)",
+        "too, a line per prompt (models whose tokens are not bytes, e.g. recall); "
+        "repeatable as --prompt",
     )
     parser.add_argument("--max-new-tokens", type=positive_int, default=200, metavar="N")
     parser.add_argument(
@@ -269,35 +276,46 @@ def run_generate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> i
             f"--checkpoint must hold a causal language model (CausalLM); got a "
             f"{type(model).__name__}"
         )
-    text = "\n" if args.prompt is None else args.prompt
-    if args.ids is not None:
-        try:
-            ids = [int(t) for t in args.ids.replace(" ", "").split(",") if t]
-        except ValueError:
-            parser.error(f"--ids must be comma-separated ints, e.g. 1,2,3; got {args.ids!r}")
-        prompt = torch.tensor([ids], dtype=torch.long)
-    else:
-        prompt = encode_text(text)[None]
+    texts = ["\n"] if args.prompt is None else args.prompt
     flag = "--prompt" if args.ids is None else "--ids"
-    if prompt.shape[1] == 0:
-        parser.error(f"{flag} must hold at least one token; got an empty prompt")
+    rows = []
+    for given in args.ids or texts:
+        if args.ids is None:
+            rows.append(encode_text(given))
+            continue
+        try:
+            ids = [int(t) for t in given.replace(" ", "").split(",") if t]
+        except ValueError:
+            parser.error(f"--ids must be comma-separated ints, e.g. 1,2,3; got {given!r}")
+        rows.append(torch.tensor(ids, dtype=torch.long))
     vocab = model.config.vocab_size
-    if int(prompt.max()) >= vocab or int(prompt.min()) < 0:
-        parser.error(f"{flag} ids must be in [0, {vocab}) for this model; got {prompt.tolist()}")
+    for row in rows:
+        if not row.numel():
+            parser.error(f"{flag} must hold at least one token; got an empty prompt")
+        if int(row.max()) >= vocab or int(row.min()) < 0:
+            parser.error(f"{flag} ids must be in [0, {vocab}) for this model; got {row.tolist()}")
+    # one batch, left-padded (generate takes padding anywhere; each row as if alone)
+    n = max(len(row) for row in rows)
+    prompt = torch.zeros(len(rows), n, dtype=torch.long)
+    mask = torch.zeros(len(rows), n, dtype=torch.bool)
+    for i, row in enumerate(rows):
+        prompt[i, n - len(row) :], mask[i, n - len(row) :] = row, True
     generator = torch.Generator(device=args.device).manual_seed(args.seed)
     try:
         new = model.generate(
             prompt.to(args.device),
             args.max_new_tokens,
+            prompt_mask=None if bool(mask.all()) else mask.to(args.device),
             temperature=args.temperature,
             top_k=args.top_k,
             cache=args.cache,
             generator=generator,
-        )[0].cpu()
+        ).cpu()
     except ValueError as err:
         parser.error(str(err))
-    if args.ids is not None:
-        print(",".join(str(i) for i in new.tolist()))
-    else:
-        sys.stdout.write(text + decode_bytes(new) + "\n")
+    for i, row in enumerate(new):
+        if args.ids is not None:
+            print(",".join(str(t) for t in row.tolist()))
+        else:
+            sys.stdout.write(texts[i] + decode_bytes(row) + "\n")
     return 0
