@@ -48,9 +48,10 @@ and the key/value cache, against the same.
 ``seqpar``: sequence parallelism on ``--ranks`` gloo processes (one thread each; 1: one
 process, no group): a random ``CausalLM`` that ``convert_sequence_parallel`` takes (the
 ``taylorshift`` kernel in any mode, plain scores or log temperature; ``_model_config``'s
-projection, grouped key/value heads, q/k norms, biases, positions; short convolution 0 or
-1 tap), or in 30 % a non-causal ``Attention`` layer on features, in float64 or float32,
-padded on the right, the left or anywhere, its tokens split over the ranks at random cut
+projection, grouped key/value heads, q/k norms, biases, positions; a short convolution of
+0-4 taps, ``SP_CONV``), or in 30 % a non-causal ``Attention`` layer on features (the same
+settings), in float64 or float32, padded on the right, the left or anywhere, its tokens
+split over the ranks at random cut
 points (empty slices too): each rank's outputs at its real tokens and every parameter's
 gradient summed over the ranks against the unconverted model on the whole batch in
 float64 (the LM given each token's real-token position, as the whole model counts them).
@@ -646,17 +647,21 @@ def model_case(rng: random.Random, seed: int, params: dict) -> float:
     return used
 
 
+# seqpar: short convolutions (since 2026-11-28, third session, their taps cross ranks)
+SP_CONV = [0, 0, 1, 2, 3, 4]
+
+
 def _seqpar_config(rng: random.Random) -> dict:
     """``_model_config``'s fields with what ``convert_sequence_parallel`` takes: the
     ``taylorshift`` kernel of order 2 with its output factor and no local heads (any mode,
-    plain scores or a log temperature in some cases), a short convolution of 0 or 1 tap."""
+    plain scores or a log temperature in some cases), a short convolution of 0-4 taps."""
     config = _model_config(rng)
     args = {"mode": rng.choice(["auto", "direct", "efficient"])}
     if rng.random() < 0.2:
         args["normalize"] = False
     elif rng.random() < 0.2:
         args["log_temperature"] = True
-    config.update(attn_kernel="taylorshift", kernel_args=args, short_conv=rng.choice([0, 1]))
+    config.update(attn_kernel="taylorshift", kernel_args=args, short_conv=rng.choice(SP_CONV))
     return config
 
 
@@ -671,7 +676,7 @@ def seqpar_case(rng: random.Random, seed: int, params: dict, rank: int, world: i
     cuts = [0, *sorted(rng.randint(0, n) for _ in range(world - 1)), n]
     lm = rng.random() >= 0.3
     if not lm:
-        for key in ("vocab_size", "depth", "short_conv", "pos_embedding", "tie_embeddings"):
+        for key in ("vocab_size", "depth", "pos_embedding", "tie_embeddings"):
             config.pop(key)
     params.update(model="lm" if lm else "attention-full")
     params.update({k: v for k, v in config.items() if k not in ("mlp_ratio", "max_len")})
@@ -685,7 +690,7 @@ def seqpar_case(rng: random.Random, seed: int, params: dict, rank: int, world: i
         ref = Attention(config["dim"], h, qkv_bias=config["qkv_bias"], qk_norm=config["qk_norm"],
                         attn_kernel="taylorshift", kernel_args=config["kernel_args"],
                         projection=config["projection"], num_kv_heads=config["num_kv_heads"],
-                        dtype=torch.float64)  # fmt: skip
+                        short_conv=config["short_conv"], dtype=torch.float64)  # fmt: skip
     ref = _spread(ref.eval())
     model = convert_sequence_parallel(copy.deepcopy(ref).to(dtype))
     low = copy.deepcopy(ref).to(dtype) if dtype != torch.float64 else ref

@@ -98,7 +98,13 @@ MODULE_CASES = [
     "module-full-nopad",
     "module-gqa-causal-pad",
     "module-gqa-full-pad",
+    "module-conv3-causal-anywhere",
+    "module-conv4-full-anywhere",
+    "module-conv3-full-nopad",
 ]
+# short convolutions: slices shorter than the taps reach (and empty ones), so that a
+# slice's neighbours span several ranks
+CONV_SPLITS = {2: (2, 11), 4: (5, 1, 0, 7)}
 DDP_CASES = {4: ["ddp-2x2-causal-pad"], 2: []}
 ERROR_CASES = {4: ["error-not-a-member"], 2: []}
 BENCH_CASES = {2: ["bench-measure-smoke"], 4: []}
@@ -239,14 +245,23 @@ def _grads(module) -> dict[str, torch.Tensor]:
 
 
 def run_module_case(case_id: str, rank: int, world_size: int) -> None:
-    """An Attention layer on a slice (B, N_r, dim): output, input and parameter grads."""
-    causal = "causal" in case_id
+    """An Attention layer on a slice (B, N_r, dim): output, input and parameter grads. With
+    ``convK`` a short convolution of K taps (its slices from CONV_SPLITS), ``anywhere``:
+    padding before and between real tokens (compared at the real tokens)."""
+    parts = case_id.split("-")
+    causal = "causal" in parts
     n = 13
     x, g_out = _randn(B, n, 12, seed=7), _randn(B, n, 12, seed=8)
     mask = None
-    if "pad" in case_id.split("-"):
+    if "pad" in parts:
         mask = torch.arange(n)[None, :] < torch.tensor([[n - 5], [n]])
-    whole = _attention(num_kv_heads=1 if "gqa" in case_id else None)
+    if "anywhere" in parts:
+        mask = torch.ones(B, n, dtype=torch.bool)
+        mask[0, [0, 3, 4, 9]] = False
+        mask[1, :4] = False
+        g_out = g_out * mask[..., None]
+    conv = next((int(p[4:]) for p in parts if p.startswith("conv")), 0)
+    whole = _attention(num_kv_heads=1 if "gqa" in parts else None, short_conv=conv)
     local = convert_sequence_parallel(copy.deepcopy(whole))
     assert type(local.kernel).__name__ == "SequenceParallelKernel"
 
@@ -254,7 +269,7 @@ def run_module_case(case_id: str, rank: int, world_size: int) -> None:
     expected = whole(xf, attn_mask=mask, is_causal=causal)
     (expected * g_out).sum().backward()
 
-    s = sequence_shard(n, rank, world_size)
+    s = _bounds(CONV_SPLITS[world_size], rank) if conv else sequence_shard(n, rank, world_size)
     xl = x[:, s].clone().requires_grad_()
     out = local(xl, attn_mask=None if mask is None else mask[:, s], is_causal=causal)
     (out * g_out[:, s]).sum().backward()
@@ -262,8 +277,9 @@ def run_module_case(case_id: str, rank: int, world_size: int) -> None:
     with torch.no_grad():  # inference: no backward collectives pending
         again = local(xl, attn_mask=None if mask is None else mask[:, s], is_causal=causal)
 
-    assert_rel_close(out, expected[:, s], RTOL, "module output")
-    assert_rel_close(again, expected[:, s], RTOL, "module output under no_grad")
+    real = torch.ones(B, n, dtype=torch.bool) if "anywhere" not in parts else mask
+    assert_rel_close(out[real[:, s]], expected[:, s][real[:, s]], RTOL, "module output")
+    assert_rel_close(again[real[:, s]], expected[:, s][real[:, s]], RTOL, "output, no_grad")
     assert_rel_close(xl.grad, xf.grad[:, s], RTOL, "input grad")
     for name, g in _grads(whole).items():
         assert_rel_close(summed[name], g, RTOL, f"grad of {name} (summed over ranks)")

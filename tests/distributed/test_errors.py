@@ -114,12 +114,14 @@ def test_conversion_refuses_kernels_that_cannot_span_ranks(kernel, kernel_args, 
         convert_sequence_parallel(module)
 
 
-def test_conversion_refuses_a_short_convolution():
-    # its taps at a slice's first tokens would read zeros in place of the previous rank's
-    module = nn.ModuleDict({"attn": Attention(8, 2, short_conv=3)})
-    with pytest.raises(ValueError, match=r"attn has short_conv=3, whose taps reach tokens of"):
-        convert_sequence_parallel(module)
-    convert_sequence_parallel(Attention(8, 2, short_conv=1))  # one tap: token by token
+def test_a_converted_short_convolution_refuses_cross_attention():
+    # (its neighbours' rows are the slice's own sequence: self-attention only)
+    module = convert_sequence_parallel(Attention(8, 2, short_conv=3))
+    assert module.neighbours is not None
+    x = torch.zeros(1, 3, 8)
+    with pytest.raises(ValueError, match=r"short convolution needs self-attention; got a context"):
+        module(x, context=x)
+    assert convert_sequence_parallel(Attention(8, 2, short_conv=1)).neighbours is None
 
 
 def test_conversion_refuses_the_super_projection():

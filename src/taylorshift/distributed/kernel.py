@@ -16,6 +16,7 @@ from ..models.encoder import EncoderClassifier
 from ..nn.attention import Attention
 from ..nn.kernels import AttentionKernel, TaylorShiftKernel
 from .collectives import group_place
+from .halo import neighbour_rows
 from .sequence_parallel import sequence_parallel_taylor_shift
 
 
@@ -82,6 +83,23 @@ class SequenceParallelKernel(TaylorShiftKernel):
         )
 
 
+class NeighbourRows:
+    """``Attention.neighbours`` under sequence parallelism: ``neighbour_rows`` on ``group``
+    (zeros in one process). ``copy.deepcopy`` shares the group, as ``_SharedHandle``."""
+
+    def __init__(self, group) -> None:
+        self.group = group
+
+    def __call__(self, x, real, before: int, after: int):
+        if group_place(self.group)[0] == 1:
+            b, _, c = x.shape
+            return x.new_zeros((b, before, c)), x.new_zeros((b, after, c))
+        return neighbour_rows(x, real, before, after, self.group)
+
+    def __deepcopy__(self, memo) -> NeighbourRows:
+        return self
+
+
 class _SharedHandle:
     """Holds a process group so that ``copy.deepcopy`` of a model (EMA, a reference copy)
     shares it: a group is a handle to communicators, not data (and cannot be copied)."""
@@ -97,7 +115,9 @@ def convert_sequence_parallel(model: nn.Module, group=None) -> nn.Module:
     """Replace every ``taylorshift`` kernel of ``model`` by a :class:`SequenceParallelKernel`.
 
     In place (and returned), like ``torch.nn.SyncBatchNorm.convert_sync_batchnorm``: call it
-    before building the optimizer and before wrapping the model in DDP. Each new kernel
+    before building the optimizer and before wrapping the model in DDP. An ``Attention``
+    with a short convolution gets ``NeighbourRows``: its taps at the slice's ends read the
+    neighbouring ranks' real rows (one more all-gather per layer, of a few rows). Each new kernel
     takes over the old one's temperature tensor itself, so parameters, ``state_dict`` keys
     and checkpoints are unchanged; the direct and efficient modes compute the same function,
     so a kernel of any ``mode`` converts. Kernels already sequence-parallel get ``group``.
@@ -105,8 +125,7 @@ def convert_sequence_parallel(model: nn.Module, group=None) -> nn.Module:
     Raises:
         ValueError: a kernel that cannot attend across ranks (softmax, linear, holt; a
             TaylorShift order other than 2), an ``Attention`` with ``projection='super'``
-            (its W_A mixes values over the whole sequence) or a short convolution of more
-            than one tap (it reads the neighbouring ranks' tokens), an encoder classifier
+            (its W_A mixes values over the whole sequence), an encoder classifier
             (``TransformerClassifier``, ``VisionTransformer``: a CLS token and pooling over
             the whole sequence; convert its ``blocks``), or no TaylorShift kernel at all.
     """
@@ -128,11 +147,8 @@ def convert_sequence_parallel(model: nn.Module, group=None) -> nn.Module:
                 "whole sequence: it cannot run on a slice; use another projection"
             )
         if isinstance(parent, Attention) and parent.short_conv > 1:
-            raise ValueError(
-                f"{path or 'model'} has short_conv={parent.short_conv}, whose taps reach "
-                "tokens of the neighbouring ranks: it cannot run on a slice yet; convert a "
-                "layer without a short convolution (or short_conv=1)"
-            )
+            # the taps at the slice's ends read the neighbouring ranks' real rows (halo.py)
+            parent.neighbours = NeighbourRows(group)
         for name, child in parent.named_children():
             if isinstance(child, AttentionKernel):
                 setattr(parent, name, _converted(child, f"{path}.{name}".lstrip("."), group))

@@ -273,6 +273,10 @@ class Attention(nn.Module):
         # kv_dim channels).
         width = dim + 2 * self.kv_dim
         self.conv = nn.Conv1d(width, width, short_conv, groups=width, **fk) if short_conv else None
+        # Under sequence parallelism (taylorshift.distributed.convert_sequence_parallel): the
+        # real rows before and after this rank's slice, (x, real, before, after) -> (rows
+        # before, rows after), for the convolution's taps; None in one process.
+        self.neighbours: Callable | None = None
 
     def _reset_alignment(self) -> None:
         # Start at the identity (plus a small perturbation): values pass through unmixed.
@@ -402,6 +406,13 @@ class Attention(nn.Module):
         weight, bias = self.conv.weight, self.conv.bias
         taps = self.short_conv
         left = taps - 1 if causal else (taps - 1) // 2
+        if self.neighbours is not None and taps > 1:
+            if not self_attention:
+                raise ValueError(
+                    "a sequence-parallel layer's short convolution needs self-attention; got "
+                    "a context (cross-attention)"
+                )
+            return self._local_mix_across_ranks(q, k, v, real, left)
 
         def mix(t: Tensor, start: int, zero: Tensor | None) -> Tensor:
             if zero is not None:
@@ -420,6 +431,31 @@ class Attention(nn.Module):
 
         q = mix(q, 0, real if self_attention else None)
         return q, mix(k, self.dim, real), mix(v, self.dim + self.kv_dim, real)
+
+    def _local_mix_across_ranks(
+        self, q: Tensor, k: Tensor, v: Tensor, real: Tensor | None, left: int
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """``_local_mix`` of self-attention on a slice of a sequence split over ranks: the
+        taps that reach past the slice read the neighbouring ranks' real rows
+        (``self.neighbours``) where one process pads with zeros. Real tokens come first in
+        each row here (``forward`` moved them), so the rows after the slice go right after
+        each row's real tokens, where padding (zeroed) stands."""
+        qkv = torch.cat([q, k, v], dim=-1)  # (B, N, width)
+        if real is not None:
+            qkv = qkv * real
+        b, n, c = qkv.shape
+        right = self.short_conv - 1 - left
+        rows = None if real is None else real[..., 0] > 0
+        before, after = self.neighbours(qkv, rows, left, right)
+        # (an empty slice: one zero row more, cut off again, as in _local_mix)
+        ext = torch.cat([before, qkv, qkv.new_zeros((b, right + (1 if n == 0 else 0), c))], 1)
+        if right:
+            count = torch.full((b,), n, device=qkv.device) if rows is None else rows.sum(1)
+            at = left + count[:, None] + torch.arange(right, device=qkv.device)  # (B, right)
+            ext = ext.scatter_add(1, at[..., None].expand(-1, -1, c), after)
+        out = F.conv1d(ext.transpose(1, 2), self.conv.weight, self.conv.bias, groups=c)
+        out = out[..., :n].transpose(1, 2)
+        return tuple(t.contiguous() for t in out.split([self.dim, self.kv_dim, self.kv_dim], -1))
 
     def _local_mix_step(self, q: Tensor, k: Tensor, v: Tensor, cache, mask: Tensor | None):
         """The causal short convolution of T new tokens after the cached ones (decoding)."""

@@ -1,0 +1,109 @@
+"""The short convolution's neighbours across ranks: the real rows just before and after a slice.
+
+A short convolution of k taps gives each token its k - 1 predecessors (causal) or its
+neighbours (centred). On a slice of the sequence the first tokens' predecessors live on
+lower ranks, possibly on several (a rank may hold fewer than k - 1 tokens, or none). And
+the predecessors are *real* tokens: the layer counts padding as absent wherever it sits
+(``taylorshift.nn.attention``, "Padding anywhere").
+
+So every rank takes its last ``before`` real rows (its "tail") and its first ``after`` real
+rows (its "head"), each row of the batch on its own, and one all-gather gives every rank
+every other's (P · B · (before + after) rows, a few KiB per layer). Rank r's predecessors
+are the last ``before`` real rows of the tails of ranks 0 .. r-1 taken in order: any real
+row among them is within the last ``before`` real rows of its own rank, so the tails hold
+them all. Its successors are, likewise, the first ``after`` real rows of the heads of ranks
+r+1 .. P-1. Where the sequence has fewer, the rest are zeros, as the convolution's padding.
+
+Backward: a tail or head feeds the neighbours' outputs, so the gradient w.r.t. the gathered
+rows is summed over the ranks (an all-reduce) and each rank keeps its own part.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from .collectives import _all_gather
+
+
+class AllGatherOverRanks(torch.autograd.Function):
+    """x -> (P, *x.shape): every rank's x, stacked in rank order. Backward: the gradient
+    of every rank's copy of x_r summed over the ranks (all-reduce), rank r's slot kept."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, group) -> Tensor:
+        ctx.group, ctx.rank = group, dist.get_rank(group)
+        return torch.stack(_all_gather(x, group))
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad: Tensor):
+        grad = grad.contiguous()
+        dist.all_reduce(grad, group=ctx.group)
+        return grad[ctx.rank], None
+
+
+def _ends(x: Tensor, real: Tensor, before: int, after: int) -> tuple[Tensor, Tensor]:
+    """This rank's ends, per batch row: (the last ``before`` real rows, right-aligned, and the
+    first ``after`` real rows, left-aligned, together (B, before + after, C); which of those
+    slots hold a real row, (B, before + after) bool). Empty slots are zeros."""
+    b, n, c = x.shape
+    if n == 0:  # an empty slice: nothing to give (x kept in the graph, zero gradients)
+        empty = torch.zeros((b, before + after), dtype=torch.bool, device=x.device)
+        return x.new_zeros((b, before + after, c)) + x.sum() * 0, empty
+    order = torch.sort((~real).to(torch.int8), dim=1, stable=True).indices  # real rows first
+    count = real.sum(1, keepdim=True)  # (B, 1)
+    slot = torch.arange(before + after, device=x.device)[None, :]
+    # the tail's slot j holds real row count - before + j; the head's slot j real row j
+    index = torch.where(slot < before, count - before + slot, slot - before)
+    valid = (index >= 0) & (index < count)
+    rows = order.gather(1, index.clamp(0, n - 1))
+    picked = x.gather(1, rows[..., None].expand(-1, -1, c))
+    return picked * valid[..., None].to(x.dtype), valid
+
+
+def _first_valid(rows: Tensor, valid: Tensor, k: int, last: bool) -> Tensor:
+    """The first (or, ``last``, the last) ``k`` valid rows of (B, M, C) in order, zeros where
+    fewer are valid (invalid rows are zeros)."""
+    key = valid if last else ~valid  # ascending stable sort: the wanted rows at that end
+    order = torch.sort(key.to(torch.int8), dim=1, stable=True).indices
+    ordered = rows.gather(1, order[..., None].expand(-1, -1, rows.shape[2]))
+    return ordered[:, ordered.shape[1] - k :] if last else ordered[:, :k]
+
+
+def neighbour_rows(
+    x: Tensor, real: Tensor | None, before: int, after: int, group
+) -> tuple[Tensor, Tensor]:
+    """The ``before`` real rows that precede this rank's slice in the whole sequence and the
+    ``after`` real rows that follow it, (B, before, C) and (B, after, C); zeros where the
+    sequence has fewer (see the module docs).
+
+    Args:
+        x: (B, N_r, C), this rank's rows (padding rows may hold anything).
+        real: (B, N_r) bool, True = a real token, or None (all real).
+        before, after: how many rows on each side.
+        group: the ranks of the sequence, in sequence order (more than one).
+    """
+    b, _, c = x.shape
+    if real is None:
+        real = torch.ones(x.shape[:2], dtype=torch.bool, device=x.device)
+    ends, valid = _ends(x, real, before, after)
+    gathered = AllGatherOverRanks.apply(ends, group)  # (P, B, before + after, C)
+    flags = torch.stack(_all_gather(valid.to(torch.uint8), group)) > 0  # (P, B, before+after)
+    rank = dist.get_rank(group)
+
+    def joined(parts: Tensor, part_flags: Tensor) -> tuple[Tensor, Tensor]:
+        # (P', B, k, C) -> (B, P' k, C), the ranks in order
+        return parts.transpose(0, 1).reshape(b, -1, c), part_flags.transpose(0, 1).reshape(b, -1)
+
+    lower = joined(gathered[:rank, :, :before], flags[:rank, :, :before])
+    higher = joined(gathered[rank + 1 :, :, before:], flags[rank + 1 :, :, before:])
+    zeros = x.new_zeros((b, before + after, c))
+    pad = torch.zeros((b, before + after), dtype=torch.bool, device=x.device)
+    # (zeros in front or behind: a sequence start or end with fewer rows than asked)
+    first = _first_valid(torch.cat([zeros[:, :before], lower[0]], 1),
+                         torch.cat([pad[:, :before], lower[1]], 1), before, last=True)  # fmt: skip
+    second = _first_valid(torch.cat([higher[0], zeros[:, :after]], 1),
+                          torch.cat([higher[1], pad[:, :after]], 1), after, last=False)  # fmt: skip
+    return first, second
