@@ -1,6 +1,7 @@
 """Sequence-parallel training (run.sequence_parallel) under torchrun (gloo, CPU): a causal
-LM whose sequences are split over 2 processes, and over 2 × 2 (data × sequence), trains
-like one process: same losses, evaluations and weights."""
+LM (with a short convolution and grouped key/value heads) whose sequences are split over 2
+processes, and over 2 × 2 (data × sequence), trains like one process: same losses,
+evaluations and weights."""
 
 from __future__ import annotations
 
@@ -28,6 +29,9 @@ SETTINGS = {
     "model.overrides.depth": 2,
     "model.overrides.dim": 16,
     "model.overrides.num_heads": 2,
+    # a short convolution (its taps cross the slices) and grouped key/value heads
+    "model.overrides.short_conv": 3,
+    "model.overrides.num_kv_heads": 1,
     "optim.epochs": 2,
     "optim.lr": 1e-2,
     "run.progress": "false",
