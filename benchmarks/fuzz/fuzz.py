@@ -47,12 +47,12 @@ alone, in float64; then the LM's decoding in random blocks padded anywhere, from
 and the key/value cache, against the same.
 ``seqpar``: sequence parallelism on ``--ranks`` gloo processes (one thread each; 1: one
 process, no group): a random ``CausalLM`` that ``convert_sequence_parallel`` takes (the
-``taylorshift`` kernel in any mode, plain scores or log temperature; ``_model_config``'s
-projection, grouped key/value heads, q/k norms, biases, positions; a short convolution of
-0-4 taps, ``SP_CONV``), or in 30 % a non-causal ``Attention`` layer on features (the same
-settings), in float64 or float32, padded on the right, the left or anywhere, its tokens
-split over the ranks at random cut
-points (empty slices too): each rank's outputs at its real tokens and every parameter's
+``taylorshift`` kernel in any mode, plain scores or log temperature, local heads;
+``_model_config``'s projection, grouped key/value heads, q/k norms, biases, positions; a
+short convolution of 0-4 taps, ``SP_CONV``), or in 30 % a non-causal ``Attention`` layer
+on features (the same settings), in float64 or float32, padded on the right, the left or
+anywhere, its tokens split over the ranks at random cut points (empty slices too): each
+rank's outputs at its real tokens and every parameter's
 gradient summed over the ranks against the unconverted model on the whole batch in
 float64 (the LM given each token's real-token position, as the whole model counts them).
 
@@ -653,14 +653,18 @@ SP_CONV = [0, 0, 1, 2, 3, 4]
 
 def _seqpar_config(rng: random.Random) -> dict:
     """``_model_config``'s fields with what ``convert_sequence_parallel`` takes: the
-    ``taylorshift`` kernel of order 2 with its output factor and no local heads (any mode,
-    plain scores or a log temperature in some cases), a short convolution of 0-4 taps."""
+    ``taylorshift`` kernel of order 2 with its output factor (any mode, plain scores or a
+    log temperature in some cases, local heads in a quarter where the heads allow them),
+    a short convolution of 0-4 taps."""
     config = _model_config(rng)
     args = {"mode": rng.choice(["auto", "direct", "efficient"])}
     if rng.random() < 0.2:
         args["normalize"] = False
     elif rng.random() < 0.2:
         args["log_temperature"] = True
+    h = config["num_heads"]
+    if h > 1 and config["num_kv_heads"] is None and rng.random() < 0.25:
+        args.update(local_heads=rng.randint(1, h - 1), window=rng.choice([1, 2, 3, 5]))
     config.update(attn_kernel="taylorshift", kernel_args=args, short_conv=rng.choice(SP_CONV))
     return config
 

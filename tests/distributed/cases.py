@@ -101,9 +101,12 @@ MODULE_CASES = [
     "module-conv3-causal-anywhere",
     "module-conv4-full-anywhere",
     "module-conv3-full-nopad",
+    "module-local-causal-anywhere",
+    "module-local-full-anywhere",
+    "module-local-conv3-causal-pad",
 ]
-# short convolutions: slices shorter than the taps reach (and empty ones), so that a
-# slice's neighbours span several ranks
+# short convolutions and local heads (window 3): slices shorter than the taps or the window
+# reach (and empty ones), so that a slice's neighbours span several ranks
 CONV_SPLITS = {2: (2, 11), 4: (5, 1, 0, 7)}
 DDP_CASES = {4: ["ddp-2x2-causal-pad"], 2: []}
 ERROR_CASES = {4: ["error-not-a-member"], 2: []}
@@ -231,11 +234,12 @@ def run_low_precision_case(case_id: str, rank: int, world_size: int) -> None:
     assert rel_error(local[0], exact[0][:, :, s]) < 5e-3, "output relative RMS"
 
 
-def _attention(seed: int = 0, **settings) -> Attention:
+def _attention(seed: int = 0, local_heads: int = 0, **settings) -> Attention:
     torch.manual_seed(seed)
-    module = Attention(
-        12, H, qkv_bias=True, dtype=F64, kernel_args={"mode": "efficient"}, **settings
-    )
+    args = {"mode": "efficient"}
+    if local_heads:
+        args.update(local_heads=local_heads, window=3)
+    module = Attention(12, H, qkv_bias=True, dtype=F64, kernel_args=args, **settings)
     spread_temperature(module, seed)
     return module
 
@@ -261,7 +265,8 @@ def run_module_case(case_id: str, rank: int, world_size: int) -> None:
         mask[1, :4] = False
         g_out = g_out * mask[..., None]
     conv = next((int(p[4:]) for p in parts if p.startswith("conv")), 0)
-    whole = _attention(num_kv_heads=1 if "gqa" in parts else None, short_conv=conv)
+    gqa, local_heads = 1 if "gqa" in parts else None, int("local" in parts)
+    whole = _attention(num_kv_heads=gqa, short_conv=conv, local_heads=local_heads)
     local = convert_sequence_parallel(copy.deepcopy(whole))
     assert type(local.kernel).__name__ == "SequenceParallelKernel"
 
@@ -269,7 +274,8 @@ def run_module_case(case_id: str, rank: int, world_size: int) -> None:
     expected = whole(xf, attn_mask=mask, is_causal=causal)
     (expected * g_out).sum().backward()
 
-    s = _bounds(CONV_SPLITS[world_size], rank) if conv else sequence_shard(n, rank, world_size)
+    reach = conv or "local" in parts  # (whose reach crosses the slices' ends)
+    s = _bounds(CONV_SPLITS[world_size], rank) if reach else sequence_shard(n, rank, world_size)
     xl = x[:, s].clone().requires_grad_()
     out = local(xl, attn_mask=None if mask is None else mask[:, s], is_causal=causal)
     (out * g_out[:, s]).sum().backward()

@@ -103,10 +103,8 @@ def test_sequence_shard_refuses_bad_arguments(args, error, match):
         ("linear", {}, r"kernel is the 'linear' kernel"),
         ("taylorshift", {"order": 4, "mode": "direct"},
          r"kernel has Taylor order 4; sequence parallelism .* supports order 2 only"),
-        ("taylorshift", {"local_heads": 1},
-         r"kernel has local_heads=1; their sliding window does not cross ranks"),
     ],
-    ids=["softmax", "linear", "order-4", "local-heads"],
+    ids=["softmax", "linear", "order-4"],
 )  # fmt: skip
 def test_conversion_refuses_kernels_that_cannot_span_ranks(kernel, kernel_args, match):
     module = nn.Sequential(Attention(8, 2, attn_kernel=kernel, kernel_args=kernel_args))

@@ -63,21 +63,24 @@ def _ends(x: Tensor, real: Tensor, before: int, after: int) -> tuple[Tensor, Ten
     return picked * valid[..., None].to(x.dtype), valid
 
 
-def _first_valid(rows: Tensor, valid: Tensor, k: int, last: bool) -> Tensor:
+def _first_valid(rows: Tensor, valid: Tensor, k: int, last: bool) -> tuple[Tensor, Tensor]:
     """The first (or, ``last``, the last) ``k`` valid rows of (B, M, C) in order, zeros where
-    fewer are valid (invalid rows are zeros)."""
+    fewer are valid (invalid rows are zeros), and which of the k are valid (B, k)."""
     key = valid if last else ~valid  # ascending stable sort: the wanted rows at that end
     order = torch.sort(key.to(torch.int8), dim=1, stable=True).indices
     ordered = rows.gather(1, order[..., None].expand(-1, -1, rows.shape[2]))
-    return ordered[:, ordered.shape[1] - k :] if last else ordered[:, :k]
+    flags = valid.gather(1, order)
+    end = slice(ordered.shape[1] - k, None) if last else slice(0, k)
+    return ordered[:, end], flags[:, end]
 
 
 def neighbour_rows(
     x: Tensor, real: Tensor | None, before: int, after: int, group
-) -> tuple[Tensor, Tensor]:
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """The ``before`` real rows that precede this rank's slice in the whole sequence and the
-    ``after`` real rows that follow it, (B, before, C) and (B, after, C); zeros where the
-    sequence has fewer (see the module docs).
+    ``after`` real rows that follow it, (B, before, C) and (B, after, C), zeros where the
+    sequence has fewer (see the module docs); and which of them are rows of the sequence,
+    (B, before) and (B, after) bool (the missing ones: the first before, the last after).
 
     Args:
         x: (B, N_r, C), this rank's rows (padding rows may hold anything).
@@ -102,8 +105,10 @@ def neighbour_rows(
     zeros = x.new_zeros((b, before + after, c))
     pad = torch.zeros((b, before + after), dtype=torch.bool, device=x.device)
     # (zeros in front or behind: a sequence start or end with fewer rows than asked)
-    first = _first_valid(torch.cat([zeros[:, :before], lower[0]], 1),
-                         torch.cat([pad[:, :before], lower[1]], 1), before, last=True)  # fmt: skip
-    second = _first_valid(torch.cat([higher[0], zeros[:, :after]], 1),
-                          torch.cat([higher[1], pad[:, :after]], 1), after, last=False)  # fmt: skip
-    return first, second
+    first, first_valid = _first_valid(torch.cat([zeros[:, :before], lower[0]], 1),
+                                      torch.cat([pad[:, :before], lower[1]], 1), before,
+                                      last=True)  # fmt: skip
+    second, second_valid = _first_valid(torch.cat([higher[0], zeros[:, :after]], 1),
+                                        torch.cat([higher[1], pad[:, :after]], 1), after,
+                                        last=False)  # fmt: skip
+    return first, second, first_valid, second_valid

@@ -10,11 +10,14 @@ Position offsets are the model's concern (``sequence_shard(...).start``).
 
 from __future__ import annotations
 
+import torch
 from torch import nn
 
 from ..models.encoder import EncoderClassifier
 from ..nn.attention import Attention
 from ..nn.kernels import AttentionKernel, TaylorShiftKernel
+from ..ops.masks import key_padding_of
+from ..ops.window import sliding_window_attention
 from .collectives import group_place
 from .halo import neighbour_rows
 from .sequence_parallel import sequence_parallel_taylor_shift
@@ -26,9 +29,12 @@ class SequenceParallelKernel(TaylorShiftKernel):
     Takes this rank's q (B, H, N_r, d), k, v and a key-padding ``attn_mask`` broadcastable to
     (B, H, 1, N_r); see ``sequence_parallel_taylor_shift``. ``attn_drop`` drops local keys
     (as the ``taylorshift`` kernel does); the count of kept keys is summed over the ranks.
+    Local heads (``local_heads``) read the neighbouring ranks' real key/value rows that
+    their window reaches (``neighbour_rows``; key padding only).
 
     Args:
-        temperature, learn_temperature, normalize: as the ``taylorshift`` kernel.
+        temperature, learn_temperature, normalize, local_heads, window: as the
+            ``taylorshift`` kernel.
         group: the ranks that share one sequence, in sequence order (None: the default
             group, or a single process without ``torch.distributed``). Not saved in the
             ``state_dict``; :func:`convert_sequence_parallel` sets it.
@@ -45,6 +51,8 @@ class SequenceParallelKernel(TaylorShiftKernel):
         temperature=1.0,
         learn_temperature=True,
         normalize=True,
+        local_heads=0,
+        window=64,
         group=None,
     ):
         super().__init__(
@@ -56,6 +64,8 @@ class SequenceParallelKernel(TaylorShiftKernel):
             temperature=temperature,
             learn_temperature=learn_temperature,
             normalize=normalize,
+            local_heads=local_heads,
+            window=window,
         )
         self.group = group
 
@@ -68,6 +78,55 @@ class SequenceParallelKernel(TaylorShiftKernel):
     def group(self, group) -> None:
         group_place(group)
         self._group = _SharedHandle(group)
+
+    def attend(self, q, k, v, attn_mask, is_causal):
+        if not self.local_heads or group_place(self.group)[0] == 1:
+            return super().attend(q, k, v, attn_mask, is_causal)
+        padding = key_padding_of(attn_mask) if attn_mask is not None else None
+        if attn_mask is not None and (padding is None or padding.shape[-3] != 1):
+            raise ValueError(
+                "local heads across ranks take key padding only ((B, N) or (B, 1, 1, N)); got "
+                f"attn_mask of shape {tuple(attn_mask.shape)}"
+            )
+        if k.shape[1] != q.shape[1] or q.shape[-2] != k.shape[-2]:
+            raise ValueError(
+                "local heads across ranks need self-attention with as many key/value heads as "
+                f"query heads; got q {tuple(q.shape)} and k {tuple(k.shape)}"
+            )
+        ell = self.local_heads
+        real = None if padding is None else padding.expand(q.shape[0], 1, 1, -1)[:, 0, 0, :]
+        local = self._local_across_ranks(q[:, :ell], k[:, :ell], v[:, :ell], real, is_causal)
+        rest = self._taylor_heads(q[:, ell:], k[:, ell:], v[:, ell:], attn_mask, is_causal)
+        return torch.cat([local, rest.to(local.dtype)], dim=1)
+
+    def _local_across_ranks(self, q, k, v, real, is_causal):
+        """The local heads' sliding window on this rank's slice, its keys and values
+        extended by the neighbouring ranks' real rows (``neighbour_rows``): one self-
+        attention over [rows before, the slice, rows after] with key padding, where the
+        rows after stand right behind each row's real tokens (real tokens come first here:
+        ``Attention.forward`` moved them), the outputs of the slice kept."""
+        b, h, n, d = q.shape
+        dv = v.shape[-1]
+        before, after = self.window - 1, 0 if is_causal else self.window - 1
+        if real is None:
+            real = torch.ones((b, n), dtype=torch.bool, device=q.device)
+        kv = torch.cat([k, v], dim=-1).transpose(1, 2).reshape(b, n, h * (d + dv))
+        kv = kv * real[..., None].to(kv.dtype)  # (padding zero: the rows after add onto it)
+        rows_before, rows_after, valid_before, valid_after = neighbour_rows(
+            kv, real, before, after, self.group
+        )
+        ext = torch.cat([rows_before, kv, kv.new_zeros((b, after, kv.shape[2]))], dim=1)
+        keep = torch.cat([valid_before, real, real.new_zeros((b, after))], dim=1)
+        if after:
+            at = before + real.sum(1, keepdim=True) + torch.arange(after, device=q.device)
+            ext = ext.scatter_add(1, at[..., None].expand(-1, -1, ext.shape[2]), rows_after)
+            keep = keep.scatter(1, at, valid_after)
+        ext = ext.view(b, before + n + after, h, d + dv).transpose(1, 2)
+        q_ext = torch.cat([q.new_zeros((b, h, before, d)), q, q.new_zeros((b, h, after, d))], 2)
+        out = sliding_window_attention(
+            q_ext, ext[..., :d], ext[..., d:], self.window, keep[:, None, None, :], is_causal
+        )
+        return out[:, :, before : before + n]
 
     def _attention(self, q, k, v, attn_mask, is_causal):
         return sequence_parallel_taylor_shift(
@@ -94,7 +153,7 @@ class NeighbourRows:
         if group_place(self.group)[0] == 1:
             b, _, c = x.shape
             return x.new_zeros((b, before, c)), x.new_zeros((b, after, c))
-        return neighbour_rows(x, real, before, after, self.group)
+        return neighbour_rows(x, real, before, after, self.group)[:2]
 
     def __deepcopy__(self, memo) -> NeighbourRows:
         return self
@@ -174,11 +233,6 @@ def _converted(kernel: AttentionKernel, path: str, group) -> SequenceParallelKer
             f"{path} has Taylor order {kernel.order}; sequence parallelism uses the efficient "
             "form, which supports order 2 only"
         )
-    if kernel.local_heads:
-        raise ValueError(
-            f"{path} has local_heads={kernel.local_heads}; their sliding window does not "
-            "cross ranks yet: convert a kernel without local heads"
-        )
     if not kernel.output_factor:
         raise ValueError(
             f"{path} has output_factor=False; the sequence-parallel form keeps the paper's "
@@ -189,6 +243,8 @@ def _converted(kernel: AttentionKernel, path: str, group) -> SequenceParallelKer
         kernel.head_dim,
         attn_drop=kernel.attn_drop,
         normalize=kernel.normalize,
+        local_heads=kernel.local_heads,
+        window=kernel.window,
         group=group,
     )
     # Take over the kernel's own temperature tensor (parameter or buffer, τ or log τ), so

@@ -36,7 +36,7 @@ _LM_TEMPERATURE_LR = {"temperature": 10.0}
 # per byte 2.730 ± 0.056, five seeds, against 2.714 ± 0.035; without them 2.815 ± 0.020;
 # two local heads: 2.608 ± 0.037, past softmax). For the TaylorShift kernel only;
 # --set model.kernel_args.taylorshift.local_heads=0 is the paper's model. Not in the `lm`
-# preset: sequence parallelism (run.sequence_parallel) does not take local heads yet.
+# preset (it predates local heads across ranks in run.sequence_parallel, 2026-11-28).
 _LM_LOCAL_HEADS = {"local_heads": 1, "window": 32}
 
 
