@@ -1,7 +1,7 @@
-"""The short convolution's neighbours across ranks: the real rows just before and after a slice.
+"""The real rows just before and after a rank's slice: short convolutions and local heads.
 
 A short convolution of k taps gives each token its k - 1 predecessors (causal) or its
-neighbours (centred). On a slice of the sequence the first tokens' predecessors live on
+neighbours (centred); a local head's window of w its w - 1 (and, centred, w - 1 after). On a slice of the sequence the first tokens' predecessors live on
 lower ranks, possibly on several (a rank may hold fewer than k - 1 tokens, or none). And
 the predecessors are *real* tokens: the layer counts padding as absent wherever it sits
 (``taylorshift.nn.attention``, "Padding anywhere").
@@ -60,7 +60,7 @@ def _ends(x: Tensor, real: Tensor, before: int, after: int) -> tuple[Tensor, Ten
     valid = (index >= 0) & (index < count)
     rows = order.gather(1, index.clamp(0, n - 1))
     picked = x.gather(1, rows[..., None].expand(-1, -1, c))
-    return picked * valid[..., None].to(x.dtype), valid
+    return torch.where(valid[..., None], picked, 0.0), valid  # (not a product: NaN padding)
 
 
 def _first_valid(rows: Tensor, valid: Tensor, k: int, last: bool) -> tuple[Tensor, Tensor]:
