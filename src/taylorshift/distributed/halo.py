@@ -1,14 +1,15 @@
 """The real rows just before and after a rank's slice: short convolutions and local heads.
 
 A short convolution of k taps gives each token its k - 1 predecessors (causal) or its
-neighbours (centred); a local head's window of w its w - 1 (and, centred, w - 1 after). On a slice of the sequence the first tokens' predecessors live on
-lower ranks, possibly on several (a rank may hold fewer than k - 1 tokens, or none). And
-the predecessors are *real* tokens: the layer counts padding as absent wherever it sits
+neighbours (centred); a local head's window of w its w - 1 (and, centred, w - 1 after).
+On a slice of the sequence the first tokens' predecessors live on lower ranks, possibly on
+several (a rank may hold fewer than k - 1 tokens, or none). And the predecessors are
+*real* tokens: the layer counts padding as absent wherever it sits
 (``taylorshift.nn.attention``, "Padding anywhere").
 
 So every rank takes its last ``before`` real rows (its "tail") and its first ``after`` real
 rows (its "head"), each row of the batch on its own, and one all-gather gives every rank
-every other's (P · B · (before + after) rows, a few KiB per layer). Rank r's predecessors
+every other's (P · B · (before + after) rows per layer). Rank r's predecessors
 are the last ``before`` real rows of the tails of ranks 0 .. r-1 taken in order: any real
 row among them is within the last ``before`` real rows of its own rank, so the tails hold
 them all. Its successors are, likewise, the first ``after`` real rows of the heads of ranks

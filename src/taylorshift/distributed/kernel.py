@@ -238,15 +238,8 @@ def _converted(kernel: AttentionKernel, path: str, group) -> SequenceParallelKer
             f"{path} has output_factor=False; the sequence-parallel form keeps the paper's "
             "output factor (its counts span the ranks): convert a kernel with the factor"
         )
-    new = SequenceParallelKernel(
-        kernel.num_heads,
-        kernel.head_dim,
-        attn_drop=kernel.attn_drop,
-        normalize=kernel.normalize,
-        local_heads=kernel.local_heads,
-        window=kernel.window,
-        group=group,
-    )
+    kept = {k: getattr(kernel, k) for k in ("attn_drop", "normalize", "local_heads", "window")}
+    new = SequenceParallelKernel(kernel.num_heads, kernel.head_dim, group=group, **kept)
     # Take over the kernel's own temperature tensor (parameter or buffer, τ or log τ), so
     # parameters, state_dict keys and checkpoints are unchanged.
     name = "log_temperature" if kernel.log_temperature_param else "temperature"
