@@ -93,8 +93,10 @@ def neighbour_rows(
     if real is None:
         real = torch.ones(x.shape[:2], dtype=torch.bool, device=x.device)
     ends, valid = _ends(x, real, before, after)
-    gathered = AllGatherOverRanks.apply(ends, group)  # (P, B, before + after, C)
-    flags = torch.stack(_all_gather(valid.to(torch.uint8), group)) > 0  # (P, B, before+after)
+    # one collective: which slots hold a row travels as one more channel
+    packed = torch.cat([ends, valid[..., None].to(ends.dtype)], dim=-1)
+    gathered = AllGatherOverRanks.apply(packed, group)  # (P, B, before + after, C + 1)
+    gathered, flags = gathered[..., :c], gathered[..., c] > 0
     rank = dist.get_rank(group)
 
     def joined(parts: Tensor, part_flags: Tensor) -> tuple[Tensor, Tensor]:
