@@ -112,6 +112,7 @@ DDP_CASES = {4: ["ddp-2x2-causal-pad"], 2: []}
 ERROR_CASES = {4: ["error-not-a-member"], 2: []}
 BENCH_CASES = {2: ["bench-measure-smoke"], 4: []}
 FUZZ_CASES = {2: ["fuzz-seqpar"], 4: []}
+HALO_CASES = ["halo-rows"]
 
 
 def case_ids(world_size: int) -> list[str]:
@@ -123,6 +124,7 @@ def case_ids(world_size: int) -> list[str]:
         *ERROR_CASES[world_size],
         *BENCH_CASES[world_size],
         *FUZZ_CASES[world_size],
+        *HALO_CASES,
     ]
 
 
@@ -348,6 +350,58 @@ def run_bench_case(rank: int, world_size: int) -> None:
     assert all(t > 0 for t in times.values()), times
 
 
+def _neighbours_by_hand(x, real, start, stop, before, after):
+    """The plain reference of ``neighbour_rows``: from the whole sequence, each row's real
+    rows before ``start`` (the last ``before``) and from ``stop`` on (the first ``after``),
+    zeros and False where there are fewer."""
+    rows_b, rows_a, ok_b, ok_a = [], [], [], []
+    for i in range(x.shape[0]):
+        prev = x[i, :start][real[i, :start]]
+        nxt = x[i, stop:][real[i, stop:]]
+        prev, nxt = prev[prev.shape[0] - min(before, prev.shape[0]) :], nxt[:after]
+        rows_b.append(torch.cat([x.new_zeros((before - prev.shape[0], x.shape[2])), prev]))
+        rows_a.append(torch.cat([nxt, x.new_zeros((after - nxt.shape[0], x.shape[2]))]))
+        ok_b.append(torch.arange(before) >= before - prev.shape[0])
+        ok_a.append(torch.arange(after) < nxt.shape[0])
+    return torch.stack(rows_b), torch.stack(rows_a), torch.stack(ok_b), torch.stack(ok_a)
+
+
+def run_halo_case(rank: int, world_size: int) -> None:
+    """``neighbour_rows`` against the rows picked by hand from the whole sequence, for
+    uneven and empty slices, padding anywhere and 0-5 rows each side; and its gradient: a
+    row's gradient, summed over the ranks, reaches its own rank."""
+    from taylorshift.distributed.halo import neighbour_rows
+
+    g = torch.Generator().manual_seed(3)
+    n = 17
+    x = torch.randn(3, n, 4, generator=g, dtype=F64)
+    real = torch.rand(3, n, generator=g) < 0.6
+    real[2] = False  # a row with no real token
+    cuts = {2: [0, 2, n], 4: [0, 2, 9, 9, n]}[world_size]  # (rank 2 of 4 holds nothing)
+    start, stop = cuts[rank], cuts[rank + 1]
+
+    def rows_by_hand(r: int, before: int, after: int, whole: torch.Tensor):
+        return _neighbours_by_hand(whole, real, cuts[r], cuts[r + 1], before, after)
+
+    for before, after in ((0, 0), (1, 0), (3, 2), (5, 5), (0, 4)):
+        xl = x[:, start:stop].clone().requires_grad_()
+        got = neighbour_rows(xl, real[:, start:stop], before, after, None)
+        want = rows_by_hand(rank, before, after, x)
+        names = ["rows before", "rows after", "valid before", "valid after"]
+        for a, b, what in zip(got, want, names, strict=True):
+            assert torch.equal(a.detach(), b), f"{what}, {before} before, {after} after"
+        # each rank weighs the rows it reads by rank + 1: a row's gradient is the sum of the
+        # weights of the ranks that read it, whichever rank holds it
+        (got[0].sum() + got[1].sum()).mul(rank + 1).backward()
+        want_grad = torch.zeros_like(x)
+        for r in range(world_size):
+            whole = x.clone().requires_grad_()
+            rows_before, rows_after, _, _ = rows_by_hand(r, before, after, whole)
+            (rows_before.sum() + rows_after.sum()).mul(r + 1).backward()
+            want_grad += whole.grad
+        assert torch.equal(xl.grad, want_grad[:, start:stop]), f"gradient, {before}, {after}"
+
+
 def run_fuzz_case(rank: int, world_size: int) -> None:
     """benchmarks/fuzz/fuzz.py's seqpar cases run in this group (the script's own runs start
     a process per rank; tests/test_fuzz_script.py shows in one process that they can fail)."""
@@ -382,6 +436,7 @@ def run_cases(rank: int, world_size: int) -> dict[str, str | None]:
     runs += [(i, lambda: run_error_case(rank, groups)) for i in ERROR_CASES[world_size]]
     runs += [(i, lambda: run_bench_case(rank, world_size)) for i in BENCH_CASES[world_size]]
     runs += [(i, lambda: run_fuzz_case(rank, world_size)) for i in FUZZ_CASES[world_size]]
+    runs += [(i, lambda: run_halo_case(rank, world_size)) for i in HALO_CASES]
     results: dict[str, str | None] = {}
     for case_id, run in runs:
         try:

@@ -3,8 +3,10 @@
 Outputs and gradients (q, k, v, temperature; module parameters) in float64, non-causal and
 causal, with and without key padding, normalize True and False, balanced and uneven shards,
 empty shards, several chunks per shard, cross-attention split unlike the queries, an
-Attention module on a slice, data × sequence parallelism under DDP; and float16/bfloat16
-inputs against the single-process form's own error (SPEC §8). The cases are in
+Attention module on a slice (grouped heads, short convolutions and local heads reading the
+neighbouring ranks' rows, padding anywhere), data × sequence parallelism under DDP; the
+neighbours' rows (``neighbour_rows``) and their gradients against a plain reference; and
+float16/bfloat16 inputs against the single-process form's own error (SPEC §8). The cases are in
 ``cases.py``; one spawn per world size runs them all (module-scoped fixture), each case
 is reported as its own test here.
 """
