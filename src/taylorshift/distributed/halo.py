@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from .collectives import _all_gather
+from .collectives import _all_gather, group_place
 
 
 class AllGatherOverRanks(torch.autograd.Function):
@@ -115,3 +115,36 @@ def neighbour_rows(
                                         torch.cat([higher[1], pad[:, :after]], 1), after,
                                         last=False)  # fmt: skip
     return first, second, first_valid, second_valid
+
+
+def with_neighbours(
+    x: Tensor, real: Tensor | None, before: int, after: int, group
+) -> tuple[Tensor, Tensor]:
+    """This rank's rows with the neighbouring ranks' real rows around them, (B, before + N_r
+    + after, C), and which rows are real tokens, (B, before + N_r + after) bool.
+
+    The rows before come first; the rows after stand right behind each batch row's real
+    rows, so ``x`` must hold its real rows first (``Attention.forward`` moves them there),
+    and its padding rows come out zero. One process (a group of one, or none): zeros
+    around, marked not real. Used by the short convolution (``Attention.neighbours``) and
+    the local heads (``SequenceParallelKernel``) of a converted layer.
+    """
+    b, n, c = x.shape
+    if real is None:
+        real = torch.ones((b, n), dtype=torch.bool, device=x.device)
+    if group_place(group)[0] == 1:
+        rows_before, rows_after = x.new_zeros((b, before, c)), x.new_zeros((b, after, c))
+        valid_before, valid_after = real.new_zeros((b, before)), real.new_zeros((b, after))
+    else:
+        rows_before, rows_after, valid_before, valid_after = neighbour_rows(
+            x, real, before, after, group
+        )
+    # (padding zero, not a product: a NaN in a padded row stays out; the rows after add on)
+    x = torch.where(real[..., None], x, 0.0)
+    ext = torch.cat([rows_before, x, x.new_zeros((b, after, c))], dim=1)
+    keep = torch.cat([valid_before, real, real.new_zeros((b, after))], dim=1)
+    if after:
+        at = before + real.sum(1, keepdim=True) + torch.arange(after, device=x.device)
+        ext = ext.scatter_add(1, at[..., None].expand(-1, -1, c), rows_after)
+        keep = keep.scatter(1, at, valid_after)
+    return ext, keep

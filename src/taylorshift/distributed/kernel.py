@@ -19,7 +19,7 @@ from ..nn.kernels import AttentionKernel, TaylorShiftKernel
 from ..ops.masks import key_padding_of
 from ..ops.window import sliding_window_attention
 from .collectives import group_place
-from .halo import neighbour_rows
+from .halo import with_neighbours
 from .sequence_parallel import sequence_parallel_taylor_shift
 
 
@@ -103,24 +103,13 @@ class SequenceParallelKernel(TaylorShiftKernel):
         """The local heads' sliding window on this rank's slice, its keys and values
         extended by the neighbouring ranks' real rows (``neighbour_rows``): one self-
         attention over [rows before, the slice, rows after] with key padding, where the
-        rows after stand right behind each row's real tokens (real tokens come first here:
-        ``Attention.forward`` moved them), the outputs of the slice kept."""
+        rows after stand right behind each row's real tokens (``with_neighbours``), the
+        outputs of the slice kept."""
         b, h, n, d = q.shape
         dv = v.shape[-1]
         before, after = self.window - 1, 0 if is_causal else self.window - 1
-        if real is None:
-            real = torch.ones((b, n), dtype=torch.bool, device=q.device)
         kv = torch.cat([k, v], dim=-1).transpose(1, 2).reshape(b, n, h * (d + dv))
-        kv = kv * real[..., None].to(kv.dtype)  # (padding zero: the rows after add onto it)
-        rows_before, rows_after, valid_before, valid_after = neighbour_rows(
-            kv, real, before, after, self.group
-        )
-        ext = torch.cat([rows_before, kv, kv.new_zeros((b, after, kv.shape[2]))], dim=1)
-        keep = torch.cat([valid_before, real, real.new_zeros((b, after))], dim=1)
-        if after:
-            at = before + real.sum(1, keepdim=True) + torch.arange(after, device=q.device)
-            ext = ext.scatter_add(1, at[..., None].expand(-1, -1, ext.shape[2]), rows_after)
-            keep = keep.scatter(1, at, valid_after)
+        ext, keep = with_neighbours(kv, real, before, after, self.group)
         ext = ext.view(b, before + n + after, h, d + dv).transpose(1, 2)
         q_ext = torch.cat([q.new_zeros((b, h, before, d)), q, q.new_zeros((b, h, after, d))], 2)
         out = sliding_window_attention(
@@ -143,17 +132,14 @@ class SequenceParallelKernel(TaylorShiftKernel):
 
 
 class NeighbourRows:
-    """``Attention.neighbours`` under sequence parallelism: ``neighbour_rows`` on ``group``
+    """``Attention.neighbours`` under sequence parallelism: ``with_neighbours`` on ``group``
     (zeros in one process). ``copy.deepcopy`` shares the group, as ``_SharedHandle``."""
 
     def __init__(self, group) -> None:
         self.group = group
 
     def __call__(self, x, real, before: int, after: int):
-        if group_place(self.group)[0] == 1:
-            b, _, c = x.shape
-            return x.new_zeros((b, before, c)), x.new_zeros((b, after, c))
-        return neighbour_rows(x, real, before, after, self.group)[:2]
+        return with_neighbours(x, real, before, after, self.group)[0]
 
     def __deepcopy__(self, memo) -> NeighbourRows:
         return self

@@ -273,9 +273,10 @@ class Attention(nn.Module):
         # kv_dim channels).
         width = dim + 2 * self.kv_dim
         self.conv = nn.Conv1d(width, width, short_conv, groups=width, **fk) if short_conv else None
-        # Under sequence parallelism (taylorshift.distributed.convert_sequence_parallel): the
-        # real rows before and after this rank's slice, (x, real, before, after) -> (rows
-        # before, rows after), for the convolution's taps; None in one process.
+        # Under sequence parallelism (taylorshift.distributed.convert_sequence_parallel):
+        # (x, real, before, after) -> x (B, N, C) with the real rows of the neighbouring
+        # ranks around it, (B, before + N + after, C), for the convolution's taps (real rows
+        # first in x, padding zeroed; distributed.halo.with_neighbours); None in one process.
         self.neighbours: Callable | None = None
 
     def _reset_alignment(self) -> None:
@@ -437,22 +438,14 @@ class Attention(nn.Module):
     ) -> tuple[Tensor, Tensor, Tensor]:
         """``_local_mix`` of self-attention on a slice of a sequence split over ranks: the
         taps that reach past the slice read the neighbouring ranks' real rows
-        (``self.neighbours``) where one process pads with zeros. Real tokens come first in
-        each row here (``forward`` moved them), so the rows after the slice go right after
-        each row's real tokens, where padding (zeroed) stands."""
+        (``self.neighbours``) where one process pads with zeros (real tokens come first in
+        each row here: ``forward`` moved them)."""
         qkv = torch.cat([q, k, v], dim=-1)  # (B, N, width)
-        if real is not None:
-            qkv = qkv * real
-        b, n, c = qkv.shape
-        right = self.short_conv - 1 - left
+        n, c = qkv.shape[1:]
         rows = None if real is None else real[..., 0] > 0
-        before, after = self.neighbours(qkv, rows, left, right)
-        # (an empty slice: one zero row more, cut off again, as in _local_mix)
-        ext = torch.cat([before, qkv, qkv.new_zeros((b, right + (1 if n == 0 else 0), c))], 1)
-        if right:
-            count = torch.full((b,), n, device=qkv.device) if rows is None else rows.sum(1)
-            at = left + count[:, None] + torch.arange(right, device=qkv.device)  # (B, right)
-            ext = ext.scatter_add(1, at[..., None].expand(-1, -1, c), after)
+        ext = self.neighbours(qkv, rows, left, self.short_conv - 1 - left)
+        if n == 0:  # (an empty slice: one zero row more, cut off again, as in _local_mix)
+            ext = F.pad(ext, (0, 0, 0, 1))
         out = F.conv1d(ext.transpose(1, 2), self.conv.weight, self.conv.bias, groups=c)
         out = out[..., :n].transpose(1, 2)
         return tuple(t.contiguous() for t in out.split([self.dim, self.kv_dim, self.kv_dim], -1))
