@@ -28,6 +28,7 @@ import time
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+import torch.nn.functional as F
 
 from taylorshift.distributed import convert_sequence_parallel, sequence_shard
 from taylorshift.nn import Attention
@@ -51,11 +52,8 @@ def _layer(settings: dict) -> Attention:
 
 def _switched_off(layer: Attention) -> Attention:
     """The same layer with zeros where the neighbours' rows would be."""
-    if layer.neighbours is not None:
-        layer.neighbours = lambda x, real, before, after: (
-            x.new_zeros((x.shape[0], before, x.shape[2])),
-            x.new_zeros((x.shape[0], after, x.shape[2])),
-        )
+    if layer.neighbours is not None:  # (no padding here: the slice with zeros around it)
+        layer.neighbours = lambda x, real, before, after: F.pad(x, (0, 0, before, after))
     if layer.kernel.local_heads:  # the window within the slice (the one-process attend)
         layer.kernel.attend = functools.partial(TaylorShiftKernel.attend, layer.kernel)
     return layer
