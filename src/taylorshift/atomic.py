@@ -4,15 +4,57 @@
 gives it the usual mode, ``os.replace``s it over the destination (atomic on POSIX and
 Windows) and fsyncs the folder so the rename itself survives a power loss. Checkpoints,
 model weights, metrics rewrites and benchmark results all go through it.
+
+``interrupts_deferred`` holds Ctrl-C back while a write of several files (a checkpoint)
+finishes: an interrupt in the middle of ``torch.save`` lets torch's zip writer raise its
+own error while closing ("unexpected pos"), which hides the ``KeyboardInterrupt`` and
+turns a clean stop into a traceback.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import tempfile
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 
-__all__ = ["fsync_path", "write_atomic"]
+__all__ = ["fsync_path", "interrupts_deferred", "write_atomic"]
+
+
+@contextlib.contextmanager
+def interrupts_deferred() -> Iterator[None]:
+    """Delivers a Ctrl-C (SIGINT) that arrives inside the block when the block has finished.
+
+    The first SIGINT is noted and the handler before the block put back, so a second one acts
+    at once (a user who insists is never stuck). When the block ends normally, a noted SIGINT
+    is raised again for that handler (Python's default: ``KeyboardInterrupt`` here); when
+    the block raises, its exception goes on. Outside the main thread, or where the SIGINT
+    handler is not Python's to change, the block runs as it is.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.getsignal(signal.SIGINT)
+    if previous is None:  # installed from C: leave it alone
+        yield
+        return
+    noted = []
+
+    def note(signum: int, frame: object) -> None:
+        noted.append(signum)
+        signal.signal(signal.SIGINT, previous)
+
+    signal.signal(signal.SIGINT, note)
+    try:
+        yield
+    finally:
+        if signal.getsignal(signal.SIGINT) is note:
+            signal.signal(signal.SIGINT, previous)
+    if noted:
+        signal.raise_signal(signal.SIGINT)
 
 
 def fsync_path(path: str | os.PathLike) -> None:

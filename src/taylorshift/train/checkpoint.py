@@ -39,7 +39,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..atomic import fsync_path, write_atomic
+from ..atomic import fsync_path, interrupts_deferred, write_atomic
 from ..models import save_model
 
 __all__ = [
@@ -155,7 +155,22 @@ def save_checkpoint(
 
     Returns:
         the checkpoint folder.
+
+    A Ctrl-C while it writes takes effect when the checkpoint is complete
+    (``interrupts_deferred``): the run stops with this step saved and ``latest`` on it.
     """
+    with interrupts_deferred():
+        return _save_checkpoint(out_dir, step, model, state, config, keep)
+
+
+def _save_checkpoint(
+    out_dir: str | os.PathLike,
+    step: int,
+    model: nn.Module,
+    state: dict[str, Any],
+    config: dict[str, Any],
+    keep: int,
+) -> Path:
     root = Path(out_dir) / CHECKPOINT_DIR
     root.mkdir(parents=True, exist_ok=True)
     final = root / _step_name(step)
