@@ -52,6 +52,12 @@ def paper_table(
         rows.append([d, *cells])
     headers = ["d = dv", "non-causal, any P", "causal, P = 2", "causal, P = 4", "causal, P = 8"]
     lines.append(markdown_table(headers, rows, "r" * len(headers)))
+    lines += [
+        "",
+        "Attention alone. A layer with a short convolution of k taps or local heads of window "
+        "w sends one more all-gather of the rows next to each slice, P · B · (k − 1) rows "
+        "(2 (w − 1) for non-causal local heads), independent of N (docs/distributed.md).",
+    ]
     return "\n".join(lines)
 
 
