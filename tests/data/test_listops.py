@@ -293,6 +293,13 @@ def test_tsv_errors(tmp_path):
     _write_tsv(bad_row, [("[MAX 1 2 ]", 2), ("[MAX 1 2 ]", 12)])
     with pytest.raises(ValueError, match=r"line 3 must be '<expression>\\t<digit>'"):
         ListOpsTSV(path=bad_row)
+    cut = tmp_path / "c.tsv"  # every token valid, the row cut short (a damaged file)
+    _write_tsv(cut, [("( [MAX 1 2 ] )", 2), ("( ( [MIN 4 ) 5 )", 4)])
+    with pytest.raises(ValueError, match=r"line 3: the expression is not complete: 1 '\[' vs"):
+        ListOpsTSV(path=cut)
+    _write_tsv(cut, [("( ( [MIN 4 ) 5 ]", 4)])
+    with pytest.raises(ValueError, match=r"line 2: .* 2 '\(' vs 1 '\)'"):
+        ListOpsTSV(path=cut)
     with pytest.raises(ValueError, match=r"a folder holding basic_train.tsv, got the folder"):
         ListOpsTSV("train", path=tmp_path / ".")
     with pytest.raises(ValueError, match="path must be an existing file or folder, got"):

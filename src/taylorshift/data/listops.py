@@ -594,6 +594,13 @@ class ListOpsTSV(Dataset):
                     ids = tokenize(row[0], self.max_len)
                 except ValueError as err:
                     raise ValueError(f"{self.path} line {line}: {err}") from None
+                for left, right in ("[]", "()"):  # a cut or garbled row (cheap: str.count)
+                    opened, closed = row[0].count(left), row[0].count(right)
+                    if opened != closed:
+                        raise ValueError(
+                            f"{self.path} line {line}: the expression is not complete: "
+                            f"{opened} '{left}' vs {closed} '{right}'"
+                        )
                 self.sources.append(row[0])
                 self.ids.append(ids.to(torch.uint8))  # (LISTOPS_TOKENS has < 256 ids)
                 self.labels.append(int(row[1]))
