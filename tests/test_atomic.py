@@ -10,6 +10,14 @@ import pytest
 from taylorshift.atomic import interrupts_deferred
 
 
+@pytest.fixture(autouse=True)
+def ctrl_c_raises():
+    """Python's own SIGINT handler during the test (a worker may have it otherwise)."""
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, before)
+
+
 def test_a_ctrl_c_inside_the_block_is_raised_when_it_ends():
     before = signal.getsignal(signal.SIGINT)
     finished = []

@@ -12,6 +12,14 @@ from taylorshift.train import latest_checkpoint, load_state
 from taylorshift.train.checkpoint import save_checkpoint
 
 
+@pytest.fixture(autouse=True)
+def ctrl_c_raises():
+    """Python's own SIGINT handler during the test (a worker may have it otherwise)."""
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, before)
+
+
 class _PressesCtrlC:
     """Pickles as an empty OrderedDict (which ``weights_only`` loading takes), sending this
     process SIGINT while ``torch.save`` writes it."""
