@@ -36,6 +36,7 @@ from .optim import Lamb, WarmupCosine, build_optimizer, build_scheduler
 from .presets import PRESETS, get_preset, list_presets
 from .resolve import load_config_file, resolve_config
 from .state import TrainState
+from .stop import TrainingStopped
 
 __all__ = [
     "PRESETS",
@@ -52,6 +53,7 @@ __all__ = [
     "TrainResult",
     "TrainState",
     "Trainer",
+    "TrainingStopped",
     "WarmupCosine",
     "build_model",
     "build_optimizer",

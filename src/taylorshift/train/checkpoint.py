@@ -74,8 +74,9 @@ KILL_ENV = "TAYLORSHIFT_TRAIN_KILL_AT"
 def kill_hook(point: str, step: int) -> None:
     """SIGKILL this process if ``KILL_ENV`` names ``point`` at ``step`` (tests only).
 
-    ``"<point>:<step>@<rank>"`` applies to that rank only, and ``"...@<rank>/freeze:<s>"``
-    makes that rank stop answering (sleep ``s`` seconds) instead of dying.
+    ``"<point>:<step>@<rank>"`` applies to that rank only, ``"...@<rank>/freeze:<s>"``
+    makes that rank stop answering (sleep ``s`` seconds) instead of dying, and ``".../term"``
+    sends it SIGTERM (a stop on request, train/stop.py).
     """
     value = os.environ.get(KILL_ENV)
     if not value:
@@ -85,9 +86,12 @@ def kill_hook(point: str, step: int) -> None:
     if where != f"{point}:{step}" or (rank and rank != os.environ.get("RANK", "0")):
         return
     if action.startswith("freeze:"):
+        # (SIGTERM still ends the frozen process at once, as a launcher stopping the job
+        # sends it, rather than being noted by train/stop.py for a step that never ends)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
         time.sleep(float(action.removeprefix("freeze:")))
         return
-    os.kill(os.getpid(), signal.SIGKILL)
+    os.kill(os.getpid(), signal.SIGTERM if action == "term" else signal.SIGKILL)
 
 
 def capture_rng() -> dict[str, Any]:

@@ -132,6 +132,7 @@ def run_train(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from .distributed import CollectiveTimeoutError
     from .lock import RunLockedError
     from .loop import NonFiniteLossError, train
+    from .stop import TrainingStopped
 
     try:
         with warnings.catch_warnings():  # (restores showwarning afterwards)
@@ -142,6 +143,13 @@ def run_train(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     except (NonFiniteLossError, CollectiveTimeoutError) as err:
         print(f"taylorshift train: error: {err}", file=sys.stderr)
         return 1
+    except TrainingStopped as stop:
+        if _is_main():
+            print(
+                f"taylorshift train: {stop}; continue with the same command and --resume",
+                file=sys.stderr,
+            )
+        return 143  # 128 + SIGTERM, as a shell reports a process that SIGTERM ended
     except KeyboardInterrupt:
         from .checkpoint import latest_checkpoint
 

@@ -71,6 +71,7 @@ from .lock import RunLock
 from .metrics import MetricsLogger, Progress
 from .optim import build_optimizer, build_scheduler
 from .state import MetricsWindow, TrainState
+from .stop import StopRequests, TrainingStopped
 
 __all__ = [
     "NonFiniteLossError",
@@ -178,6 +179,8 @@ def train(config: TrainConfig, *, resume: bool = False) -> TrainResult:
             different config.
         FileExistsError: ``run.out_dir`` holds checkpoints and ``resume`` is False.
         RunLockedError: another process is training into ``run.out_dir``.
+        TrainingStopped: SIGTERM came (to any process of the job); the run stopped after the
+            step it came in, with a checkpoint of that step (``--resume`` continues).
     """
     dist_info, device = _setting(
         "run.device", setup, config.run.device, config.run.collective_timeout_s
@@ -306,6 +309,7 @@ class Trainer:
         self.last_eval: dict[str, Any] | None = None
         self.last_checkpoint = existing
         self.checkpoint_step = self.state.step if existing is not None else None
+        self.stop_requests = StopRequests()
         self.grad_norm: torch.Tensor | None = None  # of the last step, with optim.grad_clip
         self.lr = self.optimizer.param_groups[0]["lr"]  # of the last step taken
         self.metrics = MetricsLogger(self.out_dir, enabled=False)  # opened by run()
@@ -339,6 +343,7 @@ class Trainer:
         run, data, is_main = self.config.run, self.config.data, self.dist_info.is_main
         self.metrics = MetricsLogger(self.out_dir, enabled=is_main, tensorboard=run.tensorboard)
         try:
+            self.stop_requests.__enter__()
             self._log_start()
             self.state.window.restart_clock()
             self.progress = Progress(
@@ -360,6 +365,7 @@ class Trainer:
                 best_accuracy=self.state.best_accuracy,
             )  # fmt: skip
         finally:
+            self.stop_requests.__exit__()
             self.progress.close()
             self.metrics.close()
         return TrainResult(
@@ -442,8 +448,12 @@ class Trainer:
             loss = loss_sum / scored.clamp(min=1) * seq.size
         else:
             loss = loss_sum / scored.clamp(min=1)
-        global_loss = dist_info.all_reduce_sum(loss.detach().clone())
-        value = global_loss.item() / dist_info.world_size
+        # the loss and the stop requests (stop.py) summed over the processes in one call
+        asked = 0.0 if self.stop_requests.received is None else 1.0
+        total, stops = dist_info.all_reduce_sum(
+            torch.stack([loss.detach(), loss.new_tensor(asked)])
+        ).tolist()
+        value = total / dist_info.world_size
         if not math.isfinite(value):
             if state.window.steps:
                 self._log_train(previous_lr)
@@ -460,6 +470,18 @@ class Trainer:
         real_tokens = None if tokens is None else int(tokens) * dist_info.world_size
         state.window.add(value, len(labels) * seq.data_world, real_tokens)
         self._after_step(epoch_end)
+        if stops and state.step < self.stop_at:
+            self._stop()
+
+    def _stop(self) -> None:
+        """Checkpoint this step (unless just done) and stop the run: ``TrainingStopped``."""
+        state = self.state
+        if state.window.steps:
+            self._log_train(self.lr)
+        if self.checkpoint_step != state.step:
+            self.checkpoint()
+        self.metrics.log("stopped", state.step, signal=self.stop_requests.signal_name)
+        raise TrainingStopped(state.step, self.last_checkpoint, self.stop_requests.signal_name)
 
     def _after_step(self, epoch_end: bool) -> None:
         """The train record, evaluation and checkpoint due after a step."""

@@ -1,0 +1,92 @@
+"""SIGTERM stops a training run after the step it arrives in, with a checkpoint."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+
+from taylorshift.train import TrainingStopped, latest_checkpoint, read_metrics, train
+from taylorshift.train.checkpoint import KILL_ENV
+from taylorshift.train.stop import StopRequests
+
+from .conftest import cli_env, run_cli, tiny_argv, tiny_config
+from .forked import start_cli
+
+
+def test_a_sigterm_is_noted_while_entered_and_the_handler_comes_back():
+    before = signal.getsignal(signal.SIGTERM)
+    with StopRequests() as stops:
+        signal.raise_signal(signal.SIGTERM)  # would end this process without the handler
+        assert stops.received == signal.SIGTERM and stops.signal_name == "SIGTERM"
+    assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_train_stops_after_the_step_with_a_checkpoint_and_resumes(tmp_path, monkeypatch):
+    from taylorshift.train import loop
+
+    config = tiny_config(tmp_path / "run", run__checkpoint_every=1000, optim__epochs=1)
+    step = loop.Trainer._step
+
+    def step_then_sigterm(self, batch):  # the signal arrives during step 2 (of 4)
+        if self.state.step == 1:
+            os.kill(os.getpid(), signal.SIGTERM)
+        step(self, batch)
+
+    monkeypatch.setattr(loop.Trainer, "_step", step_then_sigterm)
+    with pytest.raises(TrainingStopped, match="stopped by SIGTERM after step 2") as stopped:
+        train(config)
+    assert stopped.value.step == 2
+    assert latest_checkpoint(tmp_path / "run") == stopped.value.checkpoint
+    assert stopped.value.checkpoint.name == "step-00000002"
+    records = read_metrics(tmp_path / "run")
+    assert [r["step"] for r in records if r["event"] == "train"] == [1, 2]
+    assert records[-1]["event"] == "stopped" and records[-1]["signal"] == "SIGTERM"
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # given back
+
+    monkeypatch.undo()
+    result = train(config, resume=True)  # continues from step 2 to the end
+    start = [r for r in read_metrics(tmp_path / "run") if r["event"] == "start"]
+    assert start[-1]["resumed_from"] == 2 and result.step == start[-1]["total_steps"] > 2
+
+
+def test_cli_says_what_was_saved_and_exits_143(tmp_path):
+    out = tmp_path / "run"
+    argv = tiny_argv(out, "--set", "optim.epochs=200", "--set", "run.checkpoint_every=100000")
+    run, _, stderr = start_cli(argv, cli_env(), tmp_path)
+    try:
+        deadline = time.monotonic() + 120
+        while (
+            not (out / "metrics.jsonl").exists()
+            or '"train"' not in (out / "metrics.jsonl").read_text()
+        ):
+            assert run.is_alive() and time.monotonic() < deadline, "no step came"
+            time.sleep(0.05)
+        os.kill(run.pid, signal.SIGTERM)
+        run.join(60)
+    finally:
+        run.kill()
+        run.join()
+    err = stderr.read_text()
+    assert run.exitcode == 143, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "stopped by SIGTERM after step" in lines[0], err
+    assert "--resume" in lines[0]
+    assert latest_checkpoint(out) is not None
+
+
+def test_a_sigterm_to_one_process_stops_the_whole_job_after_the_same_step(tmp_path):
+    # rank 1 alone gets SIGTERM at the end of step 3; both learn of it in step 4's loss
+    # all-reduce, so both stop after step 4, and rank 0 writes that step's checkpoint
+    out = tmp_path / "run"
+    argv = tiny_argv(out, "--set", "optim.epochs=3", "--set", "run.checkpoint_every=1000")
+    run = run_cli(argv, env={KILL_ENV: "step:3@1/term"}, ranks=2)
+    assert run.returncode == 143, run.stderr[-3000:]
+    stops = [line for line in run.stderr.splitlines() if "stopped by" in line]
+    assert len(stops) == 1, run.stderr[-3000:]  # the main process says it, once
+    assert "stopped by a signal to another process of the job after step 4" in stops[0]
+    assert latest_checkpoint(out).name == "step-00000004"
+    events = [(r["event"], r["step"]) for r in read_metrics(out)]
+    assert events[-2:] == [("checkpoint", 4), ("stopped", 4)]
