@@ -7,6 +7,7 @@ import re
 from fractions import Fraction
 
 import pytest
+import torch
 
 from taylorshift._validate import (
     check_bool,
@@ -15,6 +16,7 @@ from taylorshift._validate import (
     check_number,
     check_probability,
     check_str,
+    value_range,
 )
 
 
@@ -173,3 +175,12 @@ def test_long_values_are_cut_in_the_message():
     message = refused(TypeError, check_int, "n", "x" * 1000)
     assert len(message) < 120
     assert re.fullmatch(r"n must be an int; got 'x+\.\.\.", message)
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.uint8])
+def test_value_range_is_min_and_max(dtype):
+    t = torch.randint(0, 200, (3, 17), generator=torch.Generator().manual_seed(0)).to(dtype)
+    t[1, 5], t[2, 9] = 0, 201
+    assert value_range(t) == (0, 201)
+    assert value_range(t[:1, 2:3]) == (int(t[0, 2]), int(t[0, 2]))
+    assert all(isinstance(v, int) for v in value_range(t))

@@ -56,6 +56,15 @@ def values_readable() -> bool:
     return not torch._C._are_functorch_transforms_active()
 
 
+def value_range(t) -> tuple[int, int]:
+    """(min, max) of a non-empty integer tensor, read in one transfer (one host sync on an
+    accelerator, where ``int(t.min())`` and ``int(t.max())`` make two)."""
+    import torch
+
+    low, high = torch.aminmax(t)
+    return tuple(torch.stack((low, high)).tolist())
+
+
 def _show(value: object) -> str:
     text = repr(value)
     return text if len(text) <= _MAX_SHOWN else text[: _MAX_SHOWN - 3] + "..."

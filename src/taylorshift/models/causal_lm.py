@@ -24,7 +24,7 @@ import torch
 from torch import Tensor, nn
 
 from .._inference import inference_only
-from .._validate import check_bool, check_int, check_number, values_readable
+from .._validate import check_bool, check_int, check_number, value_range, values_readable
 from ..nn import CACHE_KINDS
 from ..ops.masks import padding_inside, permute_tokens, real_tokens_first
 from .encoder import (
@@ -140,14 +140,13 @@ class CausalLM(nn.Module):
             raise TypeError(f"{name} must be integer token ids; got {tokens.dtype}")
         # (torch.compile cannot branch on values while tracing: the range check is eager-only;
         # a compiled graph fails in the embedding instead)
-        if (
-            tokens.numel()
-            and values_readable()
-            and (int(tokens.min()) < 0 or int(tokens.max()) >= self.config.vocab_size)
-        ):
+        if not tokens.numel() or not values_readable():
+            return
+        low, high = value_range(tokens)
+        if low < 0 or high >= self.config.vocab_size:
             raise ValueError(
                 f"{name} must be ids in [0, vocab_size={self.config.vocab_size}); got values in "
-                f"[{int(tokens.min())}, {int(tokens.max())}]"
+                f"[{low}, {high}]"
             )
 
     def embed(self, tokens: Tensor, positions: Tensor | None = None) -> Tensor:

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from .._validate import check_choice, check_int, check_number, values_readable
+from .._validate import check_choice, check_int, check_number, value_range, values_readable
 from ..ops.masks import padding_inside, permute_tokens, real_tokens_first
 from .embedding import ConvTokenEmbedding
 from .encoder import EncoderClassifier, EncoderConfig, check_padding_mask
@@ -143,7 +143,7 @@ class TransformerClassifier(EncoderClassifier):
         # a graph traced by torch.compile cannot branch on values and leaves it to the lookup)
         checked = inputs.device.type == "cpu" and values_readable()
         if self.config.vocab_size is not None and checked and inputs.numel():
-            low, high = int(inputs.min()), int(inputs.max())
+            low, high = value_range(inputs)
             if low < 0 or high >= self.config.vocab_size:
                 raise ValueError(
                     f"token ids must be in [0, vocab_size={self.config.vocab_size}); got ids "

@@ -11,7 +11,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-from .._validate import values_readable
+from .._validate import value_range, values_readable
 
 
 def sinusoidal_position_embedding(
@@ -83,10 +83,10 @@ class LearnedPositionEmbedding(nn.Module):
         # (torch.compile cannot branch on values while tracing: the range check is
         # eager-only; a compiled graph fails in the lookup instead, as for token ids)
         if positions.numel() and values_readable():
-            low = int(positions.min())
+            low, high = value_range(positions)
             if low < 0:
                 raise ValueError(f"positions must be >= 0; got a position of {low}")
-            self._check_length(int(positions.max()) + 1)
+            self._check_length(high + 1)
         return x + self.weight[positions].to(x.dtype)
 
     def _check_length(self, n: int) -> None:
