@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from pathlib import Path
 
 import pytest
 
@@ -14,6 +15,30 @@ from taylorshift.train.stop import StopRequests
 
 from .conftest import cli_env, run_cli, tiny_argv, tiny_config
 from .forked import start_cli
+
+
+def _data_workers(pid: int) -> list[int]:
+    """The DataLoader workers among the descendants of ``pid`` (Linux's /proc)."""
+    found, todo = [], [pid]
+    while todo:
+        tasks = Path(f"/proc/{todo.pop()}/task")
+        for task in tasks.iterdir() if tasks.is_dir() else ():
+            for child in map(int, (task / "children").read_text().split()):
+                todo.append(child)
+                comm = Path(f"/proc/{child}/comm")
+                if comm.is_file() and comm.read_text().strip() == "pt_data_worker":
+                    found.append(child)
+    return found
+
+
+def _ignores_sigterm(pid: int) -> bool:
+    """Whether process ``pid`` ignores SIGTERM (the SigIgn mask of /proc/PID/status)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:  # gone already
+        return False
+    mask = next(line.split()[1] for line in status.splitlines() if line.startswith("SigIgn:"))
+    return bool(int(mask, 16) >> (signal.SIGTERM - 1) & 1)
 
 
 def test_a_sigterm_is_noted_while_entered_and_the_handler_comes_back():
@@ -27,12 +52,21 @@ def test_a_sigterm_is_noted_while_entered_and_the_handler_comes_back():
 def test_train_stops_after_the_step_with_a_checkpoint_and_resumes(tmp_path, monkeypatch):
     from taylorshift.train import loop
 
-    config = tiny_config(tmp_path / "run", run__checkpoint_every=1000, optim__epochs=1)
+    # One DataLoader worker, and the signal to it as well, as a signal to the process group
+    # (Slurm's) sends it: torch gives its workers SIGTERM's default, so before the loader's
+    # worker_init_fn (ignore_stop_signals) the worker died under the step and the run ended
+    # in "DataLoader worker ... exited unexpectedly".
+    config = tiny_config(
+        tmp_path / "run", run__checkpoint_every=1000, optim__epochs=1, data__num_workers=1
+    )
     step = loop.Trainer._step
 
     def step_then_sigterm(self, batch):  # the signal arrives during step 2 (of 4)
         if self.state.step == 1:
-            os.kill(os.getpid(), signal.SIGTERM)
+            workers = _data_workers(os.getpid())
+            assert workers and all(_ignores_sigterm(w) for w in workers)
+            for pid in (*workers, os.getpid()):
+                os.kill(pid, signal.SIGTERM)
         step(self, batch)
 
     monkeypatch.setattr(loop.Trainer, "_step", step_then_sigterm)

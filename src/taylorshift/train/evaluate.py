@@ -19,6 +19,7 @@ from .build import _build_split
 from .checkpoint import MODEL_FILE, find_checkpoint, load_state, read_config, verify_checkpoint
 from .config import TrainConfig
 from .distributed import Dist, SequenceGroup, eval_shard, setup
+from .stop import ignore_stop_signals
 
 __all__ = [
     "byte_baselines",
@@ -94,6 +95,7 @@ def evaluate(
         collate_fn=spec.collate(pad_to_multiple),
         num_workers=num_workers,
         pin_memory=device.type == "cuda",
+        worker_init_fn=ignore_stop_signals,
         generator=torch.Generator(),
     )
     kind = spec.behaviour

@@ -71,7 +71,7 @@ from .lock import RunLock
 from .metrics import MetricsLogger, Progress
 from .optim import build_optimizer, build_scheduler
 from .state import MetricsWindow, TrainState
-from .stop import StopRequests, TrainingStopped
+from .stop import StopRequests, TrainingStopped, ignore_stop_signals
 
 __all__ = [
     "NonFiniteLossError",
@@ -420,6 +420,7 @@ class Trainer:
             collate_fn=self.spec.collate(data.pad_to_multiple),
             num_workers=data.num_workers,
             pin_memory=self.device.type == "cuda",
+            worker_init_fn=ignore_stop_signals,
             generator=torch.Generator().manual_seed(
                 derive_seed(run.seed, "workers", state.epoch, state.batch_in_epoch)
             ),

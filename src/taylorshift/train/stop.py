@@ -14,7 +14,7 @@ import threading
 from pathlib import Path
 from types import FrameType
 
-__all__ = ["STOP_SIGNALS", "StopRequests", "TrainingStopped"]
+__all__ = ["STOP_SIGNALS", "StopRequests", "TrainingStopped", "ignore_stop_signals"]
 
 STOP_SIGNALS = (signal.SIGTERM,)
 
@@ -53,12 +53,20 @@ class StopRequests:
         self._previous.clear()
 
     def _note(self, signum: int, frame: FrameType | None) -> None:
-        if os.getpid() != self._pid:  # a forked child (a DataLoader worker): as before
-            signal.signal(signum, self._previous.get(signum, signal.SIG_DFL))
-            signal.raise_signal(signum)
-            return
-        self.received = signum
+        if os.getpid() == self._pid:  # (a process forked from this one: not its request)
+            self.received = signum
 
     @property
     def signal_name(self) -> str | None:
         return None if self.received is None else signal.Signals(self.received).name
+
+
+def ignore_stop_signals(worker_id: int) -> None:
+    """``worker_init_fn`` of the training and evaluation DataLoaders: the workers ignore
+    ``STOP_SIGNALS``. A SIGTERM to the whole process group (as Slurm sends it) would
+    otherwise kill them under the step (torch sets SIGTERM's default in its workers), and
+    the run would end in "DataLoader worker ... is killed by signal" instead of stopping
+    after the step; the main process stops them when it ends, and a worker whose parent is
+    gone exits by itself (torch's watchdog)."""
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
