@@ -65,6 +65,26 @@ def start_cli(argv: list[str], env: dict[str, str], folder: Path):
     return process, out, err
 
 
+def signal_cli(
+    argv: list[str], env: dict[str, str], folder: Path, ready, signum: int, timeout: float = 120
+) -> tuple[int | None, str]:
+    """Start ``python -m taylorshift ARGV`` (``start_cli``), send it ``signum`` once
+    ``ready()`` is true (checked every 50 ms while it runs) and wait for it: (its exit
+    status, its stderr)."""
+    run, _, stderr = start_cli(argv, env, folder)
+    try:
+        deadline = time.monotonic() + timeout
+        while not ready():
+            assert run.is_alive() and time.monotonic() < deadline, "not ready in time"
+            time.sleep(0.05)
+        os.kill(run.pid, signum)
+        run.join(60)
+    finally:
+        run.kill()
+        run.join()
+    return run.exitcode, stderr.read_text()
+
+
 def fork_cli(argv: list[str], env: dict[str, str], timeout: float = 300):
     """What ``subprocess.run([python, "-m", "taylorshift", *argv], env=env,
     capture_output=True, text=True)`` returns (returncode: the exit status, or -signal)."""

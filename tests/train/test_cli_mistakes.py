@@ -6,15 +6,13 @@ forked from the fork server, tests/train/forked.py)."""
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from .conftest import cli_env, tiny_argv
-from .forked import start_cli
+from .forked import signal_cli
 
 # Runs every case through taylorshift.cli.main in one fresh interpreter (one torch import
 # for the whole table) and prints, per case, the exit code, stderr, and whether anything
@@ -107,19 +105,10 @@ def test_ctrl_c_in_train_says_what_was_saved_and_how_to_resume(tmp_path):
     argv = tiny_argv(out, "--set", "optim.epochs=200", "--set", "run.checkpoint_every=1")
     # the CLI in a process forked from the test's fork server (tests/train/forked.py), with
     # Ctrl-C's usual handler, as a terminal's `python -m taylorshift` has it
-    run, _, stderr = start_cli(argv, cli_env(), tmp_path)
-    try:
-        deadline = time.monotonic() + 120
-        while not (out / "checkpoints" / "latest").exists():
-            assert run.is_alive() and time.monotonic() < deadline, "no checkpoint came"
-            time.sleep(0.05)
-        os.kill(run.pid, signal.SIGINT)
-        run.join(60)
-    finally:
-        run.kill()
-        run.join()
-    err = stderr.read_text()
-    assert run.exitcode == 130, err
+    code, err = signal_cli(
+        argv, cli_env(), tmp_path, (out / "checkpoints" / "latest").exists, signal.SIGINT
+    )
+    assert code == 130, err
     assert "Traceback" not in err
     lines = err.strip().splitlines()
     assert len(lines) == 1 and "interrupted; the last checkpoint is" in lines[0], err

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 from pathlib import Path
 
 import pytest
@@ -14,7 +13,7 @@ from taylorshift.train.checkpoint import KILL_ENV
 from taylorshift.train.stop import StopRequests
 
 from .conftest import cli_env, run_cli, tiny_argv, tiny_config
-from .forked import start_cli
+from .forked import signal_cli
 
 
 def _data_workers(pid: int) -> list[int]:
@@ -90,22 +89,15 @@ def test_train_stops_after_the_step_with_a_checkpoint_and_resumes(tmp_path, monk
 def test_cli_says_what_was_saved_and_exits_143(tmp_path):
     out = tmp_path / "run"
     argv = tiny_argv(out, "--set", "optim.epochs=200", "--set", "run.checkpoint_every=100000")
-    run, _, stderr = start_cli(argv, cli_env(), tmp_path)
-    try:
-        deadline = time.monotonic() + 120
-        while (
-            not (out / "metrics.jsonl").exists()
-            or '"train"' not in (out / "metrics.jsonl").read_text()
-        ):
-            assert run.is_alive() and time.monotonic() < deadline, "no step came"
-            time.sleep(0.05)
-        os.kill(run.pid, signal.SIGTERM)
-        run.join(60)
-    finally:
-        run.kill()
-        run.join()
-    err = stderr.read_text()
-    assert run.exitcode == 143, err
+    metrics = out / "metrics.jsonl"
+    code, err = signal_cli(
+        argv,
+        cli_env(),
+        tmp_path,
+        lambda: metrics.exists() and '"train"' in metrics.read_text(),
+        signal.SIGTERM,
+    )
+    assert code == 143, err
     lines = err.strip().splitlines()
     assert len(lines) == 1 and "stopped by SIGTERM after step" in lines[0], err
     assert "--resume" in lines[0]
