@@ -138,6 +138,7 @@ def _step_name(step: int) -> str:
     return f"step-{step:08d}"
 
 
+@interrupts_deferred()
 def save_checkpoint(
     out_dir: str | os.PathLike,
     *,
@@ -163,18 +164,6 @@ def save_checkpoint(
     A Ctrl-C while it writes takes effect when the checkpoint is complete
     (``interrupts_deferred``): the run stops with this step saved and ``latest`` on it.
     """
-    with interrupts_deferred():
-        return _save_checkpoint(out_dir, step, model, state, config, keep)
-
-
-def _save_checkpoint(
-    out_dir: str | os.PathLike,
-    step: int,
-    model: nn.Module,
-    state: dict[str, Any],
-    config: dict[str, Any],
-    keep: int,
-) -> Path:
     root = Path(out_dir) / CHECKPOINT_DIR
     root.mkdir(parents=True, exist_ok=True)
     final = root / _step_name(step)
