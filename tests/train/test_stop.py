@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -46,6 +48,20 @@ def test_a_sigterm_is_noted_while_entered_and_the_handler_comes_back():
         signal.raise_signal(signal.SIGTERM)  # would end this process without the handler
         assert stops.received == signal.SIGTERM and stops.signal_name == "SIGTERM"
     assert signal.getsignal(signal.SIGTERM) is before
+
+
+def _signal_self_then_wait():
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(5)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="forks")
+def test_a_process_forked_during_the_run_still_ends_on_sigterm():
+    with StopRequests() as stops:
+        child = multiprocessing.get_context("fork").Process(target=_signal_self_then_wait)
+        child.start()
+        child.join(30)
+    assert child.exitcode == -signal.SIGTERM and stops.received is None
 
 
 @pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="finds the workers in /proc")

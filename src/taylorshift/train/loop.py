@@ -180,7 +180,8 @@ def train(config: TrainConfig, *, resume: bool = False) -> TrainResult:
         FileExistsError: ``run.out_dir`` holds checkpoints and ``resume`` is False.
         RunLockedError: another process is training into ``run.out_dir``.
         TrainingStopped: SIGTERM came (to any process of the job); the run stopped after the
-            step it came in, with a checkpoint of that step (``--resume`` continues).
+            step it came in (or the next: it is read with the step's loss), with a
+            checkpoint of that step (``--resume`` continues).
     """
     dist_info, device = _setting(
         "run.device", setup, config.run.device, config.run.collective_timeout_s

@@ -1,5 +1,6 @@
-"""A stop on request: SIGTERM (a scheduler's preemption, ``kill``) ends a training run at
-the end of the step it arrives in, with a checkpoint of that step (docs/train.md).
+"""A stop on request: SIGTERM (a scheduler's preemption, ``kill``) ends a training run after
+the step it arrives in (the next one if it comes after that step's loss was summed, where it
+is read), with a checkpoint of that step (docs/train.md).
 
 ``StopRequests`` notes the signal while training runs; the trainer sums the note over the
 processes in the all-reduce it already makes for the loss every step, so every process of a
@@ -31,7 +32,9 @@ class TrainingStopped(Exception):
 class StopRequests:
     """While entered (in the main thread), a ``STOP_SIGNALS`` signal sets ``received``
     instead of ending the process; the handlers before come back on exit. Elsewhere (another
-    thread, a handler set from C) it notes nothing and changes nothing."""
+    thread, a handler set from C) it notes nothing and changes nothing. A process forked
+    while it is entered gets the handler before (SIGTERM's default ends it), not a note that
+    nobody reads."""
 
     def __init__(self) -> None:
         self.received: int | None = None
@@ -53,8 +56,11 @@ class StopRequests:
         self._previous.clear()
 
     def _note(self, signum: int, frame: FrameType | None) -> None:
-        if os.getpid() == self._pid:  # (a process forked from this one: not its request)
-            self.received = signum
+        if os.getpid() != self._pid:  # a process forked during the run: the handler before
+            signal.signal(signum, self._previous.get(signum, signal.SIG_DFL))
+            signal.raise_signal(signum)
+            return
+        self.received = signum
 
     @property
     def signal_name(self) -> str | None:
