@@ -130,7 +130,7 @@ def test_generate_command_errors(tmp_path, text_file, capsys):
     assert "--ids must be comma-separated ints, e.g. 1,2,3; got '1,x'" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["generate", "--checkpoint", str(tmp_path / "run"), "--ids", "999"])
-    assert "--ids ids must be in [0, 258)" in capsys.readouterr().err
+    assert "--ids: token ids must be in [0, 258)" in capsys.readouterr().err
     with pytest.raises(SystemExit):  # the ids given as the user did: one way only
         main(["generate", "--checkpoint", str(tmp_path / "run"), "--ids", "1,2", "--prompt", "a"])
     assert "not allowed with argument" in capsys.readouterr().err

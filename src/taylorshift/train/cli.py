@@ -301,7 +301,9 @@ def run_generate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> i
         if not row.numel():
             parser.error(f"{flag} must hold at least one token; got an empty prompt")
         if int(row.max()) >= vocab or int(row.min()) < 0:
-            parser.error(f"{flag} ids must be in [0, {vocab}) for this model; got {row.tolist()}")
+            parser.error(
+                f"{flag}: token ids must be in [0, {vocab}) for this model; got {row.tolist()}"
+            )
     # one batch, left-padded (generate takes padding anywhere; each row as if alone)
     n = max(len(row) for row in rows)
     prompt = torch.zeros(len(rows), n, dtype=torch.long)
