@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 from taylorshift.cli import main
 from taylorshift.data import IGNORE_INDEX
 from taylorshift.models import CausalLM
-from taylorshift.train import ConfigError, read_metrics, resolve_config, train
+from taylorshift.train import ConfigError, TrainConfig, read_metrics, resolve_config, train
 from taylorshift.train.evaluate import task_losses
 
 QUICK = {
@@ -176,3 +176,47 @@ def test_causal_lm_checkpoint_loads_as_causal_lm(tmp_path, text_file):
     train(lm_config(tmp_path / "run", text_file, **{"run.max_steps": 1}))
     files = list((tmp_path / "run" / "checkpoints").glob("step-*/model.safetensors"))
     assert isinstance(load_model(files[0]), CausalLM)
+
+
+def test_a_relative_data_path_is_recorded_absolute(tmp_path, text_file, monkeypatch, capsys):
+    """eval and --resume find a run's data from any folder, not only from the one it
+    started in; eval says so and takes --data where the data is not there."""
+    (tmp_path / "start").mkdir()
+    (tmp_path / "start" / "text.txt").write_bytes(text_file.read_bytes())
+    monkeypatch.chdir(tmp_path / "start")
+    train(lm_config(tmp_path / "run", "text.txt", **{"run.max_steps": 2}))
+    config = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert config["data"]["options"]["path"] == str(tmp_path / "start" / "text.txt")
+    monkeypatch.chdir(tmp_path)
+    assert main(["eval", "--checkpoint", "run", "--split", "val", "--limit", "2"]) == 0
+    out = capsys.readouterr().out  # an LM's eval counts scored target tokens
+    assert out.startswith("val: accuracy") and "(64 target tokens, run/checkpoints/" in out
+    train(lm_config(tmp_path / "run", "start/text.txt", **{"run.max_steps": 3}), resume=True)
+
+    (tmp_path / "start" / "text.txt").rename(tmp_path / "moved.txt")
+    with pytest.raises(SystemExit):
+        main(["eval", "--checkpoint", "run", "--split", "val", "--limit", "2"])
+    err = capsys.readouterr().err
+    assert "error: data (task 'lm', as the run recorded it; or give --data PATH): path must " in err
+    assert main(["eval", "--checkpoint", "run", "--limit", "2", "--data", "moved.txt"]) == 0
+    with pytest.raises(SystemExit):
+        main(["eval", "--checkpoint", "run", "--data", "gone.txt"])
+    assert "error: data (task 'lm'): path must be an existing file or folder, got 'gone.txt'" in (
+        capsys.readouterr().err
+    )
+
+
+def test_a_run_that_recorded_a_relative_data_path_resumes(tmp_path, text_file, monkeypatch):
+    """Runs of earlier versions recorded the path as given: a resume from the folder it
+    was given in takes it as those versions did."""
+    (tmp_path / "text.txt").write_bytes(text_file.read_bytes())
+    monkeypatch.chdir(tmp_path)
+    with monkeypatch.context() as old:
+        old.setattr(TrainConfig, "with_absolute_data_paths", lambda config: config)
+        train(lm_config(tmp_path / "run", "text.txt", **{"run.max_steps": 1}))
+    assert (
+        json.loads((tmp_path / "run" / "config.json").read_text())["data"]["options"]["path"]
+        == "text.txt"
+    )
+    result = train(lm_config(tmp_path / "run", "text.txt", **{"run.max_steps": 2}), resume=True)
+    assert len(result.losses) == 1

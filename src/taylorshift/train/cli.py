@@ -187,7 +187,14 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--split", choices=SPLITS, default="test", help="(default: %(default)s)")
     parser.add_argument("--batch-size", type=int, metavar="B", help="default: the run's")
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
-    parser.add_argument("--limit", type=int, metavar="N", help="only the first N samples")
+    parser.add_argument(
+        "--limit", type=int, metavar="N", help="only the first N samples (sequences of an LM)"
+    )
+    parser.add_argument(
+        "--data",
+        metavar="PATH",
+        help="the run's task on the data at PATH (default: the path the run recorded)",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object instead")
 
 
@@ -205,6 +212,7 @@ def run_eval(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             batch_size=args.batch_size,
             device=args.device,
             limit=args.limit,
+            data_path=args.data,
         )
     except (FileNotFoundError, ConfigError, DamagedCheckpointError) as err:
         parser.error(str(err))
@@ -212,10 +220,11 @@ def run_eval(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         return 0 if math.isfinite(result["loss"]) else 1
     if args.json:
         print(json.dumps(result))
-    else:
+    else:  # a language model's result counts scored target tokens (it has a perplexity)
+        unit = "target tokens" if "perplexity" in result else "samples"
         print(
             f"{result['split']}: accuracy {result['accuracy']:.4f}  loss {result['loss']:.4f}  "
-            f"({result['samples']} samples, {result['checkpoint']}, step {result['step']})"
+            f"({result['samples']} {unit}, {result['checkpoint']}, step {result['step']})"
         )
     if not math.isfinite(result["loss"]):
         # A damaged weight file or a diverged model: never a successful evaluation.

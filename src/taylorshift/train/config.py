@@ -20,6 +20,7 @@ import copy
 import dataclasses
 import difflib
 import json
+import os
 import types
 import typing
 from collections.abc import Iterable, Mapping
@@ -270,6 +271,18 @@ class TrainConfig:
         tree = self.to_dict()
         for key, value in settings.items():
             apply_override(tree, key, value)
+        return TrainConfig.from_dict(tree)
+
+    def with_absolute_data_paths(self) -> TrainConfig:
+        """A copy whose relative ``path`` data options (``data.options`` and each split's)
+        are absolute, taken against the current folder as the loaders would take them: a
+        run records where its data is, so that ``eval`` and ``--resume`` find it from any
+        folder. Other values are left as they are (a bad one is the loader's to refuse)."""
+        tree = self.to_dict()
+        for options in (tree["data"]["options"], *tree["data"]["split_options"].values()):
+            path = options.get("path") if isinstance(options, dict) else None
+            if isinstance(path, str) and path:
+                options["path"] = os.path.abspath(os.path.expanduser(path))
         return TrainConfig.from_dict(tree)
 
     def differences(self, other: TrainConfig, ignore: Iterable[str] = ()) -> list[str]:

@@ -15,7 +15,7 @@ from torch.utils.data import DataLoader, Dataset
 from ..data import TaskSpec, get_kind, get_task
 from ..data.text_bytes import count_baselines
 from ..models import load_model
-from .build import _build_split
+from .build import _build_split, _setting
 from .checkpoint import MODEL_FILE, find_checkpoint, load_state, read_config, verify_checkpoint
 from .config import TrainConfig
 from .distributed import Dist, SequenceGroup, eval_shard, setup
@@ -147,21 +147,31 @@ def evaluate_checkpoint(
     batch_size: int | None = None,
     device: str = "auto",
     limit: int | None = None,
+    data_path: str | os.PathLike | None = None,
 ) -> dict[str, Any]:
     """Evaluate a checkpoint (a run folder, a checkpoint folder or a file in one) on
-    ``split`` of the data its run was trained on; under torchrun, shared between processes.
+    ``split`` of the data its run was trained on, or of the same task's data at
+    ``data_path`` (the data moved, or another copy of it); under torchrun, shared between
+    processes.
 
     Returns:
         ``{"checkpoint", "step", "split", "loss", "accuracy", "samples"}``.
+
+    Raises:
+        ConfigError: the data is not there (or not of the run's task), naming the path.
     """
     folder = verify_checkpoint(find_checkpoint(path))
     config = TrainConfig.from_dict(read_config(folder))
     if limit is not None:
         config = config.replace(**{"data.eval_limit": limit})
+    if data_path is not None:
+        config = config.replace(**{"data.options.path": os.fspath(data_path)})
     dist_info, torch_device = setup(device)
     try:
         spec = get_task(config.data.task)
-        dataset = _build_split(config, spec, split)
+        where = f"data (task {spec.name!r}"
+        where += ")" if data_path is not None else ", as the run recorded it; or give --data PATH)"
+        dataset = _setting(where, _build_split, config, spec, split)
         model = load_model(folder / MODEL_FILE, map_location=torch_device)
         result = evaluate(
             model,

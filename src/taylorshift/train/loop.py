@@ -138,7 +138,9 @@ def _collective_timeout(dist_info: Dist, timeout_s: float) -> CollectiveTimeoutE
 
 def _check_resume(config: TrainConfig, checkpoint: Path) -> None:
     try:
-        saved = TrainConfig.from_dict(read_config(checkpoint))
+        # a run of an older version may have recorded a relative data path: taken against
+        # this folder, as that version did
+        saved = TrainConfig.from_dict(read_config(checkpoint)).with_absolute_data_paths()
     except ConfigError as err:
         message = f"cannot resume from {checkpoint}: its config is unreadable: {err}"
         raise ConfigError(message) from None
@@ -246,6 +248,7 @@ class Trainer:
     def __init__(
         self, config: TrainConfig, *, resume: bool, dist_info: Dist, device: torch.device
     ) -> None:
+        config = config.with_absolute_data_paths()  # eval, --resume: from any folder
         run, data, optim = config.run, config.data, config.optim
         self.config, self.dist_info, self.device = config, dist_info, device
         if run.threads is not None:
