@@ -10,7 +10,7 @@ import argparse
 import math
 from collections.abc import Sequence
 
-__all__ = ["format_table", "non_negative_float", "positive_float", "positive_int"]
+__all__ = ["format_table", "non_negative_float", "positive_float", "positive_int", "share"]
 
 
 def positive_int(text: str) -> int:
@@ -44,6 +44,14 @@ def non_negative_float(text: str) -> float:
     value = _finite_float(text, "a number >= 0")
     if value < 0:
         raise argparse.ArgumentTypeError(f"expected a number >= 0, got {value:g}")
+    return value
+
+
+def share(text: str) -> float:
+    """A number in (0, 1]: a part of a whole, e.g. a probability mass."""
+    value = _finite_float(text, "a number in (0, 1]")
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"expected a number in (0, 1], got {value:g}")
     return value
 
 

@@ -190,6 +190,36 @@ def test_top_k_restricts_the_choice():
     assert all(int(got[i, 0]) in first[i].tolist() for i in range(4))
 
 
+@pytest.mark.parametrize(
+    ("top_p", "nucleus"), [(0.3, {2}), (0.7, {1, 2}), (0.85, {1, 2, 3}), (1.0, {0, 1, 2, 3})]
+)
+def test_top_p_samples_from_the_nucleus_in_proportion(top_p, nucleus):
+    """Probabilities 0.05, 0.3, 0.5, 0.15 (the most likely not first, so the ranking is
+    undone correctly): the fewest most likely tokens holding top_p, drawn as renormalised."""
+    from taylorshift.models.causal_lm import _sample
+
+    p = torch.tensor([0.05, 0.3, 0.5, 0.15])
+    logits = p.log().expand(20000, 4)
+    got = _sample(logits, 1.0, None, top_p, torch.Generator().manual_seed(0))
+    assert set(got.unique().tolist()) == nucleus
+    share = torch.bincount(got, minlength=4).double() / len(got)
+    kept = torch.tensor([i in nucleus for i in range(4)])
+    want = torch.where(kept, p, 0.0).double() / p[kept].sum()
+    assert torch.allclose(share, want, atol=0.015)  # ~4 standard errors at n = 20,000
+
+
+def test_top_p_of_one_changes_nothing_and_a_tiny_one_is_greedy():
+    model = lm()
+    x = tokens(3, 4)
+    kw = dict(temperature=2.0)
+    plain = model.generate(x, 5, generator=torch.Generator().manual_seed(2), **kw)
+    full = model.generate(x, 5, top_p=1.0, generator=torch.Generator().manual_seed(2), **kw)
+    assert torch.equal(full, plain)
+    tiny = model.generate(x, 5, top_p=1e-6, generator=torch.Generator().manual_seed(2), **kw)
+    assert torch.equal(tiny, model.generate(x, 5, temperature=0))
+    assert not torch.equal(plain, tiny)  # (the sampled text differs from greedy here)
+
+
 def test_state_cache_stays_constant_while_kv_cache_grows():
     model = lm("taylorshift")
     sizes = {}
@@ -266,6 +296,9 @@ def test_bad_input_is_refused():
         model.generate(x, 1, top_k=0)
     with pytest.raises(TypeError, match=r"top_k must be a positive int or None; got 2.0"):
         model.generate(x, 1, top_k=2.0)
+    for top_p in (0, 1.5, float("nan")):
+        with pytest.raises(ValueError, match=r"top_p must be a number in \(0, 1\] or None; got"):
+            model.generate(x, 1, top_p=top_p)
     with pytest.raises(TypeError, match=r"temperature must be a number >= 0; got 'hot'"):
         model.generate(x, 1, temperature="hot")
     with pytest.raises(ValueError, match=r"tokens must be ids in \[0, vocab_size=23\)"):

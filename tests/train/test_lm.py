@@ -103,6 +103,10 @@ def test_generate_command_continues_the_text(tmp_path, text_file, capsys):
     assert first.startswith("the ") and len(first) >= len("the ") + 1
     assert main(argv) == 0
     assert capsys.readouterr().out == first  # seeded
+    assert main([*argv, "--top-p", "1e-6"]) == 0  # the nucleus of one token: greedy
+    nucleus = capsys.readouterr().out
+    assert main([*argv, "--temperature", "0"]) == 0
+    assert nucleus == capsys.readouterr().out
     assert main([*argv[:3], "--ids", "97,98", "--temperature", "0"]) == 0
     ids = [int(t) for t in capsys.readouterr().out.strip().split(",")]
     assert len(ids) == 200 and all(0 <= i < 258 for i in ids)
@@ -134,6 +138,11 @@ def test_generate_command_errors(tmp_path, text_file, capsys):
     with pytest.raises(SystemExit):  # the ids given as the user did: one way only
         main(["generate", "--checkpoint", str(tmp_path / "run"), "--ids", "1,2", "--prompt", "a"])
     assert "not allowed with argument" in capsys.readouterr().err
+    for top_p in ("0", "1.5", "nan"):
+        with pytest.raises(SystemExit):
+            main(["generate", "--checkpoint", str(tmp_path / "run"), "--top-p", top_p])
+        err = capsys.readouterr().err
+        assert f"argument --top-p: expected a number in (0, 1], got {top_p}" in err
     with pytest.raises(SystemExit):
         main(["generate", "--checkpoint", str(tmp_path / "run"), "--prompt", "a", "--prompt", ""])
     assert "--prompt must hold at least one token" in capsys.readouterr().err

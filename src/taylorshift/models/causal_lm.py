@@ -217,6 +217,7 @@ class CausalLM(nn.Module):
         prompt_mask: Tensor | None = None,
         temperature: float = 1.0,
         top_k: int | None = None,
+        top_p: float | None = None,
         cache: str = "auto",
         eos_id: int | None = None,
         generator: torch.Generator | None = None,
@@ -232,6 +233,9 @@ class CausalLM(nn.Module):
                 0, 1, … in their order.
             temperature: sampling temperature; 0 picks the most likely token (greedy).
             top_k: sample among the k most likely tokens only.
+            top_p: nucleus sampling: among the fewest most likely tokens whose
+                probabilities (after ``temperature`` and ``top_k``) sum to at least
+                ``top_p``, in (0, 1]; the most likely token always stays.
             cache: ``"auto"``, ``"state"`` or ``"kv"`` (see ``new_caches``).
             eos_id: a row that produced this id produces it again until all rows have;
                 generation then stops early.
@@ -243,7 +247,7 @@ class CausalLM(nn.Module):
         """
         self._check_tokens("prompt", prompt)
         b, n = prompt.shape
-        self._check_generate(prompt, prompt_mask, max_new_tokens, temperature, top_k)
+        self._check_generate(prompt, prompt_mask, max_new_tokens, temperature, top_k, top_p)
         if cache not in CACHE_KINDS:
             raise ValueError(f"cache must be one of {CACHE_KINDS}; got {cache!r}")
         was_training = self.training
@@ -264,7 +268,7 @@ class CausalLM(nn.Module):
             done = torch.zeros(b, dtype=torch.bool, device=prompt.device)
             out = []
             for t in range(max_new_tokens):
-                token = _sample(logits, temperature, top_k, generator)
+                token = _sample(logits, temperature, top_k, top_p, generator)
                 if eos_id is not None:
                     token = torch.where(done, eos_id, token)
                     done |= token == eos_id
@@ -279,11 +283,14 @@ class CausalLM(nn.Module):
             return prompt.new_zeros((b, 0))
         return torch.stack(out, dim=1)
 
-    def _check_generate(self, prompt, prompt_mask, max_new_tokens, temperature, top_k) -> None:
+    def _check_generate(
+        self, prompt, prompt_mask, max_new_tokens, temperature, top_k, top_p
+    ) -> None:
         b, n = prompt.shape
         check_int("max_new_tokens", max_new_tokens, ge=0)
         check_number("temperature", temperature, ge=0, finite=False)
         check_int("top_k", top_k, ge=1, allow_none=True)
+        check_number("top_p", top_p, gt=0, le=1, allow_none=True)
         if n == 0:
             raise ValueError("prompt must hold at least one token per row; got N = 0")
         if prompt_mask is None:
@@ -300,8 +307,10 @@ class CausalLM(nn.Module):
         return f"attn_kernel={self.config.attn_kernel!r}"
 
 
-def _sample(logits: Tensor, temperature: float, top_k: int | None, generator) -> Tensor:
-    """One token id per row of logits (B, V)."""
+def _sample(
+    logits: Tensor, temperature: float, top_k: int | None, top_p: float | None, generator
+) -> Tensor:
+    """One token id per row of logits (B, V): temperature, then top-k, then top-p."""
     logits = logits.float()
     if temperature == 0:
         return logits.argmax(-1)
@@ -310,4 +319,9 @@ def _sample(logits: Tensor, temperature: float, top_k: int | None, generator) ->
         kth = logits.topk(top_k, dim=-1).values[:, -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
     probs = torch.softmax(logits, dim=-1)
+    if top_p is not None and top_p < 1:
+        # a token stays while the tokens ranked above it hold less than top_p
+        ranked, order = probs.sort(dim=-1, descending=True)
+        drop = (ranked.cumsum(-1) - ranked) >= top_p
+        probs = probs.masked_fill(drop.scatter(-1, order, drop), 0.0)
     return torch.multinomial(probs, 1, generator=generator)[:, 0]

@@ -16,7 +16,7 @@ import sys
 import warnings
 from pathlib import Path
 
-from ..cliargs import non_negative_float, positive_int
+from ..cliargs import non_negative_float, positive_int, share
 from ..nn.cache import CACHE_KINDS
 from .config import SPLITS, TAYLORSHIFT_MODES, ConfigError
 from .presets import list_presets
@@ -260,6 +260,12 @@ def add_generate_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--top-k", type=positive_int, metavar="K", help="sample among the top K")
     parser.add_argument(
+        "--top-p",
+        type=share,
+        metavar="P",
+        help="nucleus sampling: among the most likely tokens holding P of the probability",
+    )
+    parser.add_argument(
         "--cache",
         choices=CACHE_KINDS,
         default="auto",
@@ -327,6 +333,7 @@ def run_generate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> i
             prompt_mask=None if bool(mask.all()) else mask.to(args.device),
             temperature=args.temperature,
             top_k=args.top_k,
+            top_p=args.top_p,
             cache=args.cache,
             generator=generator,
         ).cpu()
