@@ -65,7 +65,7 @@ from .._validate import check_bool, check_str
 from ..ops import taylor_shift_attention
 from ..ops.taylor_shift.checks import check_options
 
-TESTED_VERSION = "5.23.0"
+TESTED_VERSION = "5.23.0 and 5.24.0"
 CONFIG_ATTRIBUTE = "taylorshift"
 TEMPERATURE_ATTRIBUTE = "taylorshift_temperature"
 DEFAULT_OPTIONS: dict[str, Any] = {
