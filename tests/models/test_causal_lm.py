@@ -220,6 +220,28 @@ def test_top_p_of_one_changes_nothing_and_a_tiny_one_is_greedy():
     assert not torch.equal(plain, tiny)  # (the sampled text differs from greedy here)
 
 
+def test_generate_past_learned_positions_is_refused_before_any_work(monkeypatch):
+    """Prompt + max_new_tokens − 1 positions (the last new token is never fed back) must fit
+    max_len; the longest row's real tokens count. With eos_id a row may end in time: no
+    check up front (the position embedding's own error stays)."""
+    model = lm(pos_embedding="learned", max_len=16)
+    x, mask = tokens(2, 10), torch.ones(2, 10, dtype=torch.bool)
+    mask[1, :5] = False
+    assert model.generate(x, 7).shape == (2, 7)  # positions 0 … 15
+    calls = []
+    real = model.decode
+    monkeypatch.setattr(model, "decode", lambda *a, **k: calls.append(1) or real(*a, **k))
+    message = r"max_new_tokens=8 after a prompt of 10 tokens needs 17 positions; the learned "
+    with pytest.raises(ValueError, match=message + r".*max_len=16: at most 7 new tokens here"):
+        model.generate(x, 8, prompt_mask=mask)
+    assert not calls
+    mask[0, :2] = False  # the longest row now holds 8 real tokens
+    assert model.generate(x, 9, prompt_mask=mask).shape == (2, 9)
+    with pytest.raises(ValueError, match=r"learned position embeddings cover max_len=16 tokens"):
+        model.generate(x, 8, eos_id=V - 1, temperature=0)
+    assert lm(max_len=16).generate(x, 30).shape == (2, 30)  # cosine: any length
+
+
 def test_state_cache_stays_constant_while_kv_cache_grows():
     model = lm("taylorshift")
     sizes = {}

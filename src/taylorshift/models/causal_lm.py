@@ -238,7 +238,9 @@ class CausalLM(nn.Module):
                 ``top_p``, in (0, 1]; the most likely token always stays.
             cache: ``"auto"``, ``"state"`` or ``"kv"`` (see ``new_caches``).
             eos_id: a row that produced this id produces it again until all rows have;
-                generation then stops early.
+                generation then stops early. Without it, a model with learned position
+                embeddings refuses at once a prompt and ``max_new_tokens`` longer than its
+                ``max_len`` + 1 (the last new token takes no position).
             generator: random generator of the sampling.
 
         Returns:
@@ -248,6 +250,8 @@ class CausalLM(nn.Module):
         self._check_tokens("prompt", prompt)
         b, n = prompt.shape
         self._check_generate(prompt, prompt_mask, max_new_tokens, temperature, top_k, top_p)
+        if eos_id is None:  # (with eos_id a row may end before it needs the positions)
+            self._check_positions_suffice(prompt_mask, n, max_new_tokens)
         if cache not in CACHE_KINDS:
             raise ValueError(f"cache must be one of {CACHE_KINDS}; got {cache!r}")
         was_training = self.training
@@ -301,6 +305,22 @@ class CausalLM(nn.Module):
             raise ValueError(
                 "prompt_mask must hold at least one real token (True) per row; got none in "
                 f"row {int(empty[0])}"
+            )
+
+    def _check_positions_suffice(self, prompt_mask, n: int, max_new_tokens: int) -> None:
+        """Learned position embeddings cover ``max_len`` tokens: refuse a generation that
+        would run past them before it starts, not after a part of the work."""
+        max_len = self.config.max_len
+        if self.config.pos_embedding != "learned":
+            return
+        longest = n if prompt_mask is None else int(prompt_mask.sum(1).max())
+        needed = longest + max_new_tokens - 1  # (the last new token is never fed back)
+        if needed > max_len:
+            raise ValueError(
+                f"max_new_tokens={max_new_tokens} after a prompt of {longest} tokens needs "
+                f"{needed} positions; the learned position embeddings cover max_len={max_len}: "
+                f"at most {max(max_len - longest + 1, 0)} new tokens here (or a model with "
+                f"pos_embedding='cosine', which takes any length)"
             )
 
     def extra_repr(self) -> str:
