@@ -102,6 +102,13 @@ def test_typed_values_and_replace():
         ("data.split_options.dev.num_samples", "1", r"split_options keys must be among"),
         ("optim.lr_multipliers.temperature", "0", r"optim\.lr_multipliers must map .* 0"),
         ("optim.lr_multipliers.temperature", "fast", r"optim\.lr_multipliers must map"),
+        (  # an option set without its kernel: the message shows where it goes
+            "model.kernel_args.window",
+            "3",
+            r"model\.kernel_args\.window must be a table of kernel options, got 3: model\."
+            r"kernel_args holds \{kernel: \{option: value\}\}, e\.g\. --set "
+            r"model\.kernel_args\.taylorshift\.window=3$",
+        ),
     ],
 )
 def test_bad_overrides_name_the_key(key, value, match):

@@ -320,9 +320,11 @@ class TrainConfig:
                     f"model.mode applies to the taylorshift kernel only, got kernel {m.kernel!r}"
                 )
         for kernel, options in m.kernel_args.items():
-            if not isinstance(options, dict):
+            if not isinstance(options, dict):  # e.g. an option set without its kernel
                 raise ConfigError(
-                    f"model.kernel_args.{kernel} must be a table of kernel options, got {options!r}"
+                    f"model.kernel_args.{kernel} must be a table of kernel options, got "
+                    f"{options!r}: model.kernel_args holds {{kernel: {{option: value}}}}, e.g. "
+                    f"--set model.kernel_args.taylorshift.{kernel}={json.dumps(options)}"
                 )
         _check(check_choice, "optim.name", o.name, choices=OPTIMIZERS)
         _check(check_number, "optim.lr", o.lr, gt=0)
