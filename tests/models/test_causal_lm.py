@@ -318,6 +318,8 @@ def test_bad_input_is_refused():
         model.generate(x, 1, top_k=0)
     with pytest.raises(TypeError, match=r"top_k must be a positive int or None; got 2.0"):
         model.generate(x, 1, top_k=2.0)
+    with pytest.raises(ValueError, match=r"eos_id must be an int in \[0, 22\] or None; got 23"):
+        model.generate(x, 1, eos_id=V)
     for top_p in (0, 1.5, float("nan")):
         with pytest.raises(ValueError, match=r"top_p must be a number in \(0, 1\] or None; got"):
             model.generate(x, 1, top_p=top_p)

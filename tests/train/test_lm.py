@@ -103,6 +103,16 @@ def test_generate_command_continues_the_text(tmp_path, text_file, capsys):
     assert first.startswith("the ") and len(first) >= len("the ") + 1
     assert main(argv) == 0
     assert capsys.readouterr().out == first  # seeded
+    # --eos-id: each row of a batch printed up to its own end (generate repeats it after)
+    greedy_ids = [*argv[:3], "--temperature", "0", "--max-new-tokens", "12"]
+    alone = []
+    for prompt in ("97,98", "100"):
+        assert main([*greedy_ids, "--ids", prompt]) == 0
+        alone.append([int(t) for t in capsys.readouterr().out.split(",")])
+    eos = alone[0][2]
+    ended = [row[: row.index(eos) + 1] if eos in row else row for row in alone]
+    assert main([*greedy_ids, "--ids", "97,98", "--ids", "100", "--eos-id", str(eos)]) == 0
+    assert capsys.readouterr().out == "".join(",".join(map(str, r)) + "\n" for r in ended)
     assert main([*argv, "--top-p", "1e-6"]) == 0  # the nucleus of one token: greedy
     nucleus = capsys.readouterr().out
     assert main([*argv, "--temperature", "0"]) == 0
@@ -138,6 +148,9 @@ def test_generate_command_errors(tmp_path, text_file, capsys):
     with pytest.raises(SystemExit):  # the ids given as the user did: one way only
         main(["generate", "--checkpoint", str(tmp_path / "run"), "--ids", "1,2", "--prompt", "a"])
     assert "not allowed with argument" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["generate", "--checkpoint", str(tmp_path / "run"), "--eos-id", "258"])
+    assert "error: --eos-id: expected a token id in [0, 258), got 258" in capsys.readouterr().err
     for top_p in ("0", "1.5", "nan"):
         with pytest.raises(SystemExit):
             main(["generate", "--checkpoint", str(tmp_path / "run"), "--top-p", top_p])

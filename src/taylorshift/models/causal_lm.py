@@ -250,6 +250,7 @@ class CausalLM(nn.Module):
         self._check_tokens("prompt", prompt)
         b, n = prompt.shape
         self._check_generate(prompt, prompt_mask, max_new_tokens, temperature, top_k, top_p)
+        check_int("eos_id", eos_id, ge=0, le=self.config.vocab_size - 1, allow_none=True)
         if eos_id is None:  # (with eos_id a row may end before it needs the positions)
             self._check_positions_suffice(prompt_mask, n, max_new_tokens)
         if cache not in CACHE_KINDS:

@@ -266,6 +266,12 @@ def add_generate_arguments(parser: argparse.ArgumentParser) -> None:
         help="nucleus sampling: among the most likely tokens holding P of the probability",
     )
     parser.add_argument(
+        "--eos-id",
+        type=int,
+        metavar="ID",
+        help="end a row at this token id, printed with it (e.g. 10, a newline for byte models)",
+    )
+    parser.add_argument(
         "--cache",
         choices=CACHE_KINDS,
         default="auto",
@@ -319,6 +325,8 @@ def run_generate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> i
             parser.error(
                 f"{flag}: token ids must be in [0, {vocab}) for this model; got {row.tolist()}"
             )
+    if args.eos_id is not None and not 0 <= args.eos_id < vocab:
+        parser.error(f"--eos-id: expected a token id in [0, {vocab}), got {args.eos_id}")
     # one batch, left-padded (generate takes padding anywhere; each row as if alone)
     n = max(len(row) for row in rows)
     prompt = torch.zeros(len(rows), n, dtype=torch.long)
@@ -334,12 +342,16 @@ def run_generate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> i
             temperature=args.temperature,
             top_k=args.top_k,
             top_p=args.top_p,
+            eos_id=args.eos_id,
             cache=args.cache,
             generator=generator,
         ).cpu()
     except ValueError as err:
         parser.error(str(err))
     for i, row in enumerate(new):
+        if args.eos_id is not None:  # the row up to its end (generate repeats it after)
+            ended = (row == args.eos_id).nonzero()
+            row = row[: int(ended[0]) + 1] if len(ended) else row
         if args.ids is not None:
             print(",".join(str(t) for t in row.tolist()))
         else:
