@@ -142,6 +142,11 @@ def test_files_not_written_by_save_model_are_refused(tmp_path):
     save_file({"w": torch.zeros(2)}, str(plain))
     with pytest.raises(ValueError, match=r"lacks the metadata .*not written by"):
         load_model(plain)
+    for missing in (tmp_path / "none.safetensors", tmp_path):  # no file; a folder
+        with pytest.raises(FileNotFoundError, match=r"no weights file at .*: expected a "):
+            load_model(missing)
+        with pytest.raises(FileNotFoundError, match=r"no weights file at"):
+            load_weights(create_model("listops-small"), missing)
     junk = tmp_path / "junk.safetensors"
     junk.write_bytes(b"not a safetensors file")
     with pytest.raises(ValueError, match=r"is not a readable safetensors file"):

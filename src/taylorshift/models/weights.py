@@ -81,6 +81,8 @@ def _load_tensors(path: str | os.PathLike, device: str) -> dict[str, torch.Tenso
 
 
 def _read_metadata(path: str | os.PathLike) -> dict[str, str]:
+    if not os.path.isfile(path):  # an OSError that callers catch as a missing file
+        raise FileNotFoundError(f"no weights file at {path}: expected a .safetensors file")
     try:
         with safe_open(str(path), framework="pt") as f:
             metadata = f.metadata() or {}
@@ -155,6 +157,7 @@ def load_model(
             tensors share one dtype, else the default dtype).
 
     Raises:
+        FileNotFoundError: no file at ``path``.
         ValueError: not a taylorshift weights file, unknown model class, or tensors that do
             not fit the stored config (names listed).
     """
@@ -198,6 +201,7 @@ def load_weights(model: nn.Module, path: str | os.PathLike, *, check_config: boo
         ``model``.
 
     Raises:
+        FileNotFoundError: no file at ``path``.
         ValueError: the file holds another model class, another config (the differing
             settings listed) or other tensors (missing/unexpected/mis-shaped names listed).
     """
