@@ -219,7 +219,7 @@ def test_a_relative_data_path_is_recorded_absolute(tmp_path, text_file, monkeypa
     with pytest.raises(SystemExit):
         main(["eval", "--checkpoint", "run", "--split", "val", "--limit", "2"])
     err = capsys.readouterr().err
-    assert "error: data (task 'lm', as the run recorded it; or give --data PATH): path must " in err
+    assert "error: data (task 'lm', as the run recorded it; other: --data PATH): path must " in err
     assert main(["eval", "--checkpoint", "run", "--limit", "2", "--data", "moved.txt"]) == 0
     with pytest.raises(SystemExit):
         main(["eval", "--checkpoint", "run", "--data", "gone.txt"])

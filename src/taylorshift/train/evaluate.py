@@ -170,7 +170,7 @@ def evaluate_checkpoint(
     try:
         spec = get_task(config.data.task)
         where = f"data (task {spec.name!r}"
-        where += ")" if data_path is not None else ", as the run recorded it; or give --data PATH)"
+        where += ")" if data_path is not None else ", as the run recorded it; other: --data PATH)"
         dataset = _setting(where, _build_split, config, spec, split)
         model = load_model(folder / MODEL_FILE, map_location=torch_device)
         result = evaluate(
