@@ -65,10 +65,12 @@ def test_task_losses_score_targets_only():
     assert int(correct) == int((logits[keep].argmax(-1) == targets[keep]).sum())
 
 
-def test_lm_training_lowers_the_loss_and_reports_perplexity(tmp_path, text_file):
+def test_lm_training_lowers_the_loss_and_reports_perplexity(tmp_path, text_file, capsys):
     config = lm_config(tmp_path / "run", text_file)
     assert config.model.name == "lm-tiny" and config.optim.name == "adamw"  # the lm preset
     result = train(config)
+    said = capsys.readouterr()  # the eval lines count scored target tokens
+    assert f"({result.eval['samples']} target tokens)" in said.out + said.err
     assert result.losses[-1] < 0.6 * result.losses[0]
     assert math.isclose(result.eval["perplexity"], math.exp(result.eval["loss"]))
     assert result.eval["samples"] == (int(0.05 * text_file.stat().st_size) - 1) // 32 * 32

@@ -555,7 +555,7 @@ class Trainer:
         self._say(
             f"step {state.step} epoch {state.epoch}: {split_name} accuracy "
             f"{result['accuracy']:.4f} loss {result['loss']:.4f}{bpb} "
-            f"({result['samples']} samples)"
+            f"({result['samples']} {'target tokens' if self.kind.per_token else 'samples'})"
         )
         return result
 
