@@ -45,6 +45,10 @@ def _mistakes(tmp: Path) -> list[tuple[list[str], str]]:
     tsv.mkdir()
     for split in ("train", "val", "test"):
         (tsv / f"basic_{split}.tsv").write_text("Source\tTarget\n[MAX 1 2 ]\t2\n[MAX 1 ZZ ]\t1\n")
+    no_test = tmp / "listops-no-test"  # a split missing at the end: found before any step
+    no_test.mkdir()
+    for split in ("train", "val"):
+        (no_test / f"basic_{split}.tsv").write_text("Source\tTarget\n[MAX 1 2 ]\t2\n")
     csv = tmp / "csv"
     csv.mkdir()
     for split in ("train", "val", "test"):
@@ -64,6 +68,8 @@ def _mistakes(tmp: Path) -> list[tuple[list[str], str]]:
         (["train", *tiny[:2], "--out", str(regular / "run")], "run.out_dir"),
         (["train", "--task", "listops-tsv", "--data", str(tsv), "--batch-size", "1",
           "--out", out], "basic_train.tsv line 3: expression tokens must be"),
+        (["train", "--task", "listops-tsv", "--data", str(no_test), "--batch-size", "1",
+          "--out", out], "split 'test' must be a file or a folder holding basic_test.tsv"),
         (["train", "--task", "text-csv", "--data", str(csv), "--batch-size", "1", "--out", out],
          "train.csv must be UTF-8 text"),
         (["train", *tiny, "--set", "optim.lr=fast"], "optim.lr"),

@@ -275,6 +275,10 @@ class Trainer:
         where = f"data (task {data.task!r})"
         self.train_set = _setting(where, _build_split, config, spec, "train")
         self.eval_set = _setting(where, _build_split, config, spec, data.eval_split)
+        # the test split too, so that a missing or bad one stops the run before any step
+        self.test_set = None
+        if data.test_split is not None:
+            self.test_set = _setting(where, _build_split, config, spec, data.test_split)
         num_classes = spec.num_classes or getattr(self.train_set, "num_classes", None)
         vocab_size = getattr(self.train_set, "vocab_size", None)
 
@@ -361,9 +365,8 @@ class Trainer:
                 self.checkpoint()
             test_result = None
             if data.test_split is not None and self.state.step == self.total_steps:
-                test_set = _build_split(self.config, self.spec, data.test_split)
-                self.log_baselines(data.test_split, test_set)
-                test_result = self.evaluate_split(data.test_split, test_set)
+                self.log_baselines(data.test_split, self.test_set)
+                test_result = self.evaluate_split(data.test_split, self.test_set)
             self.metrics.log(
                 "end", self.state.step, epoch=self.state.epoch,
                 best_accuracy=self.state.best_accuracy,
