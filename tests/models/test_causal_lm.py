@@ -242,6 +242,21 @@ def test_generate_past_learned_positions_is_refused_before_any_work(monkeypatch)
     assert lm(max_len=16).generate(x, 30).shape == (2, 30)  # cosine: any length
 
 
+def test_rows_that_ended_take_no_more_learned_positions():
+    """A full-length row that ends at once beside a short row that goes on: the batch runs
+    (the ended row is fed its end token at position 0), and the short row's tokens are
+    those it makes alone."""
+    model = lm(pos_embedding="learned", max_len=8)
+    x, mask = tokens(2, 8, seed=3), torch.ones(2, 8, dtype=torch.bool)
+    mask[1, :6] = False
+    eos = int(model.generate(x[:1], 1, temperature=0)[0, 0])  # row 0's first token
+    got = model.generate(x, 6, prompt_mask=mask, eos_id=eos, temperature=0)
+    alone = model.generate(x[1:, 6:], 6, eos_id=eos, temperature=0)[0]
+    assert got[0].tolist() == [eos] * got.shape[1]
+    assert got[1, : len(alone)].tolist() == alone.tolist()
+    assert (got[1, len(alone) :] == eos).all()
+
+
 def test_state_cache_stays_constant_while_kv_cache_grows():
     model = lm("taylorshift")
     sizes = {}

@@ -280,7 +280,9 @@ class CausalLM(nn.Module):
                 out.append(token)
                 if (eos_id is not None and bool(done.all())) or t == max_new_tokens - 1:
                     break
-                step_positions = (lengths + t)[:, None]
+                # a row that has ended is fed its end token at position 0, so that it never
+                # runs past learned positions; its outputs are not read
+                step_positions = torch.where(done, 0, lengths + t)[:, None]
                 logits = self.decode(token[:, None], caches, step_positions)[:, 0]
         finally:
             self.train(was_training)
