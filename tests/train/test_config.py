@@ -109,6 +109,11 @@ def test_typed_values_and_replace():
             r"kernel_args holds \{kernel: \{option: value\}\}, e\.g\. --set "
             r"model\.kernel_args\.taylorshift\.window=3$",
         ),
+        (  # a kernel's options given as a value: the example names no option
+            "model.kernel_args.taylorshift",
+            "5",
+            r"e\.g\. --set model\.kernel_args\.taylorshift\.OPTION=5$",
+        ),
     ],
 )
 def test_bad_overrides_name_the_key(key, value, match):

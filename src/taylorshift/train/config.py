@@ -321,10 +321,13 @@ class TrainConfig:
                 )
         for kernel, options in m.kernel_args.items():
             if not isinstance(options, dict):  # e.g. an option set without its kernel
+                from ..nn import list_kernels  # (an error path: nn only then)
+
+                example = "OPTION" if kernel in list_kernels() else kernel
                 raise ConfigError(
                     f"model.kernel_args.{kernel} must be a table of kernel options, got "
                     f"{options!r}: model.kernel_args holds {{kernel: {{option: value}}}}, e.g. "
-                    f"--set model.kernel_args.taylorshift.{kernel}={json.dumps(options)}"
+                    f"--set model.kernel_args.taylorshift.{example}={json.dumps(options)}"
                 )
         _check(check_choice, "optim.name", o.name, choices=OPTIMIZERS)
         _check(check_number, "optim.lr", o.lr, gt=0)
