@@ -272,6 +272,21 @@ def test_state_cache_stays_constant_while_kv_cache_grows():
     assert sizes["kv"][1] == 4 * sizes["kv"][0]  # keys, values and mask: 10 -> 40 tokens
 
 
+def test_caches_of_another_batch_or_model_are_refused():
+    """A state cache steps without the op's checks but for its own state's fit: a float32
+    model (the CPU kernel's step) given caches of another batch size or width raises
+    instead of writing outside the state."""
+    model = lm().float()
+    caches = model.new_caches("state")
+    model.decode(tokens(1, 5), caches, torch.arange(5)[None])
+    with pytest.raises(ValueError, match=r"state must hold sums of shape \(4, 3,"):
+        model.decode(tokens(4, 1), caches, torch.full((4, 1), 5))
+    wider = lm(dim=48, num_heads=3).float()
+    with pytest.raises(ValueError, match=r"state must hold sums of shape \(1, 3, 153,"):
+        wider.decode(tokens(1, 1), caches, torch.full((1, 1), 5))
+    model.decode(tokens(1, 1), caches, torch.full((1, 1), 5))  # its own model still steps
+
+
 def test_eos_stops_rows_and_generation():
     model = lm()
     x = tokens(2, 4)

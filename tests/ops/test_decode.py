@@ -206,3 +206,50 @@ def test_unchecked_token_step_equals_the_checked_one(normalize, tensor_tau, dtyp
     assert torch.equal(got, want)
     assert torch.equal(unchecked.sums, checked.sums)
     assert torch.equal(unchecked.count, checked.count)
+
+
+def test_decode_rejects_bad_options():
+    q, k, v = _qkv(4)
+    with pytest.raises(ValueError, match=r"chunk_size must be a positive int or None; got -2"):
+        taylor_shift_decode(q, k, v, chunk_size=-2)
+    with pytest.raises(TypeError, match=r"chunk_size must be a positive int or None; got 2\.5"):
+        taylor_shift_decode(q, k, v, chunk_size=2.5)
+    with pytest.raises(TypeError, match=r"inplace must be a bool; got 'yes'"):
+        taylor_shift_decode(q, k, v, inplace="yes")
+    _, state = taylor_shift_decode(q, k, v)
+    counted = TaylorShiftState(state.sums, state.count.long())
+    with pytest.raises(ValueError, match=r"state's count must be torch\.float64 on cpu"):
+        taylor_shift_decode(q, k, v, counted)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["fp64", "fp32"])
+def test_unchecked_token_step_refuses_a_state_that_does_not_fit(dtype):
+    """The layer caches' step checks only its state, and must: a state of another batch
+    size or model would have the CPU kernel read and write outside it (a crash, or garbage
+    in memory) where the op's checks used to stand."""
+    from taylorshift.ops.taylor_shift.decode import decode_token
+
+    q, k, v = (x.to(dtype) for x in _qkv(2, seed=5))
+    _, state = taylor_shift_decode(q[:, :, :1], k[:, :, :1], v[:, :, :1])
+    one = (q[:, :, 1:], k[:, :, 1:], v[:, :, 1:])
+    wider = [torch.cat([x] * 4) for x in one]  # batch 12 against a state of batch 3
+    with pytest.raises(ValueError, match=r"state must hold sums of shape \(12, 2, 21, 5\)"):
+        decode_token(*wider, state)
+    wide_d = [torch.randn(B, H, 1, 2 * D, dtype=dtype) for _ in range(2)]
+    with pytest.raises(ValueError, match=r"state must hold sums of shape \(3, 2, 66, 5\)"):
+        decode_token(*wide_d, one[2], state)
+    wide_v = torch.randn(B, H, 1, 3 * DV, dtype=dtype)
+    with pytest.raises(ValueError, match=r"state must hold sums of shape \(3, 2, 21, 13\)"):
+        decode_token(*one[:2], wide_v, state)
+    other = {torch.float64: torch.float32, torch.float32: torch.float64}[dtype]
+    cast = TaylorShiftState(state.sums.to(other), state.count.to(other))
+    with pytest.raises(ValueError, match=rf"state must be {dtype}"):
+        decode_token(*one, cast)
+    narrow_count = TaylorShiftState(state.sums, state.count.to(torch.uint8))
+    with pytest.raises(ValueError, match="state's count must be"):
+        decode_token(*one, narrow_count)
+    with pytest.raises(TypeError, match="state must be a TaylorShiftState"):
+        decode_token(*one, (state.sums, state.count))
+    before = state.sums.clone()
+    decode_token(*one, state)  # (the fitting state still steps, in place)
+    assert not torch.equal(state.sums, before)

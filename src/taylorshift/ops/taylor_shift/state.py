@@ -82,6 +82,11 @@ def check_state(
             f"{name} must be {compute_dtype(dtype)} on {device} for {dtype} inputs; got "
             f"{state.sums.dtype} on {state.sums.device}"
         )
+    if state.count.dtype != state.sums.dtype or state.count.device != state.sums.device:
+        raise ValueError(
+            f"{name}'s count must be {state.sums.dtype} on {state.sums.device} like its sums; "
+            f"got {state.count.dtype} on {state.count.device}"
+        )
 
 
 def real_keys(
