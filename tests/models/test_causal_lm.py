@@ -208,6 +208,25 @@ def test_top_p_samples_from_the_nucleus_in_proportion(top_p, nucleus):
     assert torch.allclose(share, want, atol=0.015)  # ~4 standard errors at n = 20,000
 
 
+def test_extreme_temperatures_keep_their_meaning():
+    """An infinite temperature draws uniformly from what top-k and top-p keep (ranked by the
+    logits, not flattened into a tie of everything); a tiny one is greedy (not NaN)."""
+    from taylorshift.models.causal_lm import _sample
+
+    logits = torch.tensor([0.0, 3.0, 1.0, 2.0, -1.0, 0.5]).expand(20000, 6)
+    for temperature in (float("inf"), 3e38):
+        got = _sample(logits, temperature, 2, None, torch.Generator().manual_seed(0))
+        share = torch.bincount(got, minlength=6).double() / len(got)
+        assert set(got.unique().tolist()) == {1, 3}
+        assert torch.allclose(share[[1, 3]], torch.tensor([0.5, 0.5], dtype=F64), atol=0.015)
+        got = _sample(logits, temperature, None, 0.4, torch.Generator().manual_seed(0))
+        assert set(got.unique().tolist()) == {1, 3, 2}  # uniform 1/6 each: the first two hold < 0.4
+    for temperature in (1e-40, 1e-30):
+        for top_k, top_p in ((None, None), (3, None), (None, 0.9)):
+            got = _sample(logits[:4], temperature, top_k, top_p, torch.Generator())
+            assert got.tolist() == [1] * 4
+
+
 def test_top_p_of_one_changes_nothing_and_a_tiny_one_is_greedy():
     model = lm()
     x = tokens(3, 4)

@@ -333,18 +333,26 @@ class CausalLM(nn.Module):
 def _sample(
     logits: Tensor, temperature: float, top_k: int | None, top_p: float | None, generator
 ) -> Tensor:
-    """One token id per row of logits (B, V): temperature, then top-k, then top-p."""
+    """One token id per row of logits (B, V): temperature, then top-k, then top-p.
+
+    Any temperature > 0 works, however large or small: the logits are shifted by the row's
+    maximum before the division (a tiny temperature sends the others to -inf, not the
+    maximum to inf and softmax to NaN), top-k keeps the k largest raw logits (the ranking
+    a temperature does not change, and which an infinite one would flatten into a tie),
+    and top-p ranks the tokens by their raw logits too (ties of the scaled probabilities
+    broken by them)."""
     logits = logits.float()
     if temperature == 0:
         return logits.argmax(-1)
-    logits = logits / temperature
+    scaled = (logits - logits.amax(-1, keepdim=True)) / temperature
     if top_k is not None and top_k < logits.shape[-1]:
         kth = logits.topk(top_k, dim=-1).values[:, -1:]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    probs = torch.softmax(logits, dim=-1)
+        scaled = scaled.masked_fill(logits < kth, float("-inf"))
+    probs = torch.softmax(scaled, dim=-1)
     if top_p is not None and top_p < 1:
         # a token stays while the tokens ranked above it hold less than top_p
-        ranked, order = probs.sort(dim=-1, descending=True)
+        order = logits.argsort(dim=-1, descending=True, stable=True)
+        ranked = probs.gather(-1, order)
         drop = (ranked.cumsum(-1) - ranked) >= top_p
         probs = probs.masked_fill(drop.scatter(-1, order, drop), 0.0)
     return torch.multinomial(probs, 1, generator=generator)[:, 0]
