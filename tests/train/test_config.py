@@ -102,6 +102,7 @@ def test_typed_values_and_replace():
         ("data.split_options.dev.num_samples", "1", r"split_options keys must be among"),
         ("optim.lr_multipliers.temperature", "0", r"optim\.lr_multipliers must map .* 0"),
         ("optim.lr_multipliers.temperature", "fast", r"optim\.lr_multipliers must map"),
+        ("run.device", "gpu", r"run\.device must be auto, cpu, cuda\[:N\], mps or xpu\[:N\]"),
         (  # an option set without its kernel: the message shows where it goes
             "model.kernel_args.window",
             "3",
@@ -127,6 +128,10 @@ def test_bad_overrides_name_the_key(key, value, match):
         ({"epochs": 2.5}, r"optim\.epochs must be a positive int; got 2\.5"),
         ({"lr": "1e-3"}, r"optim\.lr must be a number > 0; got '1e-3'"),
         ({"lr": float("inf")}, r"optim\.lr must be a finite number > 0; got inf"),
+        (
+            {"lr_multipliers": {"temperature": float("inf")}},
+            r"optim\.lr_multipliers must map .* to finite numbers > 0, got 'temperature': inf",
+        ),
         ({"weight_decay": -0.1}, r"optim\.weight_decay must be a number >= 0; got -0\.1"),
     ],
 )

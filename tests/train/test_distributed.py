@@ -5,6 +5,7 @@ torchrun's environment (``forked.fork_ranks``)."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 from safetensors.torch import load_file
 
@@ -64,3 +65,27 @@ def test_a_rank_that_stops_answering_is_named_within_the_timeout(tmp_path):
     errors = [line for line in run.stderr.splitlines() if "collective_timeout_s=4" in line]
     assert errors, run.stderr[-3000:]
     assert "rank 0: a collective waited" in errors[0] and "rank(s) 1 did not answer" in errors[0]
+
+
+def test_device_names_resolve_or_are_refused_before_use(monkeypatch):
+    """auto takes CUDA where there is one; under torchrun, auto and cuda take the local
+    rank's GPU; names of no device or of devices this machine lacks raise ValueError."""
+    from taylorshift.train.distributed import resolve_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert resolve_device("auto") == torch.device("cpu")
+    assert resolve_device("cpu", local_rank=1) == torch.device("cpu")
+    for name in ("cuda", "cuda:0"):
+        with pytest.raises(ValueError, match=rf"'{name}' is not available: torch sees no CUDA"):
+            resolve_device(name)
+    for name in ("gpu", "meta", "cuda:x", "CPU", "", 0):
+        with pytest.raises(ValueError, match=r"expected auto, cpu, cuda\[:N\], mps or xpu"):
+            resolve_device(name)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert resolve_device("auto") == torch.device("cuda")
+    assert resolve_device("auto", local_rank=1) == torch.device("cuda:1")
+    assert resolve_device("cuda", local_rank=1) == torch.device("cuda:1")
+    assert resolve_device("cuda:1") == torch.device("cuda:1")
+    with pytest.raises(ValueError, match=r"'cuda:2' is not available: torch sees 2 CUDA"):
+        resolve_device("cuda:2")

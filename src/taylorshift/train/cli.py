@@ -47,7 +47,7 @@ _SHORTCUTS = (
     ("--lr", "optim.lr", float, "LR", "peak learning rate (optim.lr)"),
     ("--batch-size", "data.batch_size", int, "B", "global batch size (data.batch_size)"),
     ("--seed", "run.seed", int, "S", "seed of init, data order, drop path (run.seed)"),
-    ("--device", "run.device", str, "DEV", "auto, cpu, cuda, cuda:N (run.device)"),
+    ("--device", "run.device", str, "DEV", "auto, cpu, cuda[:N], mps, xpu[:N] (run.device)"),
     ("--out", "run.out_dir", str, "DIR", "run folder (run.out_dir)"),
     ("--max-steps", "run.max_steps", int, "N", "stop after N steps (run.max_steps)"),
     ("--eval-every", "run.eval_every", int, "N", "also evaluate every N steps (run.eval_every)"),
@@ -186,7 +186,7 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
     _add_checkpoint_argument(parser, " or a file in one")
     parser.add_argument("--split", choices=SPLITS, default="test", help="(default: %(default)s)")
     parser.add_argument("--batch-size", type=int, metavar="B", help="default: the run's")
-    parser.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
+    parser.add_argument("--device", default="auto", help="auto, cpu, cuda[:N], mps, xpu[:N]")
     parser.add_argument(
         "--limit", type=int, metavar="N", help="only the first N samples (sequences of an LM)"
     )
@@ -278,7 +278,9 @@ def add_generate_arguments(parser: argparse.ArgumentParser) -> None:
         help="decoding cache: constant-size state (TaylorShift, linear) or keys/values",
     )
     parser.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
-    parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N (default cpu)")
+    parser.add_argument(
+        "--device", default="cpu", help="cpu, cuda[:N], mps, xpu[:N], auto (default cpu)"
+    )
 
 
 def _generate_model_path(path: str):
@@ -295,9 +297,14 @@ def run_generate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> i
 
     from ..data.lm_text import decode_bytes, encode_text
     from ..models import CausalLM, load_model
+    from .distributed import resolve_device
 
     try:
-        model = load_model(_generate_model_path(args.checkpoint), map_location=args.device)
+        device = resolve_device(args.device)
+    except ValueError as err:
+        parser.error(f"--device: {err}")
+    try:
+        model = load_model(_generate_model_path(args.checkpoint), map_location=device)
     except (FileNotFoundError, ValueError) as err:
         parser.error(str(err))
     if not isinstance(model, CausalLM):
@@ -333,12 +340,12 @@ def run_generate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> i
     mask = torch.zeros(len(rows), n, dtype=torch.bool)
     for i, row in enumerate(rows):
         prompt[i, n - len(row) :], mask[i, n - len(row) :] = row, True
-    generator = torch.Generator(device=args.device).manual_seed(args.seed)
+    generator = torch.Generator(device=device).manual_seed(args.seed)
     try:
         new = model.generate(
-            prompt.to(args.device),
+            prompt.to(device),
             args.max_new_tokens,
-            prompt_mask=None if bool(mask.all()) else mask.to(args.device),
+            prompt_mask=None if bool(mask.all()) else mask.to(device),
             temperature=args.temperature,
             top_k=args.top_k,
             top_p=args.top_p,

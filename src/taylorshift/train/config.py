@@ -21,6 +21,7 @@ import dataclasses
 import difflib
 import json
 import os
+import re
 import types
 import typing
 from collections.abc import Iterable, Mapping
@@ -43,6 +44,11 @@ OPTIMIZERS = ("lamb", "adamw")
 AMP_MODES = ("auto", "bf16", "off")
 TAYLORSHIFT_MODES = ("auto", "direct", "efficient")
 SPLITS = ("train", "val", "test")
+
+# run.device (and eval's, generate's --device): a name; train/distributed.resolve_device
+# checks that the machine has it
+DEVICE_PATTERN = re.compile(r"auto|cpu|mps|(?:cuda|xpu)(?::\d+)?")
+DEVICE_CHOICES = "auto, cpu, cuda[:N], mps or xpu[:N]"
 
 
 class ConfigError(ValueError):
@@ -340,18 +346,22 @@ class TrainConfig:
         _check(check_number, "optim.grad_clip", o.grad_clip, gt=0, allow_none=True)
         _check(check_int, "optim.epochs", o.epochs, ge=1)
         for key, factor in o.lr_multipliers.items():
-            if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not factor > 0:
+            if (
+                isinstance(factor, bool)
+                or not isinstance(factor, (int, float))
+                or not 0 < factor < float("inf")
+            ):
                 raise ConfigError(
-                    f"optim.lr_multipliers must map parameter names to numbers > 0, got "
-                    f"{key!r}: {factor!r}"
+                    f"optim.lr_multipliers must map parameter names to finite numbers > 0, "
+                    f"got {key!r}: {factor!r}"
                 )
         if not 0 <= o.warmup_epochs <= o.epochs:
             raise ConfigError(
                 f"optim.warmup_epochs must be in [0, optim.epochs={o.epochs}], got "
                 f"{o.warmup_epochs}"
             )
-        if not (r.device in ("auto", "cpu") or r.device.startswith(("cuda", "mps", "xpu"))):
-            raise ConfigError(f"run.device must be auto, cpu or cuda[:N], got {r.device!r}")
+        if not isinstance(r.device, str) or not DEVICE_PATTERN.fullmatch(r.device):
+            raise ConfigError(f"run.device must be {DEVICE_CHOICES}; got {r.device!r}")
         _check(check_choice, "run.amp", r.amp, choices=AMP_MODES)
         if not r.out_dir:
             raise ConfigError("run.out_dir must be a folder name, got ''")

@@ -22,6 +22,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from .config import DEVICE_CHOICES, DEVICE_PATTERN
+
 __all__ = [
     "CollectiveTimeoutError",
     "Dist",
@@ -110,6 +112,33 @@ def timed_out(err: BaseException) -> bool:
     return isinstance(err, RuntimeError) and ("timed out" in text or "timeout" in text)
 
 
+def resolve_device(device: str, local_rank: int | None = None) -> torch.device:
+    """The torch device that ``device`` names (``run.device``, eval's and generate's
+    ``--device``): ``auto`` (CUDA if there is one, else the CPU), ``cpu``, ``cuda[:N]``,
+    ``mps``, ``xpu[:N]``; with ``local_rank`` (under torchrun), ``auto`` and ``cuda`` mean
+    ``cuda:local_rank``. Raises ``ValueError`` for any other name and for a device this
+    machine does not have, before anything is loaded onto it."""
+    if not isinstance(device, str) or not DEVICE_PATTERN.fullmatch(device):
+        raise ValueError(f"expected {DEVICE_CHOICES}; got {device!r}")
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda" and local_rank is not None:
+        device = f"cuda:{local_rank}"
+    torch_device = torch.device(device)
+    kind = torch_device.type
+    backend = {"cuda": torch.cuda, "mps": torch.backends.mps, "xpu": getattr(torch, "xpu", None)}
+    if kind != "cpu" and (backend[kind] is None or not backend[kind].is_available()):
+        raise ValueError(f"{device!r} is not available: torch sees no {kind.upper()} device")
+    if kind in ("cuda", "xpu") and torch_device.index is not None:
+        count = backend[kind].device_count()
+        if torch_device.index >= count:
+            raise ValueError(
+                f"{device!r} is not available: torch sees {count} {kind.upper()} device(s), "
+                f"{kind}:0 to {kind}:{count - 1}"
+            )
+    return torch_device
+
+
 def setup(device: str, timeout_s: float | None = None) -> tuple[Dist, torch.device]:
     """Join the process group that ``torchrun`` describes (if any) and pick the device.
 
@@ -125,14 +154,8 @@ def setup(device: str, timeout_s: float | None = None) -> tuple[Dist, torch.devi
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    if device == "cuda" and world_size > 1:
-        device = f"cuda:{local_rank}"
-    torch_device = torch.device(device)
+    torch_device = resolve_device(device, local_rank if world_size > 1 else None)
     if torch_device.type == "cuda":
-        if not torch.cuda.is_available():
-            raise RuntimeError(f"run.device is {device!r} but torch sees no CUDA device")
         torch.cuda.set_device(torch_device)
     if world_size > 1 and not dist.is_initialized():
         backend = "nccl" if torch_device.type == "cuda" else "gloo"

@@ -18,7 +18,7 @@ from ..models import load_model
 from .build import _build_split, _setting
 from .checkpoint import MODEL_FILE, find_checkpoint, load_state, read_config, verify_checkpoint
 from .config import TrainConfig
-from .distributed import Dist, SequenceGroup, eval_shard, setup
+from .distributed import Dist, SequenceGroup, eval_shard, resolve_device, setup
 from .stop import ignore_stop_signals
 
 __all__ = [
@@ -158,15 +158,17 @@ def evaluate_checkpoint(
         ``{"checkpoint", "step", "split", "loss", "accuracy", "samples"}``.
 
     Raises:
-        ConfigError: the data is not there (or not of the run's task), naming the path.
+        ConfigError: the data is not there (or not of the run's task), naming the path; or
+            ``device`` names no device of this machine.
     """
+    _setting("device", resolve_device, device)  # (before any file is read)
     folder = verify_checkpoint(find_checkpoint(path))
     config = TrainConfig.from_dict(read_config(folder))
     if limit is not None:
         config = config.replace(**{"data.eval_limit": limit})
     if data_path is not None:
         config = config.replace(**{"data.options.path": os.fspath(data_path)})
-    dist_info, torch_device = setup(device)
+    dist_info, torch_device = _setting("device", setup, device)
     try:
         spec = get_task(config.data.task)
         where = f"data (task {spec.name!r}"
