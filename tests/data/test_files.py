@@ -269,6 +269,12 @@ def test_text_errors(tmp_path):
     (tmp_path / "train.jsonl").write_text('{"text": "a", "label": 0.5}\n')
     with pytest.raises(ValueError, match=r"label must be a string or an int, got 0.5"):
         TextFileDataset("train", path=tmp_path, fmt="jsonl")
+    (tmp_path / "train.jsonl").write_text("\n")
+    with pytest.raises(ValueError, match=r"train\.jsonl must hold at least one sample \(a JSON"):
+        TextFileDataset("train", path=tmp_path, fmt="jsonl")
+    (tmp_path / "val.csv").write_text("text,label\n")  # (an empty split scored 0 and passed)
+    with pytest.raises(ValueError, match=r"val\.csv must hold at least one sample \(a row under"):
+        TextFileDataset("val", path=tmp_path)
 
 
 def _image_tree(tmp_path, image):

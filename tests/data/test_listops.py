@@ -300,6 +300,15 @@ def test_tsv_errors(tmp_path):
     _write_tsv(cut, [("( ( [MIN 4 ) 5 ]", 4)])
     with pytest.raises(ValueError, match=r"line 2: .* 2 '\(' vs 1 '\)'"):
         ListOpsTSV(path=cut)
+    header_only = tmp_path / "e.tsv"
+    _write_tsv(header_only, [])
+    with pytest.raises(ValueError, match=r"e\.tsv must hold at least one expression under"):
+        ListOpsTSV(path=header_only)
+    latin = tmp_path / "l.tsv"  # a long file: the bad byte is decoded chunks after line 1
+    rows = "".join(f"[MAX {i % 10} 2 ]\t{max(i % 10, 2)}\n" for i in range(5000))
+    latin.write_bytes(f"Source\tTarget\n{rows}[MIN caf\xe9 ]\t1\n".encode("latin-1"))
+    with pytest.raises(ValueError, match=r"l\.tsv must be UTF-8 text \(after line \d{3,}\):"):
+        ListOpsTSV(path=latin)
     with pytest.raises(ValueError, match=r"a folder holding basic_train.tsv, got the folder"):
         ListOpsTSV("train", path=tmp_path / ".")
     with pytest.raises(ValueError, match="path must be an existing file or folder, got"):

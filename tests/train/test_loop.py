@@ -71,6 +71,42 @@ def test_a_short_run_learns_an_easy_task(tmp_path, majority_task):
     assert model["data"]["task"] == majority_task
 
 
+def test_an_empty_split_stops_the_run_before_any_step(tmp_path, majority_task):
+    """A loader that builds a split of no samples (the file loaders refuse their empty files
+    themselves) would be scored 0 and pass: refused, naming the split."""
+    config = tiny_config(
+        tmp_path / "run",
+        data__task=majority_task,
+        data__options={},
+        data__split_options={"val": {"num_samples": 0}},
+    )
+    with pytest.raises(ConfigError, match=r"split 'val' of task 'test-majority' holds no"):
+        train(config)
+    assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_eval_on_data_of_other_classes_is_refused(tmp_path):
+    """Classes read from the data (text-csv: the train file's labels) must be as many as
+    the model's outputs (the data's labels would index past them, or mean other classes)."""
+    for name, labels in (("two", ["neg", "pos"]), ("three", ["neg", "pos", "meh"])):
+        (tmp_path / name).mkdir()
+        rows = "".join(f"{'ab' * (i % 5 + 1)},{labels[i % len(labels)]}\n" for i in range(12))
+        for split in ("train", "val", "test"):
+            (tmp_path / name / f"{split}.csv").write_text("text,label\n" + rows)
+    config = tiny_config(
+        tmp_path / "run",
+        data__task="text-csv",
+        data__options={"path": str(tmp_path / "two"), "max_len": 16},
+        data__split_options={},
+        data__batch_size=4,
+        run__max_steps=1,
+    )
+    train(config)
+    assert evaluate_checkpoint(tmp_path / "run", data_path=tmp_path / "two")["samples"] == 12
+    with pytest.raises(ConfigError, match=r"data has 3 classes \['meh', 'neg', 'pos'\], the"):
+        evaluate_checkpoint(tmp_path / "run", data_path=tmp_path / "three")
+
+
 def test_metrics_records(tmp_path):
     config = tiny_config(
         tmp_path / "run", run__log_every=3, optim__epochs=2, data__test_split="test"

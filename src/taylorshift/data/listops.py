@@ -576,6 +576,20 @@ class ListOpsTSV(Dataset):
         self.sources: list[str] = []
         self.ids: list[torch.Tensor] = []
         self.labels: list[int] = []
+        try:
+            self._read()
+        except UnicodeDecodeError as err:
+            where = f" (after line {self._line})" if self._line else ""
+            raise ValueError(f"{self.path} must be UTF-8 text{where}: {err}") from None
+        if not self.labels:
+            raise ValueError(
+                f"{self.path} must hold at least one expression under its header; got none"
+            )
+        self.num_classes = 10
+
+    def _read(self) -> None:
+        """Read and tokenize the rows (``self._line``: the last line read whole)."""
+        self._line = 0
         with open(self.path, newline="", encoding="utf-8") as f:
             rows = csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE)
             header = next(rows, None)
@@ -583,7 +597,9 @@ class ListOpsTSV(Dataset):
                 raise ValueError(
                     f"{self.path} must start with the header 'Source\\tTarget', got {header!r}"
                 )
+            self._line = 1
             for line, row in enumerate(rows, 2):
+                self._line = line
                 if not row:
                     continue
                 if len(row) != 2 or row[1].strip() not in tuple("0123456789"):
@@ -604,7 +620,6 @@ class ListOpsTSV(Dataset):
                 self.sources.append(row[0])
                 self.ids.append(ids.to(torch.uint8))  # (LISTOPS_TOKENS has < 256 ids)
                 self.labels.append(int(row[1]))
-        self.num_classes = 10
 
     def __len__(self) -> int:
         return len(self.labels)

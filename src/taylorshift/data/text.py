@@ -95,6 +95,9 @@ def _load(path: Path, fmt: str, text_column: str, label_column: str, delimiter: 
         rows = list(_read_rows(path, fmt, delimiter))
     except UnicodeDecodeError as err:
         raise ValueError(f"{path} must be UTF-8 text: {err}") from None
+    if not rows:
+        what = "a row under the header" if fmt == "csv" else "a JSON object line"
+        raise ValueError(f"{path} must hold at least one sample ({what}); got none")
     for line, row in rows:
         for column in (text_column, label_column):
             if column not in row or row[column] is None:

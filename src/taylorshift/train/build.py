@@ -41,6 +41,9 @@ def _build_split(config: TrainConfig, spec: TaskSpec, split: str) -> Dataset:
             f"training or evaluating on split {split!r}; got the single file "
             f"{str(dataset.path)!r}, which would be the train split as well (docs/data.md)"
         )
+    if len(dataset) == 0:  # (the loaders refuse an empty file; this catches any other case)
+        where = f" ({dataset.path})" if getattr(dataset, "path", None) else ""
+        raise ConfigError(f"split {split!r} of task {spec.name!r} holds no samples{where}")
     limit = config.data.train_limit if split == "train" else config.data.eval_limit
     if limit is not None and limit < len(dataset):
         kept = {k: getattr(dataset, k, None) for k in ("num_classes", "vocab_size")}

@@ -17,7 +17,7 @@ from ..data.text_bytes import count_baselines
 from ..models import load_model
 from .build import _build_split, _setting
 from .checkpoint import MODEL_FILE, find_checkpoint, load_state, read_config, verify_checkpoint
-from .config import TrainConfig
+from .config import ConfigError, TrainConfig
 from .distributed import Dist, SequenceGroup, eval_shard, resolve_device, setup
 from .stop import ignore_stop_signals
 
@@ -175,6 +175,7 @@ def evaluate_checkpoint(
         where += ")" if data_path is not None else ", as the run recorded it; other: --data PATH)"
         dataset = _setting(where, _build_split, config, spec, split)
         model = load_model(folder / MODEL_FILE, map_location=torch_device)
+        _check_classes(dataset, model, where)
         result = evaluate(
             model,
             dataset,
@@ -190,6 +191,21 @@ def evaluate_checkpoint(
         dist_info.shutdown()
     step = load_state(folder)["step"]
     return {"checkpoint": str(folder), "step": step, "split": split, **result}
+
+
+def _check_classes(dataset, model, where: str) -> None:
+    """Refuse data whose classes (read from the data: ``text-*``, ``image-folder``) are not
+    as many as the model's outputs: its label ids would mean other classes (or none)."""
+    have = getattr(dataset, "num_classes", None)
+    want = getattr(model.config, "num_classes", None)
+    if have is None or want is None or have == want:
+        return
+    names = getattr(dataset, "classes", None)
+    shown = f" {list(names)!r}" if names is not None and len(names) <= 20 else ""
+    raise ConfigError(
+        f"{where}: the data has {have} classes{shown}, the model was trained on {want}: "
+        "its label ids would mean other classes"
+    )
 
 
 def shard_sequence(inputs: tuple, labels: Tensor, seq: SequenceGroup | None):
