@@ -131,6 +131,15 @@ def test_cifar_errors(tmp_path):
     wrong.write_bytes(pickle.dumps({b"data": b"\0" * 3072, b"labels": [10]}))
     with pytest.raises(ValueError, match=r"labels must be in 0-9, got \[10\]"):
         load_cifar_batch(wrong)
+    for name, data, labels, match in [  # (were read as black, wrapped, or truncated)
+        ("float-pixels", [0.5] * 3072, [1], r"float-pixels: data must be integers in 0-255; got "),
+        ("wide-pixels", [300] * 3072, [1], r"data must be in 0-255, got values from 300 to 300"),
+        ("float-labels", b"\0" * 3072, [1.7], r"labels must be integers in 0-9; got torch\.f"),
+        ("text-labels", b"\0" * 3072, ["cat"], r"text-labels: labels must be integers in 0-9"),
+    ]:
+        (tmp_path / name).write_bytes(pickle.dumps({b"data": data, b"labels": labels}))
+        with pytest.raises(ValueError, match=match):
+            load_cifar_batch(tmp_path / name)
     (tmp_path / "junk").write_bytes(b"not a pickle")
     with pytest.raises(ValueError, match="must be a CIFAR-10 python batch"):
         load_cifar_batch(tmp_path / "junk")

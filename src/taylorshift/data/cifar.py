@@ -86,16 +86,32 @@ def load_cifar_batch(path: str | Path) -> tuple[torch.Tensor, torch.Tensor]:
     if isinstance(data, (bytes, bytearray)):
         images = torch.frombuffer(bytearray(data), dtype=torch.uint8)
     else:
-        images = torch.as_tensor(data).to(torch.uint8)
-    labels = torch.as_tensor(labels, dtype=torch.long).reshape(-1)
+        images = _integers(path, "data", data, 255).to(torch.uint8)
+    labels = _integers(path, "labels", labels, 9).to(torch.long).reshape(-1)
     if images.numel() != labels.numel() * 3072:
         raise ValueError(
             f"{path}: data must hold 3072 values per label, got {images.numel()} values for "
             f"{labels.numel()} labels"
         )
-    if labels.numel() and not 0 <= int(labels.min()) <= int(labels.max()) <= 9:
-        raise ValueError(f"{path}: labels must be in 0-9, got {labels.unique().tolist()}")
     return images.reshape(-1, 3, 1024), labels
+
+
+def _integers(path, key: str, values, top: int) -> torch.Tensor:
+    """``values`` (an array or a list) as an integer tensor in [0, top], or a ValueError
+    naming the file: float pixels or labels would be cut to integers without a word, and
+    pixels past 255 wrap around in uint8."""
+    try:
+        tensor = torch.as_tensor(values)
+    except (TypeError, ValueError, RuntimeError) as err:
+        raise ValueError(f"{path}: {key} must be integers in 0-{top}; got {err}") from None
+    if tensor.dtype.is_floating_point or tensor.dtype.is_complex or tensor.dtype == torch.bool:
+        raise ValueError(f"{path}: {key} must be integers in 0-{top}; got {tensor.dtype} values")
+    if tensor.numel() and not 0 <= int(tensor.min()) <= int(tensor.max()) <= top:
+        if key == "labels":
+            raise ValueError(f"{path}: labels must be in 0-9, got {tensor.unique().tolist()}")
+        low, high = int(tensor.min()), int(tensor.max())
+        raise ValueError(f"{path}: {key} must be in 0-{top}, got values from {low} to {high}")
+    return tensor
 
 
 class CifarPixelDataset(Dataset):
