@@ -182,11 +182,14 @@ def test_toml_and_json_files(tmp_path):
         ("[optim]\nlr = 'high'\n", r"optim\.lr must be a number; got 'high'"),
         ("[optim]\nepochs = 2.5\n", r"optim\.epochs must be an int; got 2\.5"),
         ("[optim\n", r"is not valid TOML"),
+        ("preset = 5\n", r"preset must be a preset name, one of listops, .*; got 5$"),
+        ("[run]\nseed = 99999999999999999999\n", r"run\.seed must be an int in \[-9223"),
+        (b"[optim]\nname = 'caf\xe9'\n", r"bad\.toml must be UTF-8 text: 'utf-8' codec"),
     ],
 )
 def test_bad_files_name_the_problem(tmp_path, text, match):
     path = tmp_path / "bad.toml"
-    path.write_text(text)
+    path.write_bytes(text if isinstance(text, bytes) else text.encode())
     with pytest.raises(ConfigError, match=match):
         resolve_config(file=path)
 

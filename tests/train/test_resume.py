@@ -3,11 +3,13 @@ computes bitwise what an uninterrupted run computes."""
 
 from __future__ import annotations
 
+import re
 import signal
 
 import pytest
 from safetensors.torch import load_file
 
+from taylorshift.cli import main
 from taylorshift.train import latest_checkpoint, read_metrics, train
 from taylorshift.train.checkpoint import KILL_ENV, DamagedCheckpointError
 
@@ -125,3 +127,22 @@ def test_no_intact_checkpoint_is_a_clear_error(tmp_path):
     weights.write_bytes(bytes(data))
     with pytest.raises(DamagedCheckpointError, match=r"no intact checkpoint in .*differs from"):
         train(tiny_config(out), resume=True)
+
+
+@pytest.mark.parametrize("name", ["model.safetensors", "state.pt"])
+def test_a_cut_file_of_a_checkpoint_without_checksums_is_named(tmp_path, capsys, name):
+    """Checkpoints written before checksums cannot be verified: a file cut short is then
+    found when it is read, by resume and eval alike (a traceback before)."""
+    out = tmp_path / "run"
+    train(tiny_config(out, run__max_steps=2, run__checkpoint_every=2))
+    folder = latest_checkpoint(out)
+    (folder / "checksums.json").unlink()
+    path = folder / name
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    match = rf"{name} is not a readable"
+    with pytest.raises(DamagedCheckpointError, match=match):
+        train(tiny_config(out, run__max_steps=3), resume=True)
+    with pytest.raises(SystemExit) as info:
+        main(["eval", "--checkpoint", str(out)])
+    assert info.value.code == 2
+    assert re.search(match, capsys.readouterr().err)

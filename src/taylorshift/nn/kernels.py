@@ -23,6 +23,7 @@ Attention dropout (``attn_drop``) by kernel:
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Callable
 
@@ -66,8 +67,30 @@ def create_kernel(
     name: str, num_heads: int, head_dim: int, attn_drop: float = 0.0, **kwargs
 ) -> AttentionKernel:
     """Build the kernel ``name``; ``kwargs`` are that kernel's own options."""
-    check_choice("attn_kernel", name, list_kernels())
+    options = kernel_options(name)
+    unknown = [] if options is None else sorted(set(kwargs) - set(options))
+    if unknown:
+        raise TypeError(
+            f"kernel_args: attention kernel {name!r} has no option {unknown[0]!r}; its "
+            f"options: {', '.join(options) or 'none'}"
+        )
     return _KERNELS[name](num_heads, head_dim, attn_drop=attn_drop, **kwargs)
+
+
+def kernel_options(name: str) -> list[str] | None:
+    """The options of kernel ``name``, as ``kernel_args`` gives them: the keyword arguments
+    of its constructor besides those every kernel takes from its layer (None: it takes any
+    keyword)."""
+    check_choice("attn_kernel", name, list_kernels())
+    own = ("self", "num_heads", "head_dim", "attn_drop")
+    parameters = inspect.signature(_KERNELS[name].__init__).parameters.values()
+    if any(p.kind == p.VAR_KEYWORD for p in parameters):
+        return None
+    return [
+        p.name
+        for p in parameters
+        if p.name not in own and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+    ]
 
 
 def repeat_kv(k: Tensor, v: Tensor, heads: int) -> tuple[Tensor, Tensor]:

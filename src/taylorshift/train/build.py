@@ -10,7 +10,8 @@ from torch.utils.data import Dataset, Subset
 from ..data import TaskSpec
 from ..models import CausalLM, create_model
 from ..nn import list_kernels
-from .config import ConfigError, TrainConfig
+from ..nn.kernels import kernel_options
+from .config import ConfigError, TrainConfig, _suggest
 from .lock import RunLockedError
 
 __all__ = ["build_model", "model_overrides"]
@@ -76,6 +77,14 @@ def model_overrides(
             f"model.kernel_args keys must be kernel names ({', '.join(list_kernels())}); "
             f"got {unknown[0]!r}"
         )
+    for name, given in m.kernel_args.items():  # (every kernel's: the run may switch later)
+        options = kernel_options(name)
+        wrong = [] if options is None else sorted(set(given) - set(options))
+        if wrong:
+            raise ConfigError(
+                f"model.kernel_args.{name}: kernel {name!r} has no option {wrong[0]!r}"
+                f"{_suggest(wrong[0], options)}; its options: {', '.join(options) or 'none'}"
+            )
     kernel_args = dict(probe.config.kernel_args)
     if m.kernel_args.get(kernel):
         # the model's options, this kernel's options of the run, then the explicit ones
@@ -131,5 +140,5 @@ def build_model(
     overrides = model_overrides(config, spec, num_classes, vocab_size)
     try:
         return create_model(config.model.name, device=device, **overrides)
-    except ValueError as err:  # a setting that conflicts with the run's kernel options
+    except (TypeError, ValueError) as err:  # a setting at odds with the run's kernel options
         raise ConfigError(f"model: {err}") from None

@@ -40,7 +40,7 @@ import torch
 from torch import nn
 
 from ..atomic import fsync_path, interrupts_deferred, write_atomic
-from ..models import save_model
+from ..models import load_model, load_weights, save_model
 
 __all__ = [
     "CHECKPOINT_DIR",
@@ -316,13 +316,36 @@ def find_checkpoint(path: str | os.PathLike) -> Path:
 def load_state(checkpoint: str | os.PathLike) -> dict[str, Any]:
     """The ``state.pt`` dict of a checkpoint folder (tensors on the CPU)."""
     path = Path(checkpoint) / STATE_FILE
-    state = torch.load(path, map_location="cpu", weights_only=True)
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except FileNotFoundError:
+        raise
+    except Exception as err:  # (torch.load's errors for a cut or damaged file vary)
+        raise DamagedCheckpointError(f"{path} is not a readable state file ({err})") from None
+    if not isinstance(state, dict):
+        raise DamagedCheckpointError(f"{path} must hold a dict; got {type(state).__name__}")
     if state.get("version") != STATE_VERSION:
         raise ValueError(
             f"{path} has state version {state.get('version')!r}; this taylorshift reads "
             f"{STATE_VERSION}"
         )
     return state
+
+
+def load_checkpoint_model(checkpoint: str | os.PathLike, into=None, map_location=None):
+    """The model of a checkpoint folder (``load_model``), or its weights loaded ``into`` a
+    built model (``load_weights``); a file that cannot be read (cut, damaged, of a
+    checkpoint written before checksums) raises :class:`DamagedCheckpointError` naming it."""
+    path = Path(checkpoint) / MODEL_FILE
+    try:
+        if into is None:
+            return load_model(path, map_location=map_location)
+        load_weights(into, path)
+        return into
+    except FileNotFoundError:
+        raise
+    except ValueError as err:
+        raise DamagedCheckpointError(str(err)) from None
 
 
 def read_config(checkpoint: str | os.PathLike) -> dict[str, Any]:

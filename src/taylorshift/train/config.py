@@ -363,6 +363,7 @@ class TrainConfig:
         if not isinstance(r.device, str) or not DEVICE_PATTERN.fullmatch(r.device):
             raise ConfigError(f"run.device must be {DEVICE_CHOICES}; got {r.device!r}")
         _check(check_choice, "run.amp", r.amp, choices=AMP_MODES)
+        _check(check_int, "run.seed", r.seed, ge=-(2**63), le=2**63 - 1)  # (torch's range)
         if not r.out_dir:
             raise ConfigError("run.out_dir must be a folder name, got ''")
         for key in ("max_steps", "eval_every", "checkpoint_every", "threads"):

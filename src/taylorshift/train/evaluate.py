@@ -14,9 +14,14 @@ from torch.utils.data import DataLoader, Dataset
 
 from ..data import TaskSpec, get_kind, get_task
 from ..data.text_bytes import count_baselines
-from ..models import load_model
 from .build import _build_split, _setting
-from .checkpoint import MODEL_FILE, find_checkpoint, load_state, read_config, verify_checkpoint
+from .checkpoint import (
+    find_checkpoint,
+    load_checkpoint_model,
+    load_state,
+    read_config,
+    verify_checkpoint,
+)
 from .config import ConfigError, TrainConfig
 from .distributed import Dist, SequenceGroup, eval_shard, resolve_device, setup
 from .stop import ignore_stop_signals
@@ -174,7 +179,7 @@ def evaluate_checkpoint(
         where = f"data (task {spec.name!r}"
         where += ")" if data_path is not None else ", as the run recorded it; other: --data PATH)"
         dataset = _setting(where, _build_split, config, spec, split)
-        model = load_model(folder / MODEL_FILE, map_location=torch_device)
+        model = load_checkpoint_model(folder, map_location=torch_device)
         _check_classes(dataset, model, where)
         result = evaluate(
             model,

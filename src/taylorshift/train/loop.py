@@ -34,15 +34,14 @@ from torch.utils.data import DataLoader, Dataset
 
 from ..atomic import write_atomic
 from ..data import TaskSpec, get_task
-from ..models import load_weights
 from ..nn.kernels import TaylorShiftKernel
 from .build import _build_split, _setting, build_model
 from .checkpoint import (
     CHECKPOINT_DIR,
     CONFIG_FILE,
-    MODEL_FILE,
     capture_rng,
     kill_hook,
+    load_checkpoint_model,
     load_state,
     read_config,
     restore_rng,
@@ -285,7 +284,7 @@ class Trainer:
         _seed_all(run.seed)
         self.model = build_model(config, spec, num_classes, vocab_size=vocab_size).to(device)
         if existing is not None:
-            load_weights(self.model, existing / MODEL_FILE)
+            load_checkpoint_model(existing, into=self.model)
         self.seq = _sequence_parallel(self.model, spec, run.sequence_parallel, dist_info)
         self.optimizer = build_optimizer(self.model, optim)
         self.sampler = _setting(

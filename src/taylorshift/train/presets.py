@@ -185,6 +185,10 @@ def list_presets() -> list[str]:
 
 def get_preset(name: str) -> TrainConfig:
     """The preset ``name`` (see :data:`PRESETS` and docs/train.md)."""
+    if not isinstance(name, str):
+        raise ConfigError(
+            f"preset must be a preset name, one of {', '.join(PRESETS)}; got {name!r}"
+        )
     if name not in PRESETS:
         raise ConfigError(
             f"unknown preset {name!r}{_suggest(name, PRESETS)}; presets: {', '.join(PRESETS)}"

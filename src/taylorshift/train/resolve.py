@@ -32,6 +32,8 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
         text = path.read_text(encoding="utf-8")
     except OSError as err:
         raise ConfigError(f"cannot read config file {path}: {err}") from err
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"config file {path} must be UTF-8 text: {err}") from None
     is_json = path.suffix.lower() == ".json"
     if not is_json and tomllib is None:  # pragma: no cover - Python 3.10
         raise ConfigError(f"reading TOML ({path}) needs Python >= 3.11; use a .json file")
