@@ -84,7 +84,7 @@ def _mistakes(tmp: Path) -> list[tuple[list[str], str]]:
          "train.csv must be UTF-8 text"),
         (["train", *tiny, "--set", "optim.lr=fast"], "optim.lr"),
         (["train", *tiny, "--set", "model.kernel_args.taylorshift.windw=3"],
-         "kernel 'taylorshift' has no option 'windw' (did you mean 'window'?)"),
+         "model.kernel_args.taylorshift: attention kernel 'taylorshift' has no option 'windw' ("),
         (["train", *tiny, "--set", "data.options.seed=abc"], "seed must be an int; got 'abc'"),
         (["train", *tiny, "--set", "model.overrides.qk_norm=1"], "qk_norm must be a bool; got 1"),
         (["train", *tiny, "--set", "model.overrides.dropout=1.5"],

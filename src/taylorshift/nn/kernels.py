@@ -23,9 +23,10 @@ Attention dropout (``attn_drop``) by kernel:
 
 from __future__ import annotations
 
+import difflib
 import inspect
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import torch
 import torch.nn.functional as F
@@ -67,14 +68,22 @@ def create_kernel(
     name: str, num_heads: int, head_dim: int, attn_drop: float = 0.0, **kwargs
 ) -> AttentionKernel:
     """Build the kernel ``name``; ``kwargs`` are that kernel's own options."""
+    check_kernel_options(name, kwargs)
+    return _KERNELS[name](num_heads, head_dim, attn_drop=attn_drop, **kwargs)
+
+
+def check_kernel_options(name: str, given: Iterable[str]) -> None:
+    """Raise ``TypeError`` naming the first of the option names ``given`` that kernel
+    ``name`` does not take, with the closest one and the kernel's options."""
     options = kernel_options(name)
-    unknown = [] if options is None else sorted(set(kwargs) - set(options))
+    unknown = [] if options is None else sorted(set(given) - set(options))
     if unknown:
+        close = difflib.get_close_matches(unknown[0], options, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
         raise TypeError(
-            f"kernel_args: attention kernel {name!r} has no option {unknown[0]!r}; its "
+            f"attention kernel {name!r} has no option {unknown[0]!r}{hint}; its "
             f"options: {', '.join(options) or 'none'}"
         )
-    return _KERNELS[name](num_heads, head_dim, attn_drop=attn_drop, **kwargs)
 
 
 def kernel_options(name: str) -> list[str] | None:

@@ -10,8 +10,8 @@ from torch.utils.data import Dataset, Subset
 from ..data import TaskSpec
 from ..models import CausalLM, create_model
 from ..nn import list_kernels
-from ..nn.kernels import kernel_options
-from .config import ConfigError, TrainConfig, _suggest
+from ..nn.kernels import check_kernel_options
+from .config import ConfigError, TrainConfig
 from .lock import RunLockedError
 
 __all__ = ["build_model", "model_overrides"]
@@ -78,13 +78,10 @@ def model_overrides(
             f"got {unknown[0]!r}"
         )
     for name, given in m.kernel_args.items():  # (every kernel's: the run may switch later)
-        options = kernel_options(name)
-        wrong = [] if options is None else sorted(set(given) - set(options))
-        if wrong:
-            raise ConfigError(
-                f"model.kernel_args.{name}: kernel {name!r} has no option {wrong[0]!r}"
-                f"{_suggest(wrong[0], options)}; its options: {', '.join(options) or 'none'}"
-            )
+        try:
+            check_kernel_options(name, given)
+        except TypeError as err:
+            raise ConfigError(f"model.kernel_args.{name}: {err}") from None
     kernel_args = dict(probe.config.kernel_args)
     if m.kernel_args.get(kernel):
         # the model's options, this kernel's options of the run, then the explicit ones
