@@ -118,6 +118,26 @@ def test_short_conv_padded_batch_equals_sequences_one_by_one(kernel_id, taps, ca
         assert_rel_close(y[b, :n], alone[0], RTOL, f"sequence {b} (length {n})")
 
 
+@pytest.mark.parametrize("form", ["per-head", "per-query", "3-D"])
+def test_short_conv_reads_no_padding_whatever_form_the_mask_takes(form):
+    """Key padding given in the kernels' broadcast form, (B, H, 1, N), (B, 1, N, N) or
+    (1, 1, N) (every batch item the same) keeps padded tokens out of the taps as (B, N)
+    does (they leaked through the convolution, or the 3-D mask raised IndexError)."""
+    conv = make_attention("taylorshift-efficient", "standard", DIM, HEADS, short_conv=3)
+    lengths = [7, 3, 9] if form != "3-D" else [6, 6, 6]
+    x = randn(3, 9, DIM, seed=1)
+    keys = padding(lengths, 9)  # (B, N)
+    mask = {
+        "per-head": keys[:, None, None, :].expand(3, HEADS, 1, 9),
+        "per-query": keys[:, None, None, :].expand(3, 1, 9, 9),
+        "3-D": keys[:1, None, :],
+    }[form]
+    y = conv(x, attn_mask=mask)
+    for b, n in enumerate(lengths):
+        alone = conv(x[b : b + 1, :n])
+        assert_rel_close(y[b, :n], alone[0], RTOL, f"sequence {b} (length {n})")
+
+
 # Layers where a token's result depends on where the other real tokens sit: the short
 # convolution, the local heads' windows, W_A. (name, kernel id, projection, layer settings)
 POSITIONAL = [

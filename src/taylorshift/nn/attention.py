@@ -28,7 +28,8 @@ It gives every token its k − 1 predecessors (causal: left-aligned) or its neig
 (non-causal: centred) before attention, the local precision that a Taylor kernel's flat
 weights lack (docs/accuracy.md; Based and Mamba use such short convolutions for the same
 reason). Tokens masked as key padding are zeroed before the convolution, so padding never
-leaks into real tokens and a padded batch equals its sequences run alone. Decoding keeps
+leaks into real tokens and a padded batch equals its sequences run alone; with a mask of
+any form, a token no query of any head attends counts as padding. Decoding keeps
 the last k − 1 real projected tokens of each row in the cache (``conv``).
 
 Padding anywhere. The short convolution, ``super``'s W_A and a kernel's local heads
@@ -401,9 +402,12 @@ class Attention(nn.Module):
         self_attention: bool,
     ) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
         """The short convolution over the sequence of q (B, N, dim) and k, v (B, M, kv_dim)."""
-        real = None  # (B, M, 1): which tokens are real, when the mask is key padding
-        if mask is not None and mask.shape[-2] == 1 and mask.shape[-3] == 1:
-            real = mask[:, 0, 0, :, None].to(k.dtype)
+        # (B or 1, M, 1): which tokens are real, i.e. attended by some query of some head
+        # (as projection "super" reads a mask of any form): the taps read no padding
+        real = None
+        if mask is not None:
+            keys = mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape)).any(1).any(1)
+            real = keys[..., None].to(k.dtype)
         weight, bias = self.conv.weight, self.conv.bias
         taps = self.short_conv
         left = taps - 1 if causal else (taps - 1) // 2
