@@ -146,3 +146,26 @@ def test_a_cut_file_of_a_checkpoint_without_checksums_is_named(tmp_path, capsys,
         main(["eval", "--checkpoint", str(out)])
     assert info.value.code == 2
     assert re.search(match, capsys.readouterr().err)
+
+
+def test_runs_stopped_by_max_steps_or_finished_resume_to_the_same_log(tmp_path):
+    """A run stopped early by run.max_steps (inside a log window) and resumed logs as an
+    uninterrupted one: its partial train record and ``end`` give way to the resumed steps'.
+    Resuming a finished run adds no second test evaluation or ``end``."""
+    settings = {k.replace(".", "__"): v for k, v in {**SETTINGS, "run.log_every": 5}.items()}
+    reference = tmp_path / "reference"
+    train(tiny_config(reference, **settings))
+    out = tmp_path / "stopped"
+    for max_steps in (2, 7, None):  # 2 and 7: inside windows, neither a checkpoint step
+        train(tiny_config(out, run__max_steps=max_steps, **settings), resume=max_steps != 2)
+
+    def records(run):  # (the stops' own checkpoints are extra records, and rightly so)
+        return [r for r in full_log(run) if r["event"] != "checkpoint"]
+
+    assert records(out) == records(reference)
+    assert [r["step"] for r in read_metrics(out) if r["event"] == "checkpoint"] == [
+        2, 3, 4, 6, 7, 8, 9, 12
+    ]  # fmt: skip
+    train(tiny_config(out, **settings), resume=True)  # finished already
+    assert records(out) == records(reference)
+    assert [r["event"] for r in read_metrics(out)].count("start") == 4

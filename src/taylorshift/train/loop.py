@@ -481,19 +481,24 @@ class Trainer:
             self._stop()
 
     def _stop(self) -> None:
-        """Checkpoint this step (unless just done) and stop the run: ``TrainingStopped``."""
+        """Checkpoint this step (unless just done) and stop the run: ``TrainingStopped``.
+
+        The train record of the steps since the last one comes after the checkpoint, which
+        keeps them in its window: a resume drops the record (``truncate_after``) and logs
+        those steps where an uninterrupted run does."""
         state = self.state
-        if state.window.steps:
-            self._log_train(self.lr)
         if self.checkpoint_step != state.step:
             self.checkpoint()
+        if state.window.steps:
+            self._log_train(self.lr)
         self.metrics.log("stopped", state.step, signal=self.stop_requests.signal_name)
         raise TrainingStopped(state.step, self.last_checkpoint, self.stop_requests.signal_name)
 
     def _after_step(self, epoch_end: bool) -> None:
         """The train record, evaluation and checkpoint due after a step."""
         state, run, step = self.state, self.config.run, self.state.step
-        if step % run.log_every == 0 or epoch_end or step == self.stop_at:
+        due = step % run.log_every == 0 or epoch_end or step == self.total_steps
+        if due:
             self._log_train(self.lr)
         self.progress.update(1)
         if epoch_end or (run.eval_every and step % run.eval_every == 0):
@@ -505,6 +510,10 @@ class Trainer:
             or step == self.stop_at
         ):
             self.checkpoint()
+        if step == self.stop_at and not due:
+            # run.max_steps stops here: the steps since the last record, logged after the
+            # checkpoint as when a signal stops the run (see _stop)
+            self._log_train(self.lr)
         kill_hook("step", step)
 
     def _log_train(self, lr: float) -> None:

@@ -88,10 +88,27 @@ class MetricsLogger:
                 self._writer = SummaryWriter(str(Path(out_dir) / "tensorboard"))
 
     def truncate_after(self, step: int) -> None:
-        """Drop records of steps after ``step`` (work lost by a crash), atomically."""
+        """Drop what a resume from the checkpoint of ``step`` writes again, atomically: the
+        records of later steps (work lost by a crash) and those of ``step`` itself after
+        its ``checkpoint`` record (a stopped run's partial train record and ``stopped``, a
+        finished run's test evaluation and ``end``; ``start`` records stay, one per
+        resume). Without such a record (a log of an older version), every record of
+        ``step`` stays."""
         if not self.enabled or not self.path.is_file():
             return
-        kept = [r for r in _records(self.path) if r.get("step", 0) <= step]
+        records = list(_records(self.path))
+        marks = [
+            i
+            for i, r in enumerate(records)
+            if r.get("event") == "checkpoint" and r.get("step") == step
+        ]
+        end = marks[-1] if marks else len(records)
+        kept = [
+            r
+            for i, r in enumerate(records)
+            if r.get("step", 0) < step
+            or (r.get("step", 0) == step and (i <= end or r.get("event") == "start"))
+        ]
         write_atomic(self.path, "".join(json.dumps(r) + "\n" for r in kept).encode())
 
     def log(self, event: str, step: int, **values: Any) -> None:
