@@ -154,6 +154,24 @@ def test_unknown_kernel_name_is_refused():
 
 
 @pytest.mark.parametrize(
+    "name, kwargs, exc, pattern",
+    [
+        ("taylorshift", {"temperature": float("nan")}, ValueError, "temperature must be a fin"),
+        ("taylorshift", {"temperature": "1"}, TypeError, "temperature must be a number; got '1'"),
+        ("taylorshift", {"learn_temperature": "no"}, TypeError, "learn_temperature must be a b"),
+        ("holt", {"alpha": 0}, ValueError, r"alpha must be a number > 0; got 0"),
+        ("holt", {"alpha": "3"}, TypeError, r"alpha must be a number > 0; got '3'"),
+        ("holt", {"subtract_one": "yes"}, TypeError, r"subtract_one must be a bool; got 'yes'"),
+    ],
+)
+def test_bad_kernel_option_values_are_refused_at_construction(name, kwargs, exc, pattern):
+    """(A string learn_temperature was truthy, a NaN temperature trained NaN, alpha = 0 was
+    a ZeroDivisionError at the first call.)"""
+    with pytest.raises(exc, match=pattern):
+        create_kernel(name, 2, 4, **kwargs)
+
+
+@pytest.mark.parametrize(
     "name, kwargs",
     [("softmax", {"mode": "direct"}), ("holt", {"order": 2}), ("taylorshift", {"alpha": 3.0})],
     ids=["softmax-mode", "holt-order", "taylorshift-alpha"],

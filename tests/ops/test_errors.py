@@ -366,6 +366,59 @@ def test_sparse_tensors_are_refused(name, overrides, mode):
         _call(mode=mode, **overrides())
 
 
+@pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors")
+def test_nested_tensors_are_refused():
+    """A nested tensor has the strided layout, so the layout test let it through to a torch
+    internal error."""
+    for layout in (torch.strided, torch.jagged):
+        rows = torch.nested.nested_tensor([_q()[0], _q()[1]], layout=layout)
+        with pytest.raises(TypeError, match=r"query must be a dense \(strided\) tensor; got a"):
+            _call(query=rows)
+
+
+# The baselines check their inputs as the op does (they reached torch's own errors, or
+# accepted a float mask as a multiplier, a 5-D mask, a string is_causal).
+def _baselines():
+    from taylorshift.ops.holt import holt_attention
+    from taylorshift.ops.linear_attention import linear_attention
+
+    return [
+        ("linear", linear_attention),
+        ("holt", holt_attention),
+        ("holt-subtract-one", lambda *a, **k: holt_attention(*a, subtract_one=True, **k)),
+    ]
+
+
+@pytest.mark.parametrize("which", ["linear", "holt", "holt-subtract-one"])
+def test_baselines_refuse_bad_input_naming_the_argument(which):
+    op = dict(_baselines())[which]
+    q, k, v = _qkv()
+    ones = torch.ones(B, 1, 1, NK, dtype=torch.bool)
+    cases = [
+        ((q, k, v, ones.double()), {}, TypeError, r"attn_mask must be a bool tensor"),
+        ((q, k, v, ones[None]), {}, ValueError, r"attn_mask must broadcast to \(B, H, Nq, Nk\)"),
+        ((q, k, v, ones[..., :3]), {}, ValueError, r"attn_mask must broadcast to"),
+        ((q, k, v, None, "yes"), {}, TypeError, r"is_causal must be a bool; got 'yes'"),
+        ((q, k[..., :3], v), {}, ValueError, r"key must have the head dim of query"),
+        ((q, k.float(), v), {}, TypeError, r"key must have the dtype of query"),
+        ((q[0], k, v), {}, ValueError, r"query must be 4-D"),
+        ((q, k, v), {"eps": 0.0}, ValueError, r"eps must be a number > 0; got 0\.0"),
+    ]
+    for args, kwargs, exc, pattern in cases:
+        with pytest.raises(exc, match=pattern):
+            op(*args, **kwargs)
+
+
+def test_holt_options_are_checked():
+    from taylorshift.ops.holt import holt_attention
+
+    q, k, v = _qkv()
+    with pytest.raises(ValueError, match=r"alpha must be a number > 0; got 0"):
+        holt_attention(q, k, v, alpha=0)
+    with pytest.raises(TypeError, match=r"subtract_one must be a bool; got 'no'"):
+        holt_attention(q, k, v, subtract_one="no")
+
+
 @pytest.mark.parametrize("mode", ["direct", "efficient", "auto"])
 def test_checks_run_in_every_mode(mode):
     # The validation is shared: a bad call fails the same way whichever form was asked for.

@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .._inference import inference_only
-from .._validate import check_bool, check_choice, check_int, check_probability
+from .._validate import check_bool, check_choice, check_int, check_number, check_probability
 from ..ops.holt import holt_attention
 from ..ops.linear_attention import linear_attention, linear_attention_decode
 from ..ops.taylor_shift import taylor_shift_attention, taylor_shift_decode
@@ -276,6 +276,8 @@ class TaylorShiftKernel(AttentionKernel):
                 f"TaylorShift head; got {local_heads}"
             )
         self.local_heads, self.window = local_heads, window
+        check_number("temperature", temperature)
+        check_bool("learn_temperature", learn_temperature)
         if not normalize and float(temperature) != 1.0:
             raise ValueError(
                 f"temperature applies to the normalised form only; got temperature="
@@ -545,7 +547,8 @@ class HoltKernel(AttentionKernel):
 
     def __init__(self, num_heads, head_dim, *, attn_drop=0.0, alpha=3.0, subtract_one=False):
         super().__init__(num_heads, head_dim, attn_drop=attn_drop)
-        self.alpha, self.subtract_one = alpha, subtract_one
+        self.alpha = check_number("alpha", alpha, gt=0)
+        self.subtract_one = check_bool("subtract_one", subtract_one)
 
     def attend(self, q, k, v, attn_mask, is_causal):
         return holt_attention(

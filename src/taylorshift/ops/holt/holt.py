@@ -21,8 +21,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ..._validate import check_bool, check_number
 from ..masks import key_padding_of
 from ..taylor_shift import taylor_shift_attention
+from ..taylor_shift.checks import check_attention_inputs
 
 CAUSAL_CHUNK = 128
 
@@ -73,7 +75,15 @@ def holt_attention(
     subtract_one: bool = False,
     eps: float = 1e-6,
 ) -> Tensor:
-    """Linear-time HOLT; equals ``naive_holt_attention``. Masks must not vary over queries."""
+    """Linear-time HOLT; equals ``naive_holt_attention``. Masks must not vary over queries.
+
+    Inputs are checked as ``taylor_shift_attention``'s (a bool mask broadcasting to
+    (B, H, Nq, Nk)), ``alpha`` > 0, ``subtract_one`` a bool, with ``ValueError``/
+    ``TypeError`` naming the argument."""
+    check_attention_inputs(query, key, value, attn_mask, is_causal)
+    check_number("alpha", alpha, gt=0)
+    check_bool("subtract_one", subtract_one)
+    check_number("eps", eps, gt=0)
     d = query.shape[-1]
     scale = 1.0 / (alpha * math.sqrt(d))
     q, k = _normed(query), _normed(key)

@@ -13,7 +13,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ..._validate import check_number
 from ..masks import key_padding_of
+from ..taylor_shift.checks import check_attention_inputs
 
 CAUSAL_CHUNK = 128
 
@@ -79,7 +81,12 @@ def linear_attention(
     is_causal: bool = False,
     eps: float = 1e-6,
 ) -> Tensor:
-    """Linear-time form; same result as ``naive_linear_attention``. (B, H, Nq, dv)."""
+    """Linear-time form; same result as ``naive_linear_attention``. (B, H, Nq, dv).
+
+    Inputs are checked as ``taylor_shift_attention``'s (a bool mask broadcasting to
+    (B, H, Nq, Nk)), with ``ValueError``/``TypeError`` naming the argument."""
+    check_attention_inputs(query, key, value, attn_mask, is_causal)
+    check_number("eps", eps, gt=0)
     key_mask = None
     if attn_mask is not None:
         padding = key_padding_of(attn_mask)

@@ -43,6 +43,8 @@ def _shape(t: Tensor) -> str:
 
 
 def _check_dense(name: str, t: Tensor) -> None:
+    if t.is_nested:
+        raise TypeError(f"{name} must be a dense (strided) tensor; got a nested tensor")
     if t.layout != torch.strided:
         raise TypeError(f"{name} must be a dense (strided) tensor; got layout {t.layout}")
 
@@ -120,6 +122,57 @@ def check_inputs(
     ``enable_gqa``: key and value may have Hkv heads dividing the query's H (checked by
     :func:`key_value_groups`); the problem is then the call's with H heads, its masks
     broadcast over the query's heads."""
+    q, k, v, mask = check_attention_inputs(query, key, value, attn_mask, is_causal, enable_gqa)
+    b, h, nq, d = q.shape
+    nk = k.shape[2]
+    check_options(normalize, order, mode)
+
+    _check_temperature_and_scale(temperature, scale, normalize, q)
+
+    key_mask = None
+    varies = False
+    if mask is not None:
+        # A mask whose rows are all equal is a key-padding mask, whatever its shape says.
+        # (torch.compile cannot branch on the data while tracing: there a full-shape mask
+        # counts as varying, and key padding should come as (B, H, 1, Nk).)
+        if nq <= 1 or key_padding_of(mask) is not None:
+            key_mask = mask[:, :, 0, :]
+        else:
+            varies = True
+    if mode == "efficient":
+        if order != 2:
+            raise ValueError(
+                f"mode='efficient' supports order=2 only; got order={order} (use mode='direct')"
+            )
+        if varies:
+            traced = (
+                " (under torch.compile every mask of shape (B, H, Nq, Nk) counts as varying: "
+                "give key padding as (B, H, 1, Nk))"
+                if torch.compiler.is_compiling()
+                else ""
+            )
+            raise ValueError(
+                "attn_mask varies over queries, which mode='efficient' cannot express (it "
+                "supports key-padding masks of shape (B, H, 1, Nk) and is_causal); got "
+                f"attn_mask of shape {_shape(attn_mask)}; use mode='direct' for general "
+                f"masks{traced}"
+            )
+    return Problem(b, h, nq, nk, d, v.shape[3], mask, key_mask, varies)
+
+
+def check_attention_inputs(
+    query: object,
+    key: object,
+    value: object,
+    attn_mask: object,
+    is_causal: object,
+    enable_gqa: bool = False,
+) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+    """The checks of an attention call that every kernel shares (TaylorShift's and the
+    baselines'): query (B, H, Nq, d), key (B, H or Hkv, Nk, d), value (B, H or Hkv, Nk, dv)
+    dense floating tensors of one dtype and device, a bool mask broadcasting to
+    (B, H, Nq, Nk), a bool ``is_causal``. Returns q, k, v and the mask broadcast to
+    (B, H, Nq or 1, Nk) (or None); raises ``TypeError``/``ValueError`` naming the argument."""
     if enable_gqa:
         key_value_groups(query, key, value)
     q = _check_tensor("query", query, "(B, H, Nq, d)")
@@ -156,41 +209,8 @@ def check_inputs(
             raise ValueError(f"{name} must be on the device of query ({q.device}); got {t.device}")
 
     check_bool("is_causal", is_causal)
-    check_options(normalize, order, mode)
-
-    _check_temperature_and_scale(temperature, scale, normalize, q)
-
-    mask = None
-    key_mask = None
-    varies = False
-    if attn_mask is not None:
-        mask = _check_mask(attn_mask, b, h, nq, nk, q.device)
-        # A mask whose rows are all equal is a key-padding mask, whatever its shape says.
-        # (torch.compile cannot branch on the data while tracing: there a full-shape mask
-        # counts as varying, and key padding should come as (B, H, 1, Nk).)
-        if nq <= 1 or key_padding_of(mask) is not None:
-            key_mask = mask[:, :, 0, :]
-        else:
-            varies = True
-    if mode == "efficient":
-        if order != 2:
-            raise ValueError(
-                f"mode='efficient' supports order=2 only; got order={order} (use mode='direct')"
-            )
-        if varies:
-            traced = (
-                " (under torch.compile every mask of shape (B, H, Nq, Nk) counts as varying: "
-                "give key padding as (B, H, 1, Nk))"
-                if torch.compiler.is_compiling()
-                else ""
-            )
-            raise ValueError(
-                "attn_mask varies over queries, which mode='efficient' cannot express (it "
-                "supports key-padding masks of shape (B, H, 1, Nk) and is_causal); got "
-                f"attn_mask of shape {_shape(attn_mask)}; use mode='direct' for general "
-                f"masks{traced}"
-            )
-    return Problem(b, h, nq, nk, d, v.shape[3], mask, key_mask, varies)
+    mask = None if attn_mask is None else _check_mask(attn_mask, b, h, nq, nk, q.device)
+    return q, k, v, mask
 
 
 def _check_temperature_and_scale(
@@ -245,8 +265,8 @@ def _check_mask(
     _check_dense("attn_mask", attn_mask)
     if attn_mask.dtype != torch.bool:
         extra = (
-            " (additive float masks have no meaning for a polynomial weight; pass a bool "
-            "mask, e.g. float_mask == 0)"
+            " (additive float masks have no meaning for weights that are not exponentials; "
+            "pass a bool mask, e.g. float_mask == 0)"
             if attn_mask.is_floating_point()
             else ""
         )
