@@ -208,6 +208,18 @@ def test_top_p_samples_from_the_nucleus_in_proportion(top_p, nucleus):
     assert torch.allclose(share, want, atol=0.015)  # ~4 standard errors at n = 20,000
 
 
+def test_generate_takes_any_integer_ids_and_returns_long():
+    model = lm()
+    x = tokens(2, 5)
+    want = model.generate(x, 3, temperature=0)
+    for dtype in (torch.uint8, torch.int32, torch.int16):
+        assert torch.equal(model.generate(x.to(dtype), 3, temperature=0), want)
+        none = model.generate(x.to(dtype), 0)
+        assert none.shape == (2, 0) and none.dtype == torch.long
+    with pytest.raises(TypeError, match=r"generator must be a torch\.Generator or None; got"):
+        model.generate(x, 1, generator=5)
+
+
 def test_extreme_temperatures_keep_their_meaning():
     """An infinite temperature draws uniformly from what top-k and top-p keep (ranked by the
     logits, not flattened into a tie of everything); a tiny one is greedy (not NaN)."""

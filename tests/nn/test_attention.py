@@ -105,6 +105,17 @@ def test_padded_batch_equals_sequences_one_by_one(kernel_id, projection, causal)
         assert_rel_close(y[b, :n], alone[0], RTOL, f"sequence {b} (length {n})")
 
 
+@pytest.mark.parametrize("kernel_id", KERNEL_IDS)
+def test_a_mask_that_does_not_broadcast_is_refused_by_every_kernel(kernel_id):
+    """(SDPA and the baselines reached torch's own shape errors, or broadcast a 5-D mask.)"""
+    module = make_attention(kernel_id, "standard", DIM, HEADS)
+    x = randn(2, 5, DIM, seed=1)
+    for shape in [(2, 1, 5, 4), (2, HEADS + 1, 5, 5), (1, 2, 1, 1, 5)]:
+        with pytest.raises(ValueError, match=r"attn_mask must be \(B, Nk\) key padding or"):
+            module(x, attn_mask=torch.ones(shape, dtype=torch.bool))
+    assert module(x, attn_mask=torch.ones(2, 1, 5, 5, dtype=torch.bool)).shape == x.shape
+
+
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("taps", [1, 2, 3, 4])
 @pytest.mark.parametrize("kernel_id", ["taylorshift-efficient", "softmax"])

@@ -95,6 +95,8 @@ def _mistakes(tmp: Path) -> list[tuple[list[str], str]]:
         (["eval", "--checkpoint", str(tmp / "no-run")], "no checkpoint at"),
         (["generate", "--checkpoint", str(tmp / "no-run"), "--ids", "1,2,3,4"],
          "no checkpoint at"),
+        (["generate", "--checkpoint", str(tmp / "no-run"), "--ids", "1,,2"],
+         "--ids must be comma-separated ints, e.g. 1,2,3; got '1,,2'"),
     ]  # fmt: skip
 
 

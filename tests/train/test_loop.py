@@ -266,4 +266,10 @@ def test_eval_of_damaged_weights_fails(tmp_path, capsys):
     # without a checksum (a checkpoint from before them), the loss shows it: exit 1
     (weights.parent / "checksums.json").unlink()
     assert main(["eval", "--checkpoint", str(out), "--json"]) == 1
-    assert "not finite" in capsys.readouterr().err
+    printed = capsys.readouterr()
+    assert "not finite" in printed.err
+
+    def refuse(constant):  # strict JSON: no NaN or Infinity
+        raise AssertionError(f"{constant} in {printed.out!r}")
+
+    assert json.loads(printed.out, parse_constant=refuse)["loss"] is None

@@ -46,8 +46,13 @@ def export_before(rev: str, into: Path) -> None:
     package = into / "taylorshift_before"
     (into / "src" / "taylorshift").rename(package)
     for path in package.rglob("*.py"):
-        text = path.read_text()
-        path.write_text(re.sub(r"\b(from|import) taylorshift\b", r"\1 taylorshift_before", text))
+        text = re.sub(r"\b(from|import) taylorshift\b", r"\1 taylorshift_before", path.read_text())
+        # its torch.library operators under their own namespace: the two revisions register
+        # operators of the same names, which torch refuses twice in one process
+        text = re.sub(r"([\"'])taylorshift::", r"\1taylorshift_before::", text)
+        text = re.sub(r"Library\(([\"'])taylorshift\1", r"Library(\1taylorshift_before\1", text)
+        text = re.sub(r"\btorch\.ops\.taylorshift\b", "torch.ops.taylorshift_before", text)
+        path.write_text(text)
 
 
 def install_before(rev: str, prefix: str = "ts-ab-") -> Path:

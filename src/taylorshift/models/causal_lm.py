@@ -150,7 +150,10 @@ class CausalLM(nn.Module):
             )
 
     def embed(self, tokens: Tensor, positions: Tensor | None = None) -> Tensor:
-        """Token + position embedding: (B, N) -> (B, N, dim); positions default 0..N-1."""
+        """Token + position embedding: (B, N) -> (B, N, dim); positions default 0..N-1.
+        Token ids of any integer dtype (uint8 bytes too; the lookup takes int32 and int64)."""
+        if tokens.dtype not in (torch.int64, torch.int32):
+            tokens = tokens.long()
         return self.drop(self.pos_embed(self.token_embed(tokens), positions))
 
     def forward(
@@ -225,7 +228,7 @@ class CausalLM(nn.Module):
         """Continue each prompt by up to ``max_new_tokens`` tokens.
 
         Args:
-            prompt: long (B, N) token ids, padded anywhere when lengths differ (left
+            prompt: integer (B, N) token ids, padded anywhere when lengths differ (left
                 padding, the usual layout for generation, right, or between tokens).
             max_new_tokens: tokens to add.
             prompt_mask: bool (B, N), True = real token; every row holds at least one. A
@@ -255,6 +258,10 @@ class CausalLM(nn.Module):
             self._check_positions_suffice(prompt_mask, n, max_new_tokens)
         if cache not in CACHE_KINDS:
             raise ValueError(f"cache must be one of {CACHE_KINDS}; got {cache!r}")
+        if generator is not None and not isinstance(generator, torch.Generator):
+            raise TypeError(
+                f"generator must be a torch.Generator or None; got {type(generator).__name__}"
+            )
         was_training = self.training
         self.eval()
         try:
@@ -287,7 +294,7 @@ class CausalLM(nn.Module):
         finally:
             self.train(was_training)
         if not out:
-            return prompt.new_zeros((b, 0))
+            return torch.zeros((b, 0), dtype=torch.long, device=prompt.device)
         return torch.stack(out, dim=1)
 
     def _check_generate(

@@ -68,6 +68,7 @@ from torch import Tensor, nn
 from .._inference import inference_only
 from .._validate import check_choice, check_int
 from ..ops.masks import padding_inside, permute_tokens, real_tokens_first
+from ..ops.taylor_shift.checks import broadcasts_to
 from .kernels import create_kernel
 
 PROJECTIONS = ("standard", "optimized", "query-only", "super")
@@ -101,11 +102,14 @@ def _check_dims(dim: int, num_heads: int) -> int:
     return dim // num_heads
 
 
-def padding_to_mask(attn_mask: Tensor | None, batch: int, n_key: int) -> Tensor | None:
+def padding_to_mask(
+    attn_mask: Tensor | None, batch: int, n_key: int, heads: int, n_query: int
+) -> Tensor | None:
     """A module-level mask as the kernels take it (broadcastable to (B, H, Nq, Nk)).
 
     2-D (B, Nk) is key padding (True = attend); 3-D and 4-D masks are already in the
-    kernel's (B, H, Nq, Nk) broadcast form and pass unchanged.
+    kernel's (B, H, Nq, Nk) broadcast form and pass unchanged, once checked to broadcast
+    (every kernel then reads them alike, SDPA included).
     """
     if attn_mask is None:
         return None
@@ -119,6 +123,12 @@ def padding_to_mask(attn_mask: Tensor | None, batch: int, n_key: int) -> Tensor 
                 f"got {tuple(attn_mask.shape)}"
             )
         return attn_mask[:, None, None, :]
+    target = (batch, heads, n_query, n_key)
+    if not broadcasts_to(attn_mask.shape, target):
+        raise ValueError(
+            f"attn_mask must be (B, Nk) key padding or broadcast to (B, H, Nq, Nk) = "
+            f"{target}; got shape {tuple(attn_mask.shape)}"
+        )
     return attn_mask
 
 
@@ -343,7 +353,7 @@ class Attention(nn.Module):
                 f"context must be (B, M, context_dim={self.context_dim}); "
                 f"got {tuple(context.shape)}"
             )
-        mask = padding_to_mask(attn_mask, x.shape[0], source.shape[1])
+        mask = padding_to_mask(attn_mask, x.shape[0], source.shape[1], self.num_heads, x.shape[1])
         inverse = None
         if context is None and self._counts_positions and _padding_inside(mask):
             # padding before or between real tokens: the real tokens first (module docs)

@@ -218,8 +218,8 @@ def run_eval(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         parser.error(str(err))
     if not _is_main():
         return 0 if math.isfinite(result["loss"]) else 1
-    if args.json:
-        print(json.dumps(result))
+    if args.json:  # (strict JSON: a loss that is not finite is null, exit status 1 below)
+        print(json.dumps({k: _finite_or_none(v) for k, v in result.items()}))
     else:  # a language model's result counts scored target tokens (it has a perplexity)
         unit = "target tokens" if "perplexity" in result else "samples"
         print(
@@ -235,6 +235,11 @@ def run_eval(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         )
         return 1
     return 0
+
+
+def _finite_or_none(value):
+    """``value``, or None for a float that is not finite (strict JSON has no NaN)."""
+    return None if isinstance(value, float) and not math.isfinite(value) else value
 
 
 def add_generate_arguments(parser: argparse.ArgumentParser) -> None:
@@ -303,6 +308,18 @@ def run_generate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> i
         device = resolve_device(args.device)
     except ValueError as err:
         parser.error(f"--device: {err}")
+    texts = ["\n"] if args.prompt is None else args.prompt
+    flag = "--prompt" if args.ids is None else "--ids"
+    rows = []
+    for given in args.ids or texts:
+        if args.ids is None:
+            rows.append(encode_text(given))
+            continue
+        try:
+            ids = [int(t) for t in given.replace(" ", "").split(",")]
+        except ValueError:  # (also an empty item, as in 1,,2 or a trailing comma)
+            parser.error(f"--ids must be comma-separated ints, e.g. 1,2,3; got {given!r}")
+        rows.append(torch.tensor(ids, dtype=torch.long))
     try:
         model = load_model(_generate_model_path(args.checkpoint), map_location=device)
     except (FileNotFoundError, ValueError) as err:
@@ -312,18 +329,6 @@ def run_generate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> i
             f"--checkpoint must hold a causal language model (CausalLM); got a "
             f"{type(model).__name__}"
         )
-    texts = ["\n"] if args.prompt is None else args.prompt
-    flag = "--prompt" if args.ids is None else "--ids"
-    rows = []
-    for given in args.ids or texts:
-        if args.ids is None:
-            rows.append(encode_text(given))
-            continue
-        try:
-            ids = [int(t) for t in given.replace(" ", "").split(",") if t]
-        except ValueError:
-            parser.error(f"--ids must be comma-separated ints, e.g. 1,2,3; got {given!r}")
-        rows.append(torch.tensor(ids, dtype=torch.long))
     vocab = model.config.vocab_size
     for row in rows:
         if not row.numel():

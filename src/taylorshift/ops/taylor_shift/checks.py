@@ -227,7 +227,7 @@ def _check_temperature_and_scale(
             raise ValueError(
                 f"temperature must be on the device of query ({q.device}); got {temperature.device}"
             )
-        if not _broadcasts_to(temperature.shape, (b, h, 1, 1)):
+        if not broadcasts_to(temperature.shape, (b, h, 1, 1)):
             raise ValueError(
                 f"temperature must broadcast to (B, H, 1, 1) = ({b}, {h}, 1, 1); "
                 f"got shape {_shape(temperature)}"
@@ -278,7 +278,7 @@ def _check_mask(
             f"attn_mask must be on the device of query ({device}); got {attn_mask.device}"
         )
     target = (b, h, nq, nk)
-    if not _broadcasts_to(attn_mask.shape, target):
+    if not broadcasts_to(attn_mask.shape, target):
         raise ValueError(
             f"attn_mask must broadcast to (B, H, Nq, Nk) = ({b}, {h}, {nq}, {nk}); "
             f"got shape {_shape(attn_mask)}"
@@ -289,7 +289,7 @@ def _check_mask(
     return attn_mask.expand(b, h, attn_mask.shape[2], nk)
 
 
-def _broadcasts_to(shape: tuple[int, ...], target: tuple[int, ...]) -> bool:
+def broadcasts_to(shape: tuple[int, ...], target: tuple[int, ...]) -> bool:
     """Whether ``shape`` broadcasts to exactly ``target`` (torch.broadcast_shapes without its
     cost: it takes a tenth of a decoding step)."""
     if len(shape) > len(target):
