@@ -112,8 +112,13 @@ def test_resume_skips_a_damaged_checkpoint_for_the_newest_intact_one(tmp_path, d
         data[-40] ^= 0x01
         path.write_bytes(bytes(data))
         expected = "step-00000006"
-    with pytest.warns(UserWarning, match=f"resuming from {expected} instead"):
+    with pytest.warns(UserWarning, match=f"resuming from {expected} instead") as caught:
         result = train(tiny_config(out, **overrides), resume=True)
+    said = str(caught[0].message)
+    if damage == "garbage-latest":  # (named the file: was the codec's message alone)
+        assert said.startswith(f"{out / 'checkpoints' / 'latest'} must name a checkpoint")
+    else:  # each damaged file said once (was twice: as latest's and as a candidate)
+        assert said.count("differs from the checksum") == 1, said
     assert result.step == reference.step == 12
     assert summary(out) == summary(tmp_path / "reference")
 

@@ -247,6 +247,7 @@ def resumable_checkpoint(out_dir: str | os.PathLike) -> tuple[Path | None, str |
     """
     root = Path(out_dir) / CHECKPOINT_DIR
     problems = []
+    current = None
     try:
         current = latest_checkpoint(out_dir)
         if current is None:  # no checkpoint was completed (folders without ``latest`` are
@@ -256,6 +257,8 @@ def resumable_checkpoint(out_dir: str | os.PathLike) -> tuple[Path | None, str |
         problems.append(str(err))
     candidates = sorted((p for p in root.glob("step-*") if p.is_dir()), reverse=True)
     for folder in candidates:
+        if folder == current:  # (found damaged above: said once)
+            continue
         if not (folder / STATE_FILE).is_file() or not (folder / MODEL_FILE).is_file():
             continue
         try:
@@ -287,7 +290,10 @@ def latest_checkpoint(out_dir: str | os.PathLike) -> Path | None:
     pointer = Path(out_dir) / CHECKPOINT_DIR / LATEST
     if not pointer.is_file():
         return None
-    name = pointer.read_text(encoding="utf-8").strip()
+    try:
+        name = pointer.read_text(encoding="utf-8").strip()
+    except UnicodeDecodeError:
+        raise ValueError(f"{pointer} must name a checkpoint folder; it is not text") from None
     path = pointer.parent / name
     if not name or not (path / STATE_FILE).is_file():
         raise FileNotFoundError(f"{pointer} names {name!r}, which is not a complete checkpoint")
