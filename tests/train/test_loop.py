@@ -200,8 +200,13 @@ def test_existing_runs_are_not_overwritten_and_resume_checks_the_config(tmp_path
         train(tiny_config(out, optim__epochs=2))
     with pytest.raises(ConfigError, match=r"config differs in optim\.lr \(0\.002, 0\.01\)"):
         train(tiny_config(out, optim__lr=1e-2, optim__epochs=2), resume=True)
-    # runtime settings may change; the run goes on from step 2
-    result = train(tiny_config(out, optim__epochs=2, run__log_every=2), resume=True)
+    other = tiny_config(out, model__kernel="linear", model__mode=None, optim__epochs=2)
+    with pytest.raises(ConfigError, match=r"differs in model\.kernel \('taylorshift', 'linea"):
+        train(other, resume=True)
+    # runtime settings may change, and the kernel may be named that the run used (its
+    # model's own, None in its config); the run goes on from step 2
+    named = tiny_config(out, optim__epochs=2, run__log_every=2, model__kernel="taylorshift")
+    result = train(named, resume=True)
     assert result.step == 8 and len(result.losses) == 6
     # --resume without a checkpoint starts afresh
     fresh = train(tiny_config(tmp_path / "other", run__max_steps=1), resume=True)

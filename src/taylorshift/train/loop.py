@@ -34,6 +34,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from ..atomic import write_atomic
 from ..data import TaskSpec, get_task
+from ..models import create_model
 from ..nn.kernels import TaylorShiftKernel
 from .build import _build_split, _setting, build_model
 from .checkpoint import (
@@ -143,13 +144,25 @@ def _check_resume(config: TrainConfig, checkpoint: Path) -> None:
     except ConfigError as err:
         message = f"cannot resume from {checkpoint}: its config is unreadable: {err}"
         raise ConfigError(message) from None
-    diffs = saved.differences(config, ignore=RUNTIME_KEYS)
+    diffs = _with_kernel_named(saved).differences(_with_kernel_named(config), ignore=RUNTIME_KEYS)
     if diffs:
         raise ConfigError(
             f"cannot resume from {checkpoint}: the config differs in "
             f"{'; '.join(diffs)} (checkpoint's value first). Resume with the run's own "
             f"settings (its config.json), or start a new run in another run.out_dir"
         )
+
+
+def _with_kernel_named(config: TrainConfig) -> TrainConfig:
+    """``config`` with ``model.kernel`` None (the model's own) spelled out, so that resuming
+    with ``--kernel`` naming the kernel the run already used is the same run."""
+    if config.model.kernel is not None:
+        return config
+    try:
+        probe = create_model(config.model.name, device="meta", **config.model.overrides)
+    except (TypeError, ValueError):  # (a bad setting: the build reports it by name later)
+        return config
+    return config.replace(**{"model.kernel": probe.config.attn_kernel})
 
 
 def _seed_all(seed: int) -> None:
