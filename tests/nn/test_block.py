@@ -89,6 +89,22 @@ def test_non_positive_mlp_ratio_is_refused(ratio):
         Block(DIM, HEADS, mlp_ratio=ratio)
 
 
+def test_an_mlp_ratio_that_leaves_no_width_is_refused():
+    with pytest.raises(ValueError, match=rf"at least 1 wide .*; got mlp_ratio=0.05 for dim={DIM}"):
+        Block(DIM, HEADS, mlp_ratio=0.05)
+    assert Block(DIM, HEADS, mlp_ratio=1 / DIM).mlp.fc1.out_features == 1
+
+
+def test_model_configs_check_the_mlp_width_and_kernel_options():
+    from taylorshift.models import CausalLMConfig, EncoderConfig
+
+    for config in (CausalLMConfig, EncoderConfig):
+        with pytest.raises(ValueError, match=r"mlp_ratio must leave the MLP at least 1 wide"):
+            config(dim=32, num_heads=2, mlp_ratio=0.01).validate()
+        with pytest.raises(TypeError, match=r"kernel 'taylorshift' has no option 'tau'"):
+            config(dim=32, num_heads=2, kernel_args={"tau": 2.0}).validate()
+
+
 @pytest.mark.parametrize("p", [-0.1, 1.0, 2.0])
 def test_drop_path_outside_unit_interval_is_refused(p):
     with pytest.raises(ValueError, match=rf"drop_path must be a number in \[0, 1\); got {p}"):

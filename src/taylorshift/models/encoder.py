@@ -18,9 +18,11 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 
-from .._validate import check_bool, check_choice, check_int, check_number, check_probability
+from .._validate import check_bool, check_choice, check_int, check_probability
 from ..nn import PROJECTIONS, Block, canonical_projection, list_kernels
 from ..nn.attention import check_kv_heads
+from ..nn.block import mlp_width
+from ..nn.kernels import check_kernel_options
 from .embedding import CosinePositionEmbedding, LearnedPositionEmbedding
 
 POS_EMBEDDINGS = ("cosine", "learned")
@@ -171,7 +173,7 @@ def check_trunk(config: Any, projections: tuple[str, ...]) -> None:
             f"dim must be divisible by num_heads; got dim={config.dim}, "
             f"num_heads={config.num_heads}"
         )
-    check_number("mlp_ratio", config.mlp_ratio, gt=0)
+    mlp_width(config.dim, config.mlp_ratio)
     check_bool("qkv_bias", config.qkv_bias)
     check_bool("qk_norm", config.qk_norm)
     check_choice("attn_kernel", config.attn_kernel, list_kernels())
@@ -184,6 +186,7 @@ def check_trunk(config: Any, projections: tuple[str, ...]) -> None:
     if check_int("short_conv", config.short_conv, ge=0) and config.projection == "super":
         raise ValueError("short_conv needs projection 'standard', 'optimized' or 'query-only'")
     check_kernel_args(config.kernel_args)
+    check_kernel_options(config.attn_kernel, config.kernel_args)
     local_heads = config.kernel_args.get("local_heads", 0)
     check_kv_heads(config.num_kv_heads, config.num_heads, config.projection, local_heads)
 

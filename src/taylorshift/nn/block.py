@@ -44,6 +44,18 @@ class Mlp(nn.Module):
         return self.drop(self.fc2(self.drop(self.act(self.fc1(x)))))
 
 
+def mlp_width(dim: int, mlp_ratio: float) -> int:
+    """The MLP's hidden width, ``int(dim * mlp_ratio)``; a ratio that leaves it 0 wide is
+    refused (the block would have no MLP at all, and no error until its weights)."""
+    width = int(dim * check_number("mlp_ratio", mlp_ratio, gt=0))
+    if width < 1:
+        raise ValueError(
+            f"mlp_ratio must leave the MLP at least 1 wide (int(dim * mlp_ratio) >= 1); got "
+            f"mlp_ratio={mlp_ratio} for dim={dim}"
+        )
+    return width
+
+
 class Block(nn.Module):
     """Pre-norm Transformer block with any attention kernel and projection variant.
 
@@ -86,7 +98,7 @@ class Block(nn.Module):
         super().__init__()
         fk = {"device": device, "dtype": dtype}
         norm_layer = norm_layer or nn.LayerNorm
-        check_number("mlp_ratio", mlp_ratio, gt=0)
+        hidden = mlp_width(dim, mlp_ratio)
         self.norm1 = norm_layer(dim, **fk)
         self.attn = Attention(
             dim,
@@ -107,7 +119,7 @@ class Block(nn.Module):
         )
         self.drop_path = DropPath(drop_path)
         self.norm2 = norm_layer(dim, **fk)
-        self.mlp = Mlp(dim, int(dim * mlp_ratio), act_layer or nn.GELU, proj_drop, **fk)
+        self.mlp = Mlp(dim, hidden, act_layer or nn.GELU, proj_drop, **fk)
 
     def forward(
         self, x: Tensor, attn_mask: Tensor | None = None, is_causal: bool = False
