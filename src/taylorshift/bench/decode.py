@@ -327,6 +327,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     args.context = sorted(set(args.context or (QUICK_CONTEXTS if args.quick else DEFAULT_CONTEXTS)))
     args.cases = list(dict.fromkeys(args.cases or [parse_case(c) for c in DEFAULT_CASES]))
     device = parse_device(args.device, parser)
+    out = fresh_folder(args.out, args.overwrite, parser)  # (before any measurement)
 
     def progress(kernel, cache, n):
         print(f"  {kernel} ({cache}) N={n}", file=sys.stderr, flush=True)
@@ -342,7 +343,6 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         | {"cases": [f"{k}:{c}" for k, c in args.cases]},
         "rows": rows,
     }
-    out = fresh_folder(args.out, args.overwrite)
     written = write_outputs(result, out, plots=not args.no_plot)
     table_rows = [
         (

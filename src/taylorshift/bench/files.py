@@ -3,11 +3,13 @@ never leaves a truncated file."""
 
 from __future__ import annotations
 
+import argparse
 import csv
 import io
 import json
 import os
 import sys
+import tempfile
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
@@ -24,11 +26,30 @@ __all__ = [
 ]
 
 
-def fresh_folder(folder: str | os.PathLike, overwrite: bool = False) -> Path:
+def fresh_folder(
+    folder: str | os.PathLike,
+    overwrite: bool = False,
+    parser: argparse.ArgumentParser | None = None,
+) -> Path:
     """Where a bench tool writes its results: ``folder`` if it is missing or empty (or
     ``overwrite``), else the first missing or empty ``folder-2``, ``folder-3``, ... so that a
-    second run never silently replaces the files of the first (it says where it writes)."""
-    base = Path(folder)
+    second run never silently replaces the files of the first (it says where it writes).
+
+    The folder is made, and a file written and removed there, before any measurement: a
+    folder that cannot take the results fails at once (``parser.error`` naming ``--out``,
+    or the ``OSError``), not after a sweep of minutes."""
+    path = _fresh(Path(folder), overwrite)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        tempfile.TemporaryFile(dir=path).close()
+    except OSError as err:
+        if parser is None:
+            raise
+        parser.error(f"--out: cannot write into {str(path)!r}: {err.strerror or err}")
+    return path
+
+
+def _fresh(base: Path, overwrite: bool) -> Path:
     if overwrite or not base.exists() or (base.is_dir() and not any(base.iterdir())):
         return base
     k = 2

@@ -520,6 +520,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     ns = sorted(set(args.n or (QUICK_N if args.quick else DEFAULT_N)))
     ds = sorted(set(args.d or (QUICK_D if args.quick else DEFAULT_D)))
     seeds = args.seeds or (2 if args.quick else 3)
+    out = files.fresh_folder(args.out, args.overwrite, parser)  # (before any measurement)
 
     def progress(d, n):
         print(f"  d={d} N={n}", file=sys.stderr, flush=True)
@@ -543,7 +544,6 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         "rows": rows,
         "overflow": overflow_table(rows),
     }
-    out = files.fresh_folder(args.out, args.overwrite)
     written = write_outputs(result, out, plots=not args.no_plot)
     print(f"Wrote {', '.join(str(p) for p in written)}")
     print()

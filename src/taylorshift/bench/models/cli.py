@@ -11,6 +11,7 @@ import sys
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import asdict, replace
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -443,13 +444,14 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     threads = torch.get_num_threads()
     if args.threads is not None:
         torch.set_num_threads(args.threads)
+    out = files.fresh_folder(args.out, args.overwrite, parser)  # (before any measurement)
     try:
-        return _run(args, config, cases, accuracy)
+        return _run(args, config, cases, accuracy, out)
     finally:
         torch.set_num_threads(threads)
 
 
-def _run(args: argparse.Namespace, config: dict, cases: list[Case], accuracy) -> int:
+def _run(args: argparse.Namespace, config: dict, cases: list[Case], accuracy, out: Path) -> int:
     from tqdm import tqdm
 
     settings = settings_from(config)
@@ -463,7 +465,6 @@ def _run(args: argparse.Namespace, config: dict, cases: list[Case], accuracy) ->
         "elapsed_s": 0.0,
         "rows": [],
     }
-    out = files.fresh_folder(args.out, args.overwrite)
     # Phase 1: everything timed, one row after the other. Phase 2: the memory points,
     # after all timing (fresh processes on the CPU may run side by side: --memory-jobs).
     timing = replace(settings, memory=False)

@@ -333,7 +333,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     if args.report_only is not None:
         return _report_only(args, parser)
     settings = settings_from_args(args, parser)
-    out = files.fresh_folder(args.out or "bench-results", args.overwrite)
+    out = files.fresh_folder(args.out or "bench-results", args.overwrite, parser)
     from tqdm import tqdm
 
     bar = tqdm(
