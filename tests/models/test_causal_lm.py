@@ -130,6 +130,21 @@ def test_learned_positions_given_are_checked():
         model(x, positions=torch.tensor([-1, 0, 1, 2]))  # (it would read the table's end)
 
 
+def test_positions_and_decode_inputs_are_checked_by_name():
+    model = lm()
+    x = tokens(2, 5)
+    with pytest.raises(ValueError, match=r"positions must be \(B, N\) = \(2, 5\) or \(N,\)"):
+        model(x, positions=torch.arange(4))
+    with pytest.raises(TypeError, match=r"positions must be an integer tensor"):
+        model(x, positions=torch.arange(5.0))
+    caches = model.new_caches()
+    with pytest.raises(ValueError, match=r"tokens must be ids in \[0, vocab_size=23\)"):
+        model.decode(x + V, caches, torch.arange(5))
+    with pytest.raises(ValueError, match=r"positions must be \(B, N\) = \(2, 5\)"):
+        model.decode(x, caches, torch.arange(5)[None].expand(3, 5))
+    assert model.decode(x, caches, torch.arange(5)).shape == (2, 5, V)
+
+
 def _greedy_by_forward(model, prompt_rows, steps):
     out = []
     for row in prompt_rows:

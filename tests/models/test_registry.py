@@ -132,3 +132,14 @@ def test_register_model_decorator(monkeypatch):
     assert create_model("my-tiny-classifier", num_classes=4).config.num_classes == 4
     with pytest.raises(ValueError, match="registered already"):
         register_model("my-tiny-classifier")(my_tiny_classifier)
+
+
+def test_dtype_and_device_are_checked_by_name():
+    """(torch's own errors: "Only Tensors of floating point ... can require gradients", or
+    a list of every device type, naming neither argument.)"""
+    with pytest.raises(TypeError, match=r"dtype must be a floating torch\.dtype or None; got"):
+        create_model("lm-tiny", dtype=torch.int32)
+    with pytest.raises(TypeError, match=r"dtype must be a floating torch\.dtype or None; got 'f"):
+        create_model("lm-tiny", dtype="float32")
+    with pytest.raises(ValueError, match=r"device must be a torch device such as 'cpu'.*'gpu'"):
+        create_model("lm-tiny", device="gpu")

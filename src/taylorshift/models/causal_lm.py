@@ -171,6 +171,7 @@ class CausalLM(nn.Module):
         """
         self._check_tokens("tokens", tokens)
         check_padding_mask(padding_mask, *tokens.shape)
+        _check_positions(positions, *tokens.shape)
         inverse = None
         if padding_mask is not None and padding_inside(padding_mask):
             # padding before or between real tokens: each row's real tokens first (their
@@ -204,8 +205,12 @@ class CausalLM(nn.Module):
         """Logits (B, T, vocab_size) of T new tokens after those in ``caches``.
 
         Row t equals row ``n + t`` of ``forward`` over all real tokens so far; ``caches``
-        (from ``new_caches``) are updated in place. ``positions`` long (B, T).
+        (from ``new_caches``) are updated in place. ``positions`` long (B, T) or (T,).
         """
+        self._check_tokens("tokens", tokens)
+        if positions is None:
+            raise TypeError("positions must be the new tokens' positions, (B, T); got None")
+        _check_positions(positions, *tokens.shape)
         x = self.embed(tokens, positions)
         for block, cache in zip(self.blocks, caches, strict=True):
             x = block.decode(x, cache, padding_mask)
@@ -335,6 +340,24 @@ class CausalLM(nn.Module):
 
     def extra_repr(self) -> str:
         return f"attn_kernel={self.config.attn_kernel!r}"
+
+
+def _check_positions(positions: Tensor | None, b: int, n: int) -> None:
+    """None, or integer positions of shape (B, N), (1, N) or (N,) (learned position
+    embeddings check their range)."""
+    if positions is None:
+        return
+    if (
+        not isinstance(positions, Tensor)
+        or positions.is_floating_point()
+        or (positions.dtype == torch.bool)
+    ):
+        what = positions.dtype if isinstance(positions, Tensor) else type(positions).__name__
+        raise TypeError(f"positions must be an integer tensor (B, N) or (N,); got {what}")
+    if tuple(positions.shape) not in ((n,), (1, n), (b, n)):
+        raise ValueError(
+            f"positions must be (B, N) = ({b}, {n}) or (N,); got {tuple(positions.shape)}"
+        )
 
 
 def _sample(

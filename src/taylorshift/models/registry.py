@@ -13,6 +13,7 @@ import fnmatch
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+import torch
 from torch import nn
 
 _MODELS: dict[str, Callable[..., nn.Module]] = {}
@@ -60,6 +61,7 @@ def create_model(name: str, *, device=None, dtype=None, **overrides: Any) -> nn.
 
         model = create_model("listops", attn_kernel="softmax", depth=1)
     """
+    _check_placement(device, dtype)
     if name not in _MODELS:
         base, kernel = _kernel_suffix(str(name))
         if base is not None and "attn_kernel" not in overrides:
@@ -69,6 +71,19 @@ def create_model(name: str, *, device=None, dtype=None, **overrides: Any) -> nn.
         hint = f"; did you mean {' or '.join(map(repr, close))}?" if close else ""
         raise ValueError(f"unknown model {name!r}{hint} (see taylorshift.models.list_models())")
     return _MODELS[name](device=device, dtype=dtype, **overrides)
+
+
+def _check_placement(device, dtype) -> None:
+    """A device torch knows and a floating dtype (torch's own errors name neither)."""
+    if dtype is not None and (not isinstance(dtype, torch.dtype) or not dtype.is_floating_point):
+        raise TypeError(f"dtype must be a floating torch.dtype or None; got {dtype!r}")
+    if device is not None:
+        try:
+            torch.device(device)
+        except (RuntimeError, TypeError, ValueError):
+            raise ValueError(
+                f"device must be a torch device such as 'cpu', 'cuda' or 'cuda:1'; got {device!r}"
+            ) from None
 
 
 def _kernel_suffix(name: str) -> tuple[str | None, str | None]:
