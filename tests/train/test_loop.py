@@ -208,6 +208,12 @@ def test_existing_runs_are_not_overwritten_and_resume_checks_the_config(tmp_path
     named = tiny_config(out, optim__epochs=2, run__log_every=2, model__kernel="taylorshift")
     result = train(named, resume=True)
     assert result.step == 8 and len(result.losses) == 6
+    # the mode the run used (its kernel's own: "auto"), named, is the same run too
+    unset = tmp_path / "mode-unset"
+    train(tiny_config(unset, model__mode=None, run__max_steps=1, optim__epochs=2))
+    assert train(tiny_config(unset, model__mode="auto", optim__epochs=2), resume=True).step == 8
+    with pytest.raises(ConfigError, match=r"differs in model\.mode \('auto', 'efficient'\)"):
+        train(tiny_config(unset, model__mode="efficient", optim__epochs=2), resume=True)
     # --resume without a checkpoint starts afresh
     fresh = train(tiny_config(tmp_path / "other", run__max_steps=1), resume=True)
     assert fresh.step == 1

@@ -154,15 +154,22 @@ def _check_resume(config: TrainConfig, checkpoint: Path) -> None:
 
 
 def _with_kernel_named(config: TrainConfig) -> TrainConfig:
-    """``config`` with ``model.kernel`` None (the model's own) spelled out, so that resuming
-    with ``--kernel`` naming the kernel the run already used is the same run."""
-    if config.model.kernel is not None:
+    """``config`` with ``model.kernel`` None (the model's own) and, for TaylorShift,
+    ``model.mode`` None (the kernel options' own) spelled out, so that resuming with
+    ``--kernel`` or ``--mode`` naming what the run already used is the same run."""
+    m = config.model
+    if m.kernel is not None and (m.kernel != "taylorshift" or m.mode is not None):
         return config
     try:
-        probe = create_model(config.model.name, device="meta", **config.model.overrides)
+        probe = create_model(m.name, device="meta", **m.overrides).config
     except (TypeError, ValueError):  # (a bad setting: the build reports it by name later)
         return config
-    return config.replace(**{"model.kernel": probe.config.attn_kernel})
+    kernel = m.kernel or probe.attn_kernel
+    named = {"model.kernel": kernel}
+    if kernel == "taylorshift" and m.mode is None:
+        options = {**probe.kernel_args, **m.kernel_args.get(kernel, {})}
+        named["model.mode"] = options.get("mode", "auto")
+    return config.replace(**named)
 
 
 def _seed_all(seed: int) -> None:
