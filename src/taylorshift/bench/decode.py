@@ -301,7 +301,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--quick", action="store_true", help="shorter contexts, a small model")
     parser.add_argument("--out", type=Path, default=Path("bench-decode"), help="output folder")
-    parser.add_argument("--no-plot", action="store_true", help="skip the PNG")
+    parser.add_argument("--no-plot", "--no-plots", action="store_true", help="skip the PNG")
     parser.add_argument(
         "--overwrite",
         action="store_true",

@@ -497,7 +497,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="output folder (default: %(default)s)",
     )
     parser.add_argument(
-        "--no-plot", action="store_true", help="skip the PNG (no matplotlib needed)"
+        "--no-plot", "--no-plots", action="store_true", help="skip the PNG (no matplotlib needed)"
     )
     parser.add_argument(
         "--overwrite",

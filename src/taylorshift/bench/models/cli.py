@@ -213,7 +213,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="tiny sizes and few models: a smoke run of well under a minute on a CPU",
     )
     add("--out", default="bench-models", metavar="DIR", help="output folder (default: %(default)s)")
-    add("--no-plots", action="store_true", help="write no PNGs (matplotlib not needed)")
+    add(
+        "--no-plots", "--no-plot", action="store_true", help="write no PNGs (matplotlib not needed)"
+    )
     add(
         "--overwrite",
         action="store_true",

@@ -218,7 +218,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="DIR",
         help="only rewrite report.md, results.csv and the plots from DIR/results.json",
     )
-    add("--no-plots", action="store_true", help="write no PNGs (matplotlib not needed)")
+    add(
+        "--no-plots", "--no-plot", action="store_true", help="write no PNGs (matplotlib not needed)"
+    )
     add(
         "--overwrite",
         action="store_true",
