@@ -26,7 +26,7 @@ from ..models import CausalLM, CausalLMConfig
 from . import machine
 from .core import OK, dtype_option, dtypes, markdown_table, mib, parse_device
 from .figures import figure, log_axes
-from .files import fresh_folder, write_results
+from .files import add_output_options, fresh_folder, write_results
 from .measure import cuda_peak_memory, time_call
 
 HELP = (
@@ -300,13 +300,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "to the first case's (5)",
     )
     parser.add_argument("--quick", action="store_true", help="shorter contexts, a small model")
-    parser.add_argument("--out", type=Path, default=Path("bench-decode"), help="output folder")
-    parser.add_argument("--no-plot", "--no-plots", action="store_true", help="skip the PNG")
-    parser.add_argument(
-        "--overwrite",
-        action="store_true",
-        help="write into --out even if it holds an earlier run (default: a new --out-2, ...)",
-    )
+    add_output_options(parser, "bench-decode")
 
 
 SETTINGS = ("dim", "depth", "heads", "kv_heads", "vocab", "batch", "dtype", "context", "target",
@@ -343,7 +337,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         | {"cases": [f"{k}:{c}" for k, c in args.cases]},
         "rows": rows,
     }
-    written = write_outputs(result, out, plots=not args.no_plot)
+    written = write_outputs(result, out, plots=not args.no_plots)
     table_rows = [
         (
             f"{r['kernel']}:{r['cache']}",

@@ -26,6 +26,27 @@ __all__ = [
 ]
 
 
+def add_output_options(parser: argparse.ArgumentParser, default: str | None) -> None:
+    """``--out DIR`` (``default``; None: the tool picks it, ``bench-results``),
+    ``--no-plots`` (also ``--no-plot``) and ``--overwrite``: where every bench tool writes,
+    spelled alike."""
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None if default is None else Path(default),
+        metavar="DIR",
+        help=f"output folder (default: {default or 'bench-results'})",
+    )
+    parser.add_argument(
+        "--no-plots", "--no-plot", action="store_true", help="write no PNGs (no matplotlib needed)"
+    )
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="write into --out even if it holds an earlier run (default: a new --out-2, ...)",
+    )
+
+
 def fresh_folder(
     folder: str | os.PathLike,
     overwrite: bool = False,

@@ -490,27 +490,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="query rows the query-side means run over (default: %(default)s)",
     )
     parser.add_argument("--quick", action="store_true", help="a smaller grid: seconds, not minutes")
-    parser.add_argument(
-        "--out",
-        type=Path,
-        default=Path("bench-scaling"),
-        help="output folder (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--no-plot", "--no-plots", action="store_true", help="skip the PNG (no matplotlib needed)"
-    )
-    parser.add_argument(
-        "--overwrite",
-        action="store_true",
-        help="write into --out even if it holds an earlier run (default: a new --out-2, ...)",
-    )
+    files.add_output_options(parser, "bench-scaling")
 
 
 def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     big = [d for d in args.d or () if d > MAX_D]
     if big:
         parser.error(f"--d expected head dims of at most {MAX_D}; got {', '.join(map(str, big))}")
-    if not args.no_plot and missing_modules("matplotlib"):
+    if not args.no_plots and missing_modules("matplotlib"):
         print(
             "bench scaling draws its figure with matplotlib, which is not installed: "
             f"{INSTALL_HINT} (or pass --no-plot)",
@@ -544,7 +531,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         "rows": rows,
         "overflow": overflow_table(rows),
     }
-    written = write_outputs(result, out, plots=not args.no_plot)
+    written = write_outputs(result, out, plots=not args.no_plots)
     print(f"Wrote {', '.join(str(p) for p in written)}")
     print()
     print("float16 overflow (N from which the largest entry passes 65504):")

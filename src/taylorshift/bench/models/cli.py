@@ -212,15 +212,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="tiny sizes and few models: a smoke run of well under a minute on a CPU",
     )
-    add("--out", default="bench-models", metavar="DIR", help="output folder (default: %(default)s)")
-    add(
-        "--no-plots", "--no-plot", action="store_true", help="write no PNGs (matplotlib not needed)"
-    )
-    add(
-        "--overwrite",
-        action="store_true",
-        help="write into --out even if it holds an earlier run (default: a new --out-2, ...)",
-    )
+    files.add_output_options(parser, "bench-models")
 
 
 def _resolve(args: argparse.Namespace, key: str) -> Any:
@@ -402,7 +394,7 @@ def plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> tuple[lis
         "memory": not args.no_memory,
         "memory_jobs": _resolve(args, "memory_jobs"),
         "accuracy_file": args.accuracy,
-        "out": args.out,
+        "out": str(args.out),
         "_accuracy": accuracy,
     }
     return cases, config

@@ -211,20 +211,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add("--threads", type=positive_int, help="torch CPU threads (default: torch's own)")
     add("--seed", type=int, help="seed of the random inputs (default: 0)")
-    add("--out", type=Path, help="output folder (default: bench-results)")
+    files.add_output_options(parser, None)
     add(
         "--report-only",
         type=Path,
         metavar="DIR",
         help="only rewrite report.md, results.csv and the plots from DIR/results.json",
-    )
-    add(
-        "--no-plots", "--no-plot", action="store_true", help="write no PNGs (matplotlib not needed)"
-    )
-    add(
-        "--overwrite",
-        action="store_true",
-        help="write into --out even if it holds an earlier run (default: a new --out-2, ...)",
     )
 
 
