@@ -70,7 +70,7 @@ def _mistakes(tmp: Path) -> list[tuple[list[str], str]]:
         (["train", *tiny[:2], "--device", "gpu", "--out", out],
          "run.device must be auto, cpu, cuda[:N], mps or xpu[:N]; got 'gpu'"),
         (["eval", "--checkpoint", str(tmp / "no-run"), "--device", "cuda:bogus"],
-         "device: expected auto, cpu, cuda[:N], mps or xpu[:N]; got 'cuda:bogus'"),
+         "--device: expected auto, cpu, cuda[:N], mps or xpu[:N]; got 'cuda:bogus'"),
         (["generate", "--checkpoint", str(tmp / "no-run"), "--device", "cuda:7"],
          "--device: 'cuda:7' is not available"),
         (["generate", "--checkpoint", str(tmp / "no-run"), "--device", "meta"],

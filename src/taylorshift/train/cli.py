@@ -203,8 +203,13 @@ def run_eval(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         if value is not None and value < 1:
             parser.error(f"{flag} must be a positive integer, got {value}")
     from .checkpoint import DamagedCheckpointError
+    from .distributed import resolve_device
     from .evaluate import evaluate_checkpoint
 
+    try:
+        resolve_device(args.device)  # (evaluate_checkpoint checks it too, naming `device`)
+    except ValueError as err:
+        parser.error(f"--device: {err}")
     try:
         result = evaluate_checkpoint(
             args.checkpoint,
