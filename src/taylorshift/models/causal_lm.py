@@ -211,6 +211,11 @@ class CausalLM(nn.Module):
         if positions is None:
             raise TypeError("positions must be the new tokens' positions, (B, T); got None")
         _check_positions(positions, *tokens.shape)
+        return self._decode(tokens, caches, positions, padding_mask)
+
+    def _decode(self, tokens, caches, positions, padding_mask=None) -> Tensor:
+        """``decode`` without its input checks (about 13 µs a step at B = 1, T = 1):
+        ``generate``'s loop, which made the tokens and positions itself."""
         x = self.embed(tokens, positions)
         for block, cache in zip(self.blocks, caches, strict=True):
             x = block.decode(x, cache, padding_mask)
@@ -295,7 +300,7 @@ class CausalLM(nn.Module):
                 # a row that has ended is fed its end token at position 0, so that it never
                 # runs past learned positions; its outputs are not read
                 step_positions = torch.where(done, 0, lengths + t)[:, None]
-                logits = self.decode(token[:, None], caches, step_positions)[:, 0]
+                logits = self._decode(token[:, None], caches, step_positions)[:, 0]
         finally:
             self.train(was_training)
         if not out:
