@@ -19,6 +19,7 @@ global generator.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import json
 import math
 import platform
@@ -168,7 +169,8 @@ def _with_kernel_named(config: TrainConfig) -> TrainConfig:
     named = {"model.kernel": kernel}
     if kernel == "taylorshift" and m.mode is None:
         options = {**probe.kernel_args, **m.kernel_args.get(kernel, {})}
-        named["model.mode"] = options.get("mode", "auto")
+        default = inspect.signature(TaylorShiftKernel).parameters["mode"].default
+        named["model.mode"] = options.get("mode", default)
     return config.replace(**named)
 
 
