@@ -62,6 +62,80 @@ def test_a_failing_kernel_falls_back_once_with_one_warning(failing_kernel, caplo
     assert len(failing_kernel) == 2
 
 
+def _inference_tensors(*shape: int, count: int = 3) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(1)
+    with torch.inference_mode():
+        return [torch.randn(*shape, generator=g) for _ in range(count)]
+
+
+@pytest.mark.parametrize(
+    "mode, causal", [("efficient", False), ("efficient", True), ("direct", True)]
+)
+def test_a_call_that_fails_in_the_pytorch_form_too_keeps_the_kernel(
+    failing_kernel, caplog, mode, causal
+):
+    # Inference-mode tensors cannot be saved for autograd: the kernel fails, and so does the
+    # PyTorch form. That is the caller's mistake; it once disabled the shape class for the
+    # rest of the process, with a warning that blamed the kernel.
+    k, v = _inference_tensors(2, 3, 9, 4, count=2)
+    q = torch.randn(2, 3, 9, 4, requires_grad=True)
+    with caplog.at_level(logging.WARNING, logger="taylorshift.dispatch"):
+        with pytest.raises(RuntimeError, match="Inference tensors cannot be saved"):
+            taylor_shift_attention(q, k, v, is_causal=causal, mode=mode)
+        assert fused.FAILED == {} and not caplog.records
+        assert len(failing_kernel) == 1  # (the kernel was tried)
+        # positive control: a call of the same shape class that the PyTorch form can
+        # compute disables the failing kernel, as a kernel failure should
+        taylor_shift_attention(q, k.clone(), v.clone(), is_causal=causal, mode=mode)
+    assert len(fused.FAILED) == 1 and len(caplog.records) == 1
+
+
+@pytest.mark.parametrize(
+    "mode, causal, kv_heads",
+    [("efficient", False, 4), ("efficient", True, 4), ("direct", True, 4), ("efficient", True, 2)],
+    ids=["efficient", "efficient-causal", "direct-causal", "grouped-causal"],
+)
+def test_inference_tensors_under_autograd_leave_the_cpu_kernels_on(mode, causal, kv_heads):
+    # The same mistake with the real CPU kernels (the grouped causal call takes its own
+    # path to the kernel): torch's error, and every kernel stays on.
+    fused.FAILED.clear()
+    q = torch.randn(1, 4, 40, 8, requires_grad=True)
+    k, v = _inference_tensors(1, kv_heads, 40, 8, count=2)
+    with pytest.raises(RuntimeError, match="Inference tensors cannot be saved"):
+        taylor_shift_attention(q, k, v, is_causal=causal, mode=mode, enable_gqa=kv_heads != 4)
+    assert fused.FAILED == {}
+
+
+def test_a_failing_grouped_causal_kernel_falls_back_to_the_pytorch_form(monkeypatch, caplog):
+    # Grouped causal calls reach the CPU causal kernel by a path of their own (the kernel
+    # keeps its state per key/value head); where it fails, the PyTorch causal form computes
+    # the same call, with the key/value heads as they are.
+    monkeypatch.setattr(fused, "FAILED", {})
+    calls = []
+
+    def kernel(*args, **kwargs):
+        calls.append(args[1].shape)
+        raise RuntimeError("the kernel could not launch")
+
+    monkeypatch.setattr(fused, "load_kernel", lambda name: kernel)
+    g = torch.Generator().manual_seed(2)
+    q = torch.randn(2, 4, 30, 8, generator=g)
+    k, v = (torch.randn(2, 2, 30, 8, generator=g) for _ in range(2))
+    pad = torch.ones(2, 1, 1, 30, dtype=torch.bool)
+    pad[1, ..., 25:] = False
+    with caplog.at_level(logging.WARNING, logger="taylorshift.dispatch"):
+        got = taylor_shift_attention(
+            q, k, v, pad, is_causal=True, mode="efficient", enable_gqa=True
+        )
+    want = naive_taylor_shift_attention(
+        q.double(), *(t.double().repeat_interleave(2, 1) for t in (k, v)), pad, is_causal=True
+    )
+    assert_rel_close(got, want, 1e-5)
+    assert calls == [(2, 2, 30, 8)]  # the grouped kernel was tried, once
+    assert len(fused.FAILED) == 1 and len(caplog.records) == 1
+    assert "cpu efficient (causal)" in caplog.records[0].getMessage()
+
+
 @pytest.mark.parametrize(
     "error",
     [torch.OutOfMemoryError("CUDA out of memory"), MemoryError("the CPU kernels could not")],
@@ -74,7 +148,7 @@ def test_out_of_memory_is_not_a_kernel_failure(monkeypatch, error):
         raise error
 
     with pytest.raises(type(error)):
-        fused.run_guarded(("k",) * 7, oom)
+        fused.run_guarded(("k",) * 7, oom, lambda: pytest.fail("no fallback for memory"))
     assert fused.FAILED == {}
 
 

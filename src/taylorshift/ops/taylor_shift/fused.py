@@ -32,9 +32,10 @@ goes to a Triton kernel when all of these hold, else it stays on the PyTorch for
 
 A kernel that fails to compile or launch (out of shared memory, an architecture or a Triton
 version it does not support) must not break the call: ``run_guarded`` catches the failure,
-logs one warning naming the kernel, the shape class (device, dtype, d, dv, causal, mask)
-and the reason, and the caller computes the same answer with the PyTorch form; that shape
-class then stays on PyTorch for the rest of the process. On a GPU, the first call of a shape
+computes the same answer with the PyTorch form, logs one warning naming the kernel, the
+shape class (device, dtype, d, dv, causal, mask) and the reason; that shape class then stays
+on PyTorch for the rest of the process. Where the PyTorch form fails too, the call itself
+was at fault: its error is raised and the kernel stays on. On a GPU, the first call of a shape
 class that autograd records also runs the kernel's backward once on a tiny input
 (``probe_backward``), so that a backward kernel that cannot compile is found while the
 forward can still fall back. A real out-of-memory error is not a kernel failure and is
@@ -174,15 +175,21 @@ def disable(key: tuple, err: BaseException) -> None:
     )
 
 
-def run_guarded(key: tuple, call: Callable[[], Tensor]) -> Tensor | None:
-    """``call()``, or None when the kernel fails (then ``disable(key, ...)``)."""
+def run_guarded(key: tuple, call: Callable[[], Tensor], fallback: Callable[[], Tensor]) -> Tensor:
+    """``call()`` (the kernel); where it fails, ``fallback()`` (the PyTorch form of the same
+    call) and then ``disable(key, ...)``. A fallback that fails as well says that the call
+    was at fault, not the kernel (an inference-mode tensor given to autograd, say): its error
+    is raised, without the kernel's, and the shape class keeps its kernel. Disabling at the
+    kernel's failure alone had turned a caller's one mistake into a slower process."""
     try:
         return call()
     except Exception as err:
         if not kernel_failure(err):
             raise
-        disable(key, err)
-        return None
+        failure = err
+    out = fallback()  # (outside the handler: its error is not chained to the kernel's)
+    disable(key, failure)
+    return out
 
 
 def probe_backward(key: tuple, fused: Callable[..., Tensor], mode: str, query: Tensor) -> bool:
@@ -208,12 +215,14 @@ def probe_backward(key: tuple, fused: Callable[..., Tensor], mode: str, query: T
         else:
             args = (q, k, v, mask, 1.0, None, True)
 
-        def call() -> Tensor:
-            out = fused(*args)
-            torch.autograd.grad(out.float().sum(), (q, k, v))
-            return out
-
-        return run_guarded(key, call) is not None
+        try:
+            torch.autograd.grad(fused(*args).float().sum(), (q, k, v))
+        except Exception as err:  # (fresh inputs of its own: a failure is the kernel's)
+            if not kernel_failure(err):
+                raise
+            disable(key, err)
+            return False
+        return True
 
 
 def _as_is(x: Tensor) -> Tensor:

@@ -207,9 +207,7 @@ def taylor_shift_attention(
         # (warned once, remembered per shape class; ops/taylor_shift/fused.py).
         kernel = shape_class(kernel_name(mode, is_causal, query.device), query, problem, is_causal)
         if not backward or probe_backward(kernel, fused, mode, query):
-            out = run_guarded(kernel, lambda: fused(*args))
-            if out is not None:
-                return out
+            return run_guarded(kernel, lambda: fused(*args), lambda: form(*args))
     return form(*args)
 
 
@@ -283,9 +281,7 @@ def causal_state_call(form, args, problem, order, initial_state, output_final_st
         if torch.compiler.is_compiling():  # the kernel's custom ops as they are (see below)
             return fused(*args, **states)
         kernel = shape_class(kernel_name("efficient", True, query.device), query, problem, True)
-        out = run_guarded(kernel, lambda: fused(*args, **states))
-        if out is not None:
-            return out
+        return run_guarded(kernel, lambda: fused(*args, **states), lambda: form(*args, **states))
     return form(*args, **states)
 
 
@@ -464,7 +460,7 @@ def _grouped_causal_kernel(
     (its output, mode), or (None, the mode for the call with key and value repeated,
     ``grouped_attention``) where that kernel does not take the call (no CPU kernel for the
     efficient form here, ``auto`` picking the direct form, a mask that varies over heads or
-    queries, the kernels unavailable or failing). ``auto`` resolved to the direct form is
+    queries, the kernels unavailable). ``auto`` resolved to the direct form is
     handed on as "direct" (it is the direct form for the ungrouped call too, whose switch is
     longer): not weighed twice. Inputs checked with ``enable_gqa``."""
     # (the CPU kernel's name: CPU tensors, and not the Triton interpreter, where the
@@ -497,7 +493,11 @@ def _grouped_causal_kernel(
         return fused(*args), mode
     # (a CPU kernel needs no probe of its backward: fused_form refused failed shape classes)
     kernel = shape_class(CPU_EFFICIENT_CAUSAL, query, problem, True)
-    return run_guarded(kernel, lambda: fused(*args)), mode
+    # (a kernel that fails: the PyTorch causal form of the same call, which takes the
+    # key/value heads as they are too)
+    return run_guarded(
+        kernel, lambda: fused(*args), lambda: causal_efficient_taylor_shift(*args)
+    ), mode
 
 
 def grouped_problem(problem: Problem, groups: int) -> Problem:
