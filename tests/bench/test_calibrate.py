@@ -169,6 +169,26 @@ def test_cache_dir_option_and_unusable_file(tmp_path, capsys):
     assert calibrate.read_file(own / "calibration.json")[0] is not None
 
 
+def test_show_reads_a_file_with_only_what_the_op_reads(tmp_path, capsys):
+    # A hand-made file with the fields mode="auto" reads and no more: the op takes it, and
+    # --show once failed on it with a KeyError ('theory_n').
+    path = write_calibration(tmp_path, {16: 200.0}, dtype="float32")
+    data = json.loads(path.read_text())
+    for entry in data["devices"][dispatch.device_key("cpu")]["entries"].values():
+        del entry["theory_n"], entry["points"]
+    path.write_text(json.dumps(data))
+    assert main(["bench", "calibrate", "--show", "--cache-dir", str(tmp_path)]) == 0
+    row = next(line for line in capsys.readouterr().out.splitlines() if "≈ 200" in line)
+    assert row.split()[6:9] == ["153", "1.31", "0"]  # N̂ theory (docs/theory.md), ratio, points
+
+
+def test_clear_that_cannot_remove_is_one_error_line(tmp_path, capsys):
+    (tmp_path / "calibration.json").mkdir()
+    assert main(["bench", "calibrate", "--clear", "--cache-dir", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: cannot remove the calibration ") and err.count("\n") == 1
+
+
 def test_cache_dir_follows_the_environment(monkeypatch, tmp_path):
     monkeypatch.delenv(dispatch.CACHE_DIR_ENV)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))

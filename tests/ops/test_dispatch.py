@@ -183,16 +183,48 @@ def test_calibration_without_device_or_when_switched_off_is_not_used(
     assert decide_mode(600, 600, 4, 4, **FULL, **CPU64) == Decision("efficient", "theory")
 
 
+def _edited_entry(directory, field: str, value: object) -> bytes:
+    """A calibration file whose one entry has ``field`` (of the entry, or of its crossover)
+    edited by hand, as JSON text (Python's json writes and reads Infinity)."""
+    path = write_calibration(directory, {4: 1e6})
+    data = json.loads(path.read_text())
+    (entry,) = data["devices"][dispatch.device_key("cpu")]["entries"].values()
+    (entry["crossover"] if field == "status" else entry)[field] = value
+    return json.dumps(data).encode()
+
+
 @pytest.mark.parametrize(
-    "content",
-    ['{"format": "taylorshift-calibration", "version": 1, "devices": {"x": 3}}', "{not json"],
-    ids=["malformed", "not-json"],
-)
-def test_corrupt_calibration_warns_once_and_falls_back(isolated_cache_dir, caplog, content):
-    (isolated_cache_dir / "calibration.json").write_text(content)
+    "content, why",
+    [
+        ('{"format": "taylorshift-calibration", "version": 1, "devices": {"x": 3}}', "malformed"),
+        ("{not json", "not valid JSON"),
+        # each of these once raised from every mode="auto" call of the process
+        (lambda folder: _edited_entry(folder, "d", 0).decode().encode("utf-16"), "not UTF-8"),
+        (lambda folder: _edited_entry(folder, "d", float("inf")), "d must be a positive int"),
+        (lambda folder: _edited_entry(folder, "d", 10**400), "d must be a positive integer"),
+        ("[" * 100_000 + "]" * 100_000, "RecursionError"),
+        # ... and these were read as something else
+        (lambda folder: _edited_entry(folder, "causal", "false"), "causal must be true or false"),
+        (lambda folder: _edited_entry(folder, "dv", 16.5), "dv must be a positive integer"),
+        (lambda folder: _edited_entry(folder, "status", "crosed"), "unknown crossover status"),
+    ],
+    ids=[
+        "malformed", "not-json", "utf-16", "d-infinity", "d-huge", "deep", "causal-text",
+        "dv-float", "status",
+    ],
+)  # fmt: skip
+def test_corrupt_calibration_warns_once_and_falls_back(isolated_cache_dir, content, why):
+    if callable(content):
+        content = content(isolated_cache_dir)
+    if isinstance(content, str):
+        content = content.encode()
+    (isolated_cache_dir / "calibration.json").write_bytes(content)
     q, k, v = (torch.randn(1, 1, 600, 4, dtype=torch.float64) for _ in range(3))
-    with pytest.warns(RuntimeWarning, match="ignoring the calibration file .*calibration.json"):
+    with pytest.warns(
+        RuntimeWarning, match="ignoring the calibration file .*calibration.json"
+    ) as w:
         taylor_shift_attention(q, k, v)
+    assert why in str(w[0].message)
     assert decide_mode(600, 600, 4, 4, **FULL, **CPU64) == Decision("efficient", "theory")
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # read once per process: no second warning

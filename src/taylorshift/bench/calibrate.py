@@ -135,11 +135,11 @@ def empty_calibration() -> dict:
 def read_file(path: Path) -> tuple[dict | None, str]:
     """(contents, "") for a usable file; (None, why) when missing, corrupt or foreign."""
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(path.read_bytes().decode("utf-8"))
     except FileNotFoundError:
         return None, "missing"
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        return None, f"unreadable ({err})"
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as err:
+        return None, f"unreadable ({type(err).__name__}: {err})"
     try:
         parsed = calibration.parse_calibration(data, str(path))
     except calibration.CalibrationError as err:
@@ -294,7 +294,10 @@ def _measured_text(entry: dict) -> str:
 def summary_rows(entries: list[dict]) -> list[list[str]]:
     rows = []
     for e in entries:
-        theory = e["theory_n"]
+        # (what the op reads is checked; the rest a hand-made file may lack)
+        theory = e.get("theory_n") or impl_crossover(
+            e["d"], e["dv"], e["causal"], DEFAULT_CAUSAL_CHUNK
+        )
         found = e["crossover"]
         ratio = f"{found['n'] / theory:.2f}" if found["status"] == "crossed" else ""
         rows.append(
@@ -306,7 +309,7 @@ def summary_rows(entries: list[dict]) -> list[list[str]]:
                 _measured_text(e),
                 f"{theory:.0f}",
                 ratio,
-                str(len(e["points"])),
+                str(len(e.get("points", ()))),
                 e.get("stopped", ""),
                 e.get("measured_at", "")[:10],
             ]
@@ -356,6 +359,11 @@ def clear(path: Path) -> int:
     except FileNotFoundError:
         print(f"No calibration at {path}.")
         return 0
+    except OSError as err:  # (a folder of that name, no permission)
+        print(
+            f"error: cannot remove the calibration {path}: {err.strerror or err}", file=sys.stderr
+        )
+        return 1
     calibration.reload_calibration()
     print(f"Removed {path}.")
     return 0

@@ -166,7 +166,8 @@ class CalibrationError(ValueError):
 
 
 def _usable_crossover(entry: Mapping, theory: float) -> float | None:
-    """The N̂ an entry stands for: the interpolated crossover, or its bound beside theory."""
+    """The N̂ an entry stands for: the interpolated crossover, or its bound beside theory;
+    None for a sweep that found no crossover ("no data")."""
     found = entry["crossover"]
     status = found["status"]
     if status == "crossed":
@@ -175,7 +176,23 @@ def _usable_crossover(entry: Mapping, theory: float) -> float | None:
         return min(float(found["n_above"]), theory)
     if status == "above":  # direct won up to the largest N measured: N̂ > n_below
         return max(float(found["n_below"]), theory)
-    return None
+    if status == "no data":
+        return None
+    raise CalibrationError(f"unknown crossover status {status!r}")
+
+
+def _entry_field(entry: Mapping, name: str, kind: type) -> int | bool:
+    """``entry[name]``, which must be a JSON integer (a positive one) or a JSON bool: a
+    hand-edited "false" or 16.5 is refused, not read as True or 16."""
+    value = entry[name]
+    if kind is bool:
+        ok = isinstance(value, bool)
+    else:
+        ok = isinstance(value, int) and not isinstance(value, bool) and 0 < value < 1 << 31
+    if not ok:
+        what = "true or false" if kind is bool else "a positive integer"
+        raise CalibrationError(f"{name} must be {what}; got {value!r}")
+    return value
 
 
 def parse_calibration(data: object, path: str = "") -> Calibration | None:
@@ -191,7 +208,8 @@ def parse_calibration(data: object, path: str = "") -> Calibration | None:
     try:
         for dev_key, device in data["devices"].items():
             for entry in device["entries"].values():
-                d, dv, causal = int(entry["d"]), int(entry["dv"]), bool(entry["causal"])
+                d, dv = _entry_field(entry, "d", int), _entry_field(entry, "dv", int)
+                causal = _entry_field(entry, "causal", bool)
                 passes = entry["pass"]
                 if passes not in (*PASSES, OLD_TRAIN) or d < 1 or dv < 1:
                     raise CalibrationError(f"bad entry for d={d}, pass {passes!r}")
@@ -204,7 +222,7 @@ def parse_calibration(data: object, path: str = "") -> Calibration | None:
                 key = (str(dev_key), _dtype_text(entry["dtype"]), causal, passes)
                 # ρ relative to the theory at the measured (d, dv): the call's dv may differ
                 points.setdefault(key, {})[d] = n_hat / _theory_n(d, dv, causal)
-    except (KeyError, TypeError, ValueError, AttributeError) as err:
+    except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as err:
         if isinstance(err, CalibrationError):
             raise
         raise CalibrationError(f"malformed entry ({type(err).__name__}: {err})") from None
@@ -240,7 +258,7 @@ def reload_calibration() -> Calibration | None:
 
 def _read_calibration(path: Path) -> Calibration | None:
     try:
-        text = path.read_text()
+        raw = path.read_bytes()
     except FileNotFoundError:
         logger.debug("no calibration at %s", path)
         return None
@@ -248,9 +266,12 @@ def _read_calibration(path: Path) -> Calibration | None:
         _warn_unusable(path, f"cannot be read ({err})")
         return None
     try:
-        calibration = parse_calibration(json.loads(text), str(path))
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        _warn_unusable(path, f"is not valid JSON ({err})")
+        calibration = parse_calibration(json.loads(raw.decode("utf-8")), str(path))
+    except UnicodeDecodeError as err:
+        _warn_unusable(path, f"is not UTF-8 text ({err})")
+        return None
+    except (json.JSONDecodeError, RecursionError) as err:  # (nesting too deep to parse)
+        _warn_unusable(path, f"is not valid JSON ({type(err).__name__}: {err})")
         return None
     except CalibrationError as err:
         _warn_unusable(path, str(err))
