@@ -15,6 +15,7 @@ import inspect
 import subprocess
 import sys
 import types
+import warnings
 from dataclasses import dataclass, field
 
 import pytest
@@ -602,6 +603,51 @@ def test_check_model_refuses_a_model_set_to_another_attention():
     model = _model(_llama_config(), attn="sdpa")
     with pytest.raises(ValueError, match=r"attn_implementation must be one registered .*'sdpa'"):
         hf.check_model(model, _ids())
+
+
+def _clip():
+    text = dict(vocab_size=40, hidden_size=32, intermediate_size=48, num_hidden_layers=1,
+                num_attention_heads=4, max_position_embeddings=16)  # fmt: skip
+    vision = dict(hidden_size=32, intermediate_size=48, num_hidden_layers=1,
+                  num_attention_heads=4, image_size=16, patch_size=8)  # fmt: skip
+    config = _tf().CLIPConfig(text_config=text, vision_config=vision, projection_dim=16)
+    torch.manual_seed(0)
+    model = _tf().CLIPModel._from_config(config, attn_implementation=NAME).eval()
+    inputs = {"input_ids": _ids(1, 6), "pixel_values": torch.randn(1, 3, 16, 16)}
+    return model, inputs
+
+
+def test_check_model_finds_options_no_attention_reads():
+    # A composite model's attention modules hold sub-configs: a top-level dict is ignored
+    # (its temperature changed nothing, a bad mode raised nothing), which check_model says.
+    model, inputs = _clip()
+    with torch.no_grad():
+        before = model(**inputs).logits_per_image
+    model.config.taylorshift = {"temperature": 5.0}
+    with torch.no_grad():
+        assert torch.equal(model(**inputs).logits_per_image, before)  # (what is checked)
+    with pytest.raises(ValueError, match=r"config.taylorshift is set but not read: .* from "
+                       r"config.text_config, config.vision_config; set them there"):  # fmt: skip
+        hf.check_model(model, **inputs)
+    model.config.text_config.taylorshift = {"temperature": 5.0}
+    model.config.vision_config.taylorshift = {"temperature": 5.0}
+    assert hf.check_model(model, **inputs) == 2  # read where the attention reads
+    with torch.no_grad():
+        assert not torch.equal(model(**inputs).logits_per_image, before)
+    decoder = _model(_llama_config())  # one config: the top-level dict is the one read
+    decoder.config.taylorshift = {"temperature": 2.0}
+    assert hf.check_model(decoder, _ids()) == decoder.config.num_hidden_layers
+
+
+def test_output_attentions_warns_that_no_weights_come_back():
+    model = _model(_llama_config())
+    with pytest.warns(UserWarning, match="output_attentions=True: the taylorshift attention "
+                      "returns no attention weights"):  # fmt: skip
+        out = model(_ids(), output_attentions=True)
+    assert all(a is None for a in out.attentions)  # (transformers gives () or Nones)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        model(_ids())  # not asked: no warning
 
 
 # --- without transformers ------------------------------------------------------------------

@@ -36,7 +36,8 @@ learn it) takes precedence over the ``temperature`` option.
 
 Options (``mode``, ``temperature``, ``normalize``, ``order``, ``ignore_dropout``) are set by
 ``register(...)`` and may be overridden per model by a dict in its config,
-``config.taylorshift = {"mode": "direct"}`` (saved with the config).
+``config.taylorshift = {"mode": "direct"}`` (saved with the config; the config the attention
+modules hold, which in composite models such as CLIP is a sub-config, ``config.text_config``).
 
 Attention dropout has no counterpart in the linear-time form (dropping entries of the
 key-side state is not dropout on attention weights), so a module that asks for it (training
@@ -55,6 +56,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -222,9 +224,14 @@ def check_model(model: nn.Module, *args: Any, **kwargs: Any) -> int:
     the first kind apart; compare the count with the model's attention layers (one call per
     layer and forward, self- and cross-attention each).
 
+    It also finds per-model options that no attention reads: on a composite model (CLIP,
+    LLaVA, ...) the attention modules hold sub-configs (``config.text_config``, ...), so a
+    ``model.config.taylorshift`` dict is ignored where a sub-config has none of its own.
+
     Raises:
         ValueError: the model's ``config._attn_implementation`` is not a name ``register``
-            added, or no attention call reached TaylorShift.
+            added, no attention call reached TaylorShift, or ``model.config.taylorshift`` is
+            set but an attention reads a sub-config without it.
     """
     transformers = import_transformers()
     impl = getattr(getattr(model, "config", None), "_attn_implementation", None)
@@ -237,10 +244,14 @@ def check_model(model: nn.Module, *args: Any, **kwargs: Any) -> int:
     mapping = transformers.AttentionInterface._global_mapping
     inner = mapping[impl]
     calls = 0
+    configs = {}  # id -> the config each attention module read its options from
 
     def counting(*call_args: Any, **call_kwargs: Any) -> tuple[Tensor, None]:
         nonlocal calls
         calls += 1
+        module = call_args[0] if call_args else call_kwargs.get("module")
+        config = getattr(module, "config", None)
+        configs[id(config)] = config
         return inner(*call_args, **call_kwargs)
 
     mapping[impl] = counting
@@ -257,7 +268,26 @@ def check_model(model: nn.Module, *args: Any, **kwargs: Any) -> int:
             "runs in models whose attention modules call the interface (Llama, GPT-2, BERT "
             "and most current ones)"
         )
+    _check_options_are_read(model.config, configs.values())
     return calls
+
+
+def _check_options_are_read(top: Any, configs: Any) -> None:
+    """Refuse ``top.taylorshift`` where an attention read a sub-config that has none."""
+    if getattr(top, CONFIG_ATTRIBUTE, None) is None:
+        return
+    unread = [c for c in configs if c is not top and getattr(c, CONFIG_ATTRIBUTE, None) is None]
+    if not unread:
+        return
+    names = [
+        f"config.{name}" for name, value in vars(top).items() if any(value is c for c in unread)
+    ]
+    where = ", ".join(names) if names else "configs of their own"
+    raise ValueError(
+        f"model: config.{CONFIG_ATTRIBUTE} is set but not read: this model's attention modules "
+        f"read their options from {where}; set them there (e.g. "
+        f"model.{names[0] if names else 'config.<sub_config>'}.{CONFIG_ATTRIBUTE} = {{...}})"
+    )
 
 
 def make_attention_function(**options: Any) -> Callable[..., tuple[Tensor, None]]:
@@ -281,6 +311,14 @@ def make_attention_function(**options: Any) -> Callable[..., tuple[Tensor, None]
         **kwargs: Any,
     ) -> tuple[Tensor, None]:
         opts = _module_options(module, defaults)
+        if kwargs.get("output_attentions"):
+            warnings.warn(
+                "output_attentions=True: the taylorshift attention returns no attention "
+                "weights (the linear-time form never forms them), as transformers' sdpa does "
+                "not either; use attn_implementation='eager' for softmax weights",
+                UserWarning,
+                stacklevel=2,
+            )
         for arg, what in _UNSUPPORTED_KWARGS.items():
             if kwargs.get(arg) is not None:
                 raise ValueError(
