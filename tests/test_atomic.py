@@ -1,13 +1,15 @@
-"""Ctrl-C held back while a write of several files finishes (taylorshift.atomic)."""
+"""taylorshift.atomic: Ctrl-C held back while a write of several files finishes; errors of
+write_atomic that name the destination."""
 
 from __future__ import annotations
 
 import signal
+import tempfile
 import threading
 
 import pytest
 
-from taylorshift.atomic import interrupts_deferred
+from taylorshift.atomic import interrupts_deferred, write_atomic
 
 
 @pytest.fixture(autouse=True)
@@ -63,3 +65,19 @@ def test_outside_the_main_thread_the_block_just_runs():
     thread.start()
     thread.join()
     assert seen == ["block"]
+
+
+def test_an_error_names_the_destination_not_the_temporary_file(tmp_path, monkeypatch):
+    folder = tmp_path / "taken"
+    folder.mkdir()
+    with pytest.raises(IsADirectoryError, match=r"a folder stands where the file goes") as err:
+        write_atomic(folder, b"x")
+    assert err.value.filename == str(folder)
+
+    def denied(*args, **kwargs):  # (a folder without write permission; root ignores modes)
+        raise PermissionError(13, "Permission denied", str(tmp_path / ".f.tmp"))
+
+    monkeypatch.setattr(tempfile, "mkstemp", denied)
+    with pytest.raises(PermissionError, match=r"cannot write in its folder: Permission denied"):
+        write_atomic(tmp_path / "f", b"x")
+    assert list(tmp_path.iterdir()) == [folder]

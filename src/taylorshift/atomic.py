@@ -14,6 +14,7 @@ turns a clean stop into a traceback.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import signal
 import tempfile
@@ -73,10 +74,19 @@ def fsync_path(path: str | os.PathLike) -> None:
 
 
 def write_atomic(path: str | os.PathLike, data: bytes) -> Path:
-    """Write ``data`` to ``path`` through a temporary file and ``os.replace``."""
+    """Write ``data`` to ``path`` through a temporary file and ``os.replace``; missing folders
+    are made. An ``OSError`` names ``path`` (not the temporary file): a folder that stands at
+    ``path`` is refused before anything is written."""
     path = Path(path)
+    if path.is_dir():
+        raise IsADirectoryError(errno.EISDIR, "a folder stands where the file goes", str(path))
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as err:  # (a folder without write permission)
+        raise type(err)(
+            err.errno, f"cannot write in its folder: {err.strerror}", str(path)
+        ) from None
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)

@@ -163,6 +163,76 @@ def test_files_not_written_by_save_model_are_refused(tmp_path):
         load_model(unknown)
 
 
+def _resaved(tmp_path, model, **metadata):
+    """``model``'s file, saved again with some metadata replaced (as a hand edit would)."""
+    path = save_model(model, tmp_path / "model.safetensors")
+    with safe_open(str(path), framework="pt") as f:
+        tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (no dict)
+        stored = f.metadata()
+    edited = tmp_path / "edited.safetensors"
+    save_file(tensors, str(edited), metadata={**stored, **metadata})
+    return edited
+
+
+@pytest.mark.parametrize(
+    "metadata, match",
+    [
+        ({"config": "[1, 2]"}, r"the stored config must be a JSON object; got list"),
+        ({"config": '{"depth": "two"}'}, r"stored config does not make a TransformerClassifier: "
+         r"depth must be a positive int"),
+        ({"config": '{"bogus": 1}'}, r"does not make a TransformerClassifier: .* no setting"),
+        ({"aliases": "{bad"}, r"its metadata 'aliases' is not valid JSON"),
+        ({"aliases": "[1]"}, r"its metadata 'aliases' must map tensor names to tensor names"),
+    ],
+    ids=["config-list", "config-value", "config-key", "aliases-json", "aliases-list"],
+)  # fmt: skip
+def test_damaged_metadata_is_refused_naming_the_file(tmp_path, metadata, match):
+    # each was a bare TypeError, AttributeError or JSONDecodeError without the file's name
+    edited = _resaved(tmp_path, classifier(seed=1), **metadata)
+    with pytest.raises(ValueError, match=match) as err:
+        load_model(edited)
+    assert str(edited) in str(err.value)
+
+
+def test_a_file_that_cannot_be_read_says_why(tmp_path, monkeypatch):
+    # safetensors reported an unreadable file as "No such file or directory"
+    path = save_model(classifier(seed=1), tmp_path / "m.safetensors")
+    real_open = open
+
+    def denied(file, *args, **kwargs):
+        if str(file) == str(path):
+            raise PermissionError(13, "Permission denied", str(file))
+        return real_open(file, *args, **kwargs)
+
+    monkeypatch.setattr("builtins.open", denied)
+    with pytest.raises(PermissionError, match=r"cannot read the weights file: Permission denied"):
+        load_model(path)
+
+
+def test_meta_devices_and_bad_placements_are_refused(tmp_path):
+    path = save_model(classifier(seed=1), tmp_path / "m.safetensors")
+    with pytest.raises(ValueError, match=r"model: its tensors are on the meta device"):
+        save_model(create_model("listops-small", device="meta"), tmp_path / "meta.safetensors")
+    assert not (tmp_path / "meta.safetensors").exists()
+    with pytest.raises(ValueError, match=r"map_location: the meta device holds no values"):
+        load_model(path, map_location="meta")
+    with pytest.raises(ValueError, match=r"map_location must be a torch device .*got 'gpu'"):
+        load_model(path, map_location="gpu")
+    with pytest.raises(TypeError, match=r"dtype must be a floating torch.dtype .*torch.int64"):
+        load_model(path, dtype=torch.int64)
+
+
+def test_saving_onto_a_folder_names_the_path(tmp_path):
+    # the error named the temporary file, after the whole model had been serialised
+    folder = tmp_path / "weights"
+    folder.mkdir()
+    with pytest.raises(IsADirectoryError, match=r"path: a folder, not the file to write"):
+        save_model(classifier(seed=1), folder)
+    assert list(folder.iterdir()) == [] and list(tmp_path.iterdir()) == [folder]
+    nested = save_model(classifier(seed=1), tmp_path / "new" / "sub" / "m.safetensors")
+    assert nested.is_file()  # missing folders are made (the docstring said they must exist)
+
+
 def test_save_refuses_objects_without_a_config(tmp_path):
     with pytest.raises(TypeError, match=r"needs a taylorshift model with a config; got Linear"):
         save_model(torch.nn.Linear(2, 2), tmp_path / "x.safetensors")

@@ -61,7 +61,7 @@ def create_model(name: str, *, device=None, dtype=None, **overrides: Any) -> nn.
 
         model = create_model("listops", attn_kernel="softmax", depth=1)
     """
-    _check_placement(device, dtype)
+    check_placement(device, dtype)
     if name not in _MODELS:
         base, kernel = _kernel_suffix(str(name))
         if base is not None and "attn_kernel" not in overrides:
@@ -73,8 +73,9 @@ def create_model(name: str, *, device=None, dtype=None, **overrides: Any) -> nn.
     return _MODELS[name](device=device, dtype=dtype, **overrides)
 
 
-def _check_placement(device, dtype) -> None:
-    """A device torch knows and a floating dtype (torch's own errors name neither)."""
+def check_placement(device, dtype, *, device_arg: str = "device") -> None:
+    """A device torch knows and a floating dtype (torch's own errors name neither);
+    ``device_arg``: the caller's name of the device argument."""
     if dtype is not None and (not isinstance(dtype, torch.dtype) or not dtype.is_floating_point):
         raise TypeError(f"dtype must be a floating torch.dtype or None; got {dtype!r}")
     if device is not None:
@@ -82,7 +83,8 @@ def _check_placement(device, dtype) -> None:
             torch.device(device)
         except (RuntimeError, TypeError, ValueError):
             raise ValueError(
-                f"device must be a torch device such as 'cpu', 'cuda' or 'cuda:1'; got {device!r}"
+                f"{device_arg} must be a torch device such as 'cpu', 'cuda' or 'cuda:1'; "
+                f"got {device!r}"
             ) from None
 
 

@@ -11,6 +11,7 @@ mid-write never leaves a truncated file under the final name.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 from pathlib import Path
@@ -23,7 +24,7 @@ from torch import nn
 
 from ..atomic import write_atomic
 from .encoder import ModelConfigBase
-from .registry import get_model_class
+from .registry import check_placement, get_model_class
 
 FORMAT_VERSION = "1"
 
@@ -38,7 +39,7 @@ def save_model(model: nn.Module, path: str | os.PathLike) -> Path:
     Args:
         model: a registered model class with a ``config`` (``TransformerClassifier``,
             ``VisionTransformer``, or a class decorated with ``register_model_class``).
-        path: the file to write; its folder must exist. An existing file is replaced.
+        path: the file to write (missing folders are made). An existing file is replaced.
 
     Returns:
         ``path`` as a ``Path``.
@@ -50,6 +51,13 @@ def save_model(model: nn.Module, path: str | os.PathLike) -> Path:
         )
     name = type(model).__name__
     get_model_class(name)  # refuse what load_model could not rebuild
+    if any(t.is_meta for t in model.state_dict().values()):
+        raise ValueError(
+            "model: its tensors are on the meta device and hold no values to save; "
+            "materialise them first (model.to_empty(device='cpu'), then load or initialise)"
+        )
+    if Path(path).is_dir():  # (before the tensors are serialised)
+        raise IsADirectoryError(errno.EISDIR, "path: a folder, not the file to write", str(path))
     metadata = {
         "taylorshift_model": name,
         "config": json.dumps(config.to_dict(), sort_keys=True),
@@ -74,7 +82,16 @@ def save_model(model: nn.Module, path: str | os.PathLike) -> Path:
 def _load_tensors(path: str | os.PathLike, device: str) -> dict[str, torch.Tensor]:
     """The file's tensors, tied names (metadata ``aliases``) filled in from their source."""
     tensors = load_file(str(path), device=device)
-    for key, source in json.loads(_read_metadata(path).get("aliases", "{}")).items():
+    try:
+        aliases = json.loads(_read_metadata(path).get("aliases", "{}"))
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path}: its metadata 'aliases' is not valid JSON: {err}") from None
+    if not isinstance(aliases, dict) or not all(isinstance(v, str) for v in aliases.values()):
+        raise ValueError(
+            f"{path}: its metadata 'aliases' must map tensor names to tensor names; got "
+            f"{str(aliases)[:80]}"
+        )
+    for key, source in aliases.items():
         if source in tensors:
             tensors[key] = tensors[source]
     return tensors
@@ -83,6 +100,13 @@ def _load_tensors(path: str | os.PathLike, device: str) -> dict[str, torch.Tenso
 def _read_metadata(path: str | os.PathLike) -> dict[str, str]:
     if not os.path.isfile(path):  # an OSError that callers catch as a missing file
         raise FileNotFoundError(f"no weights file at {path}: expected a .safetensors file")
+    try:  # (safetensors says "No such file or directory" for a file it may not read)
+        with open(path, "rb"):
+            pass
+    except OSError as err:
+        raise type(err)(
+            err.errno, f"cannot read the weights file: {err.strerror}", str(path)
+        ) from None
     try:
         with safe_open(str(path), framework="pt") as f:
             metadata = f.metadata() or {}
@@ -110,7 +134,16 @@ def read_model_config(path: str | os.PathLike) -> tuple[str, ModelConfigBase]:
         settings = json.loads(metadata["config"])
     except json.JSONDecodeError as err:
         raise ValueError(f"{path}: the stored config is not valid JSON: {err}") from err
-    return cls.__name__, cls.config_class.from_dict(settings)
+    if not isinstance(settings, dict):
+        raise ValueError(
+            f"{path}: the stored config must be a JSON object; got {type(settings).__name__}"
+        )
+    try:
+        return cls.__name__, cls.config_class.from_dict(settings)
+    except (TypeError, ValueError) as err:  # (an unknown setting, a bad value)
+        raise ValueError(
+            f"{path}: the stored config does not make a {cls.__name__}: {err}"
+        ) from None
 
 
 def _uniform_float_dtype(tensors: dict[str, torch.Tensor]) -> torch.dtype | None:
@@ -157,12 +190,21 @@ def load_model(
             tensors share one dtype, else the default dtype).
 
     Raises:
-        FileNotFoundError: no file at ``path``.
-        ValueError: not a taylorshift weights file, unknown model class, or tensors that do
-            not fit the stored config (names listed).
+        FileNotFoundError: no file at ``path``; another ``OSError`` (naming ``path``) when
+            it cannot be read.
+        ValueError: not a taylorshift weights file, unknown model class, a stored config
+            that does not make one, tensors that do not fit it (names listed), or a device
+            torch does not know or the meta device for ``map_location``.
+        TypeError: ``dtype`` not a floating torch.dtype.
     """
+    check_placement(map_location, dtype, device_arg="map_location")
     name, config = read_model_config(path)
     device = torch.device(map_location) if map_location is not None else torch.device("cpu")
+    if device.type == "meta":
+        raise ValueError(
+            "map_location: the meta device holds no values to load into; for the stored "
+            "model without them, read_model_config(path) and create the model on 'meta'"
+        )
     tensors = _load_tensors(path, str(device))
     cls = get_model_class(name)
     model = cls(config, device=device, dtype=dtype or _uniform_float_dtype(tensors))
