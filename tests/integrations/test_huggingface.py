@@ -642,8 +642,9 @@ def test_check_model_finds_options_no_attention_reads():
 def test_output_attentions_warns_that_no_weights_come_back():
     model = _model(_llama_config())
     with pytest.warns(UserWarning, match="output_attentions=True: the taylorshift attention "
-                      "returns no attention weights"):  # fmt: skip
+                      "returns no attention weights") as warned:  # fmt: skip
         out = model(_ids(), output_attentions=True)
+    assert warned[0].filename == __file__  # the caller's line, not transformers' or ours
     assert all(a is None for a in out.attentions)  # (transformers gives () or Nones)
     with warnings.catch_warnings():
         warnings.simplefilter("error")

@@ -225,6 +225,7 @@ def test_corrupt_calibration_warns_once_and_falls_back(isolated_cache_dir, conte
     ) as w:
         taylor_shift_attention(q, k, v)
     assert why in str(w[0].message)
+    assert w[0].filename == __file__  # the caller's line (a fixed stacklevel named dispatch.py)
     assert decide_mode(600, 600, 4, 4, **FULL, **CPU64) == Decision("efficient", "theory")
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # read once per process: no second warning

@@ -56,7 +56,6 @@ from __future__ import annotations
 
 import math
 import numbers
-import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -64,6 +63,7 @@ import torch
 from torch import Tensor, nn
 
 from .._validate import check_bool, check_str
+from .._warn import warn_user
 from ..ops import taylor_shift_attention
 from ..ops.taylor_shift.checks import check_options
 
@@ -312,12 +312,10 @@ def make_attention_function(**options: Any) -> Callable[..., tuple[Tensor, None]
     ) -> tuple[Tensor, None]:
         opts = _module_options(module, defaults)
         if kwargs.get("output_attentions"):
-            warnings.warn(
+            warn_user(
                 "output_attentions=True: the taylorshift attention returns no attention "
                 "weights (the linear-time form never forms them), as transformers' sdpa does "
-                "not either; use attn_implementation='eager' for softmax weights",
-                UserWarning,
-                stacklevel=2,
+                "not either; use attn_implementation='eager' for softmax weights"
             )
         for arg, what in _UNSUPPORTED_KWARGS.items():
             if kwargs.get(arg) is not None:

@@ -19,7 +19,6 @@ import json
 import logging
 import math
 import os
-import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import lru_cache
@@ -27,6 +26,7 @@ from pathlib import Path
 
 import torch
 
+from ..._warn import warn_user
 from ...theory import impl_crossover
 from ...vocab import PASSES, dtype_name, pass_name
 from .efficient_causal import DEFAULT_CAUSAL_CHUNK
@@ -282,18 +282,16 @@ def _read_calibration(path: Path) -> Calibration | None:
 
 
 def _warn_unusable(path: Path, why: str) -> None:
-    warnings.warn(
+    warn_user(
         f"taylorshift: ignoring the calibration file {path}: {why}; mode='auto' uses the "
         "operation counts. Run `taylorshift bench calibrate` again (or with --clear).",
         RuntimeWarning,
-        stacklevel=4,
     )
 
 
 @lru_cache(maxsize=8)
 def _warn_once(why: str) -> None:
-    message = f"taylorshift: {why}; mode='auto' uses the operation counts"
-    warnings.warn(message, RuntimeWarning, stacklevel=5)
+    warn_user(f"taylorshift: {why}; mode='auto' uses the operation counts", RuntimeWarning)
 
 
 def _calibration_enabled() -> bool:
