@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import copy
 import inspect
 import math
 
@@ -198,6 +199,51 @@ def test_padding_anywhere_equals_the_real_tokens_alone(name, causal, place):
         assert_rel_close(gx[b, real], g_alone[0], RTOL, f"row {b}: input gradient")
 
 
+# The same key padding in the mask forms that broadcast to (B, H, Nq, Nk) like (B, N):
+# only (B, N) and (B, 1, 1, N) put the real tokens first; the others left the taps, W_A and
+# the windows reading padding slots.
+PADDING_FORMS = {
+    "(B,H,1,N)": lambda keys: keys[:, None, None, :].expand(-1, HEADS, 1, -1),
+    "(B,1,N,N)": lambda keys: keys[:, None, None, :].expand(-1, 1, keys.shape[1], -1),
+    "(1,N,N) 3-D": lambda keys: keys[:1, None, :].expand(-1, keys.shape[1], -1),
+    "(1,1,N) 3-D": lambda keys: keys[:1, None, :],
+}
+
+
+@pytest.mark.parametrize("form", list(PADDING_FORMS))
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("name", [c[0] for c in POSITIONAL])
+def test_padding_inside_in_any_mask_form_equals_the_real_tokens_alone(name, causal, form):
+    module = positional_layer(name)
+    keys = torch.tensor(PLACES["between"][:1], dtype=torch.bool)  # (1, N): one row
+    x = randn(1, 9, DIM, seed=3)
+    y = module(x, attn_mask=PADDING_FORMS[form](keys), is_causal=causal)
+    real = keys[0].nonzero()[:, 0]
+    alone = module(x[:, real], is_causal=causal)
+    assert_rel_close(y[0, real], alone[0], RTOL, "real rows")
+
+
+@pytest.mark.parametrize("fill", [math.inf, math.nan], ids=["inf", "nan"])
+@pytest.mark.parametrize(
+    "name", [c[0] for c in POSITIONAL if c[0] != "conv-softmax"] + ["linear", "holt"]
+)
+def test_an_inf_or_nan_in_padding_reaches_no_real_token(name, fill):
+    # Zeroing padding by a multiplication gave 0 · inf = NaN in every real row (the short
+    # convolution, W_A, the local heads' windows, linear attention's sums).
+    if name in ("linear", "holt"):
+        module = make_attention(name, "standard", DIM, HEADS)
+    else:
+        module = positional_layer(name)
+    mask = torch.tensor(PLACES["between"], dtype=torch.bool)
+    x = randn(2, 9, DIM, seed=3).masked_fill(~mask[..., None], fill)
+    for causal in (False, True):
+        y = module(x, attn_mask=mask, is_causal=causal)
+        for b in range(2):
+            real = mask[b].nonzero()[:, 0]
+            alone = module(x[b : b + 1, real], is_causal=causal)
+            assert_rel_close(y[b, real], alone[0], RTOL, f"row {b}, causal={causal}")
+
+
 def test_padding_inside_reads_cpu_masks_only():
     from taylorshift.ops.masks import padding_inside
 
@@ -208,11 +254,12 @@ def test_padding_inside_reads_cpu_masks_only():
     assert padding_inside(right.to("meta"))
 
 
-@pytest.mark.parametrize(
-    ("name", "kind"),
-    [("conv-taylor", "state"), ("conv-taylor", "kv"), ("conv-softmax", "kv"),
-     ("local-heads", "state"), ("local-heads", "kv")],
-)  # fmt: skip
+# positional layers and the decoding caches they take
+DECODING = [("conv-taylor", "state"), ("conv-taylor", "kv"), ("conv-softmax", "kv"),
+            ("local-heads", "state"), ("local-heads", "kv")]  # fmt: skip
+
+
+@pytest.mark.parametrize(("name", "kind"), DECODING)
 def test_decoding_after_a_prompt_padded_anywhere_equals_the_real_tokens_alone(name, kind):
     """A prompt block padded on the left or between its tokens, then two more blocks: each
     real token's row equals the causal forward over the real tokens so far (the short
@@ -231,6 +278,39 @@ def test_decoding_after_a_prompt_padded_anywhere_equals_the_real_tokens_alone(na
         real = full[b].nonzero()[:, 0]
         alone = module(x[b : b + 1, real], is_causal=True)
         assert_rel_close(got[b, real], alone[0], RTOL, f"row {b}")
+
+
+@pytest.mark.parametrize(("name", "kind"), DECODING)
+def test_decode_refuses_a_bad_mask_or_another_batch_before_the_cache_changes(name, kind):
+    # Each raised from deep inside torch (or, a float mask of ones, passed), and a key/value
+    # cache of three rows stepped with one took the token into every row before failing.
+    module = positional_layer(name).eval()
+    x = randn(3, 5, DIM, seed=5)
+    cache = module.new_cache(kind)
+    module.decode(x, cache)
+    before = copy.deepcopy(cache)
+    bad = {
+        "shape": (x, torch.ones(3, 4, dtype=torch.bool), ValueError,
+                  r"key_padding_mask must be \(B, T\) = \(3, 5\); got \(3, 4\)"),
+        "dtype": (x, torch.ones(3, 5), TypeError,
+                  r"key_padding_mask must be a bool tensor \(B, T\).*got torch.float32"),
+        "batch": (x[:1], None, ValueError,
+                  r"cache holds tokens of a batch of 3 sequences; got a batch of 1"),
+    }  # fmt: skip
+    for what, (tokens, mask, error, match) in bad.items():
+        with pytest.raises(error, match=match):
+            module.decode(tokens, cache, mask)
+        for was, now in zip(_held(before), _held(cache), strict=True):  # nothing written
+            assert type(was) is type(now), what
+            assert torch.equal(was, now) if isinstance(was, torch.Tensor) else was == now, what
+    module.decode(x, cache)  # the cache still serves its batch
+
+
+def _held(cache) -> list:
+    """What a decoding cache holds (not the unused room of its buffers)."""
+    if hasattr(cache, "keys"):
+        return [cache.length, cache.keys, cache.values, cache.mask, cache.conv]
+    return [cache.state.sums, cache.conv, *(cache.window or ())]
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
@@ -534,10 +614,18 @@ CONSTRUCTOR_ERRORS = {
     "attn-kernel": (dict(attn_kernel="nope"), r"attn_kernel must be one of .*got 'nope'"),
     "attn-kernel-none": (dict(attn_kernel=None), r"attn_kernel must be one of .*got None"),
     "projection-none": (dict(projection=None), r"projection must be one of .*got None"),
-}
+    # each of these was torch's error without the argument's name, or no error at all
+    "context-dim-negative": (dict(context_dim=-3), r"context_dim must be a positive int or "
+                             r"None; got -3"),
+    "context-dim-zero": (dict(context_dim=0), r"context_dim must be a positive int .*got 0"),
+    "proj-drop": (dict(proj_drop=-1), r"proj_drop must be a number in \[0, 1\); got -1"),
+    "qk-norm-text": (dict(qk_norm="yes"), r"qk_norm must be a bool; got 'yes'"),
+    "qkv-bias-int": (dict(qkv_bias=1), r"qkv_bias must be a bool; got 1"),
+}  # fmt: skip
 # A wrong Python type is a TypeError, a wrong value of the right type a ValueError.
 CONSTRUCTOR_TYPE_ERRORS = {
     "dim-float", "heads-bool", "short-conv-float", "attn-kernel-none", "projection-none",
+    "qk-norm-text", "qkv-bias-int",
 }  # fmt: skip
 
 

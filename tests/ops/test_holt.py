@@ -226,11 +226,14 @@ def test_layer_norm_without_affine_matches_torch():
 
 
 @pytest.mark.parametrize("subtract_one", [False, True], ids=["with-one", "subtract-one"])
-def test_query_varying_mask_is_refused(subtract_one):
+def test_query_varying_mask_runs_the_quadratic_form(subtract_one):
+    # As linear attention does; it raised a message about taylor_shift_attention's mode
+    # (with subtract_one, one that named the softmax kernel).
     q, k, v = random_qkv(2, 2, 5, 5, 4, 3, requires_grad=False)
-    mask = torch.ones(5, 5, dtype=torch.bool).tril()  # row i attends keys 0..i
-    with pytest.raises(ValueError, match=r"attn_mask varies over queries.*\(5, 5\)"):
-        holt_attention(q, k, v, mask, subtract_one=subtract_one)
+    mask = torch.ones(5, 5, dtype=torch.bool).tril()  # row i attends keys 0..i: causal
+    want = holt_by_einsum(q, k, v, causal=True, subtract_one=subtract_one)
+    got = holt_attention(q, k, v, mask, subtract_one=subtract_one)
+    assert_rel_close(got, want, 1e-12, "output")
 
 
 @pytest.mark.parametrize("subtract_one", [False, True], ids=["with-one", "subtract-one"])

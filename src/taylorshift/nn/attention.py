@@ -27,14 +27,18 @@ heads are split (channel by channel, with a bias; PyTorch's default Conv1d initi
 It gives every token its k − 1 predecessors (causal: left-aligned) or its neighbours
 (non-causal: centred) before attention, the local precision that a Taylor kernel's flat
 weights lack (docs/accuracy.md; Based and Mamba use such short convolutions for the same
-reason). Tokens masked as key padding are zeroed before the convolution, so padding never
+reason). Tokens masked as key padding are zeroed before the convolution (replaced, so that
+not even an inf or NaN in a padded token reaches the others), so padding never
 leaks into real tokens and a padded batch equals its sequences run alone; with a mask of
 any form, a token no query of any head attends counts as padding. Decoding keeps
 the last k − 1 real projected tokens of each row in the cache (``conv``).
 
 Padding anywhere. The short convolution, ``super``'s W_A and a kernel's local heads
 (``local_heads``: a sliding window) read where the real tokens sit, not only which they
-are. With key padding (a (B, N) mask, or (B, 1, 1, N)) in self-attention, such a layer runs
+are. With key padding in self-attention (a (B, N) mask, or a mask of any form that is the
+same for every head and query: (B, 1, 1, N), (1, 1, N), (B, H, 1, N) with equal heads, ...;
+under torch.compile and on meta tensors, where its values cannot be read, only forms with
+one head and one query row count), such a layer runs
 on each row's real tokens moved to the front in their order and puts the rows back
 (``ops.masks.real_tokens_first``): padding before or between real tokens then counts as
 absent, as it does after them and in every other layer, and ``decode`` takes blocks padded
@@ -66,9 +70,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .._inference import inference_only
-from .._validate import check_choice, check_int
-from ..ops.masks import padding_inside, permute_tokens, real_tokens_first
+from .._validate import check_bool, check_choice, check_int, check_probability, values_readable
+from ..ops.masks import key_padding_of, padding_inside, permute_tokens, real_tokens_first
 from ..ops.taylor_shift.checks import broadcasts_to
+from .cache import check_decode_step
 from .kernels import create_kernel
 
 PROJECTIONS = ("standard", "optimized", "query-only", "super")
@@ -132,12 +137,20 @@ def padding_to_mask(
     return attn_mask
 
 
-def _padding_inside(mask: Tensor | None) -> bool:
-    """Whether ``mask`` is key padding of shape (B, N) or (B, 1, 1, N) (the same for every
-    head and query) with a padded token before a real one (``ops.masks.padding_inside``)."""
-    if mask is None or mask.dim() not in (2, 4) or (mask.dim() == 4 and mask.shape[1:3] != (1, 1)):
-        return False
-    return padding_inside(mask)
+def _inner_padding(mask: Tensor | None) -> Tensor | None:
+    """The (B | 1, N) key padding of a mask as ``padding_to_mask`` gives it, where the mask is
+    the same for every head and query (whatever its shape) and has a padded token before a
+    real one (``ops.masks.padding_inside``); else None. Where the values cannot be read
+    (``key_padding_of``), a mask with several head or query rows counts as varying."""
+    if mask is None:
+        return None
+    rows = key_padding_of(mask)  # (B | 1, H | 1, 1, N), or None: varies over queries
+    if rows is not None and rows.shape[1] > 1:
+        same = values_readable() and rows.device.type != "meta"
+        rows = rows[:, :1] if same and bool((rows == rows[:, :1]).all()) else None
+    if rows is None or not padding_inside(rows[:, 0, 0]):
+        return None
+    return rows[:, 0, 0]
 
 
 def check_kv_heads(
@@ -222,6 +235,13 @@ class Attention(nn.Module):
     ):
         super().__init__()
         self.head_dim = _check_dims(dim, num_heads)
+        for name, flag in (
+            ("qkv_bias", qkv_bias), ("qk_norm", qk_norm), ("scale_norm", scale_norm),
+            ("proj_bias", proj_bias),
+        ):  # fmt: skip
+            check_bool(name, flag)
+        check_probability("proj_drop", proj_drop)
+        check_int("context_dim", context_dim, ge=1, allow_none=True)
         check_int("short_conv", short_conv, ge=0)
         projection = canonical_projection(projection)
         if short_conv and projection == "super":
@@ -325,8 +345,8 @@ class Attention(nn.Module):
         w = self.align_weight[:n, :n]
         if is_causal:
             w = w.tril()
-        if key_mask is not None:
-            v = v * key_mask.transpose(-2, -1).to(v.dtype)  # (B, 1|H, Nk, 1)
+        if key_mask is not None:  # (replaced: an inf or NaN in padding reaches no row)
+            v = v.masked_fill(~key_mask.transpose(-2, -1), 0)  # (B, 1|H, Nk, 1)
         return w.to(v.dtype) @ v + self.align_bias[:n, None].to(v.dtype)
 
     def forward(
@@ -355,21 +375,23 @@ class Attention(nn.Module):
             )
         mask = padding_to_mask(attn_mask, x.shape[0], source.shape[1], self.num_heads, x.shape[1])
         inverse = None
-        if context is None and self._counts_positions and _padding_inside(mask):
-            # padding before or between real tokens: the real tokens first (module docs)
-            order, inverse = real_tokens_first(mask[:, 0, 0, :])
-            x = source = permute_tokens(x, order)
-            mask = mask.gather(-1, order[:, None, None, :])
-        elif (
-            context is not None and not is_causal
-            and (self.conv is not None or self.projection == "super") and _padding_inside(mask)
-        ):  # fmt: skip
-            # the context's padding before or between its real tokens: its real tokens
-            # first for the taps and W_A (the result, a sum over the keys, needs no putting
-            # back; local heads align by slot in cross-attention, see the module docs)
-            order, _ = real_tokens_first(mask[:, 0, 0, :])
+        if context is None:
+            reorders = self._counts_positions
+        else:
+            reorders = not is_causal and (self.conv is not None or self.projection == "super")
+        padding = _inner_padding(mask) if reorders else None
+        if padding is not None:
+            # padding before or between real tokens: the real tokens first (module docs);
+            # with a context, its real tokens first for the taps and W_A (the result, a sum
+            # over the keys, needs no putting back; local heads align by slot in
+            # cross-attention, see the module docs)
+            order, inverse = real_tokens_first(padding)
             source = permute_tokens(source, order)
-            mask = mask.gather(-1, order[:, None, None, :])
+            if context is None:
+                x = source
+            else:
+                inverse = None
+            mask = padding.gather(-1, order)[:, None, None, :]  # (the same mask, as padding)
         q, k, v = self.heads_in(x, source, mask, is_causal, self_attention=context is None)
         y = self.kernel(q, k, v, mask, is_causal)  # (B, H, N, d)
         y = y.transpose(1, 2).reshape(x.shape[0], x.shape[1], self.dim)
@@ -417,7 +439,7 @@ class Attention(nn.Module):
         real = None
         if mask is not None:
             keys = mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape)).any(1).any(1)
-            real = keys[..., None].to(k.dtype)
+            real = keys[..., None]  # (B | 1, M, 1) bool
         weight, bias = self.conv.weight, self.conv.bias
         taps = self.short_conv
         left = taps - 1 if causal else (taps - 1) // 2
@@ -429,9 +451,9 @@ class Attention(nn.Module):
                 )
             return self._local_mix_across_ranks(q, k, v, real, left)
 
-        def mix(t: Tensor, start: int, zero: Tensor | None) -> Tensor:
-            if zero is not None:
-                t = t * zero
+        def mix(t: Tensor, start: int, real: Tensor | None) -> Tensor:
+            if real is not None:  # (replaced, not multiplied: 0 · inf and 0 · NaN are NaN)
+                t = t.masked_fill(~real, 0)
             n, width = t.shape[-2:]
             # An empty sequence (a rank's slice under sequence parallelism) gets one zero
             # token more, cut off again: conv1d refuses inputs shorter than its kernel, and
@@ -456,7 +478,7 @@ class Attention(nn.Module):
         each row here: ``forward`` moved them)."""
         qkv = torch.cat([q, k, v], dim=-1)  # (B, N, width)
         n, c = qkv.shape[1:]
-        rows = None if real is None else real[..., 0] > 0
+        rows = None if real is None else real[..., 0]
         ext = self.neighbours(qkv, rows, left, self.short_conv - 1 - left)
         if n == 0:  # (an empty slice: one zero row more, cut off again, as in _local_mix)
             ext = F.pad(ext, (0, 0, 0, 1))
@@ -468,7 +490,7 @@ class Attention(nn.Module):
         """The causal short convolution of T new tokens after the cached ones (decoding)."""
         qkv = torch.cat([q, k, v], dim=-1)  # (B, T, 3 dim)
         if mask is not None:
-            qkv = qkv * mask[..., None].to(qkv.dtype)
+            qkv = qkv.masked_fill(~mask[..., None], 0)
         b, t, c = qkv.shape
         past = cache.conv
         if past is None:
@@ -503,8 +525,13 @@ class Attention(nn.Module):
         """
         if x.dim() != 3 or x.shape[-1] != self.dim:
             raise ValueError(f"x must be (B, T, dim={self.dim}); got shape {tuple(x.shape)}")
+        check_decode_step(cache, x.shape[0], x.shape[1], key_padding_mask)  # (before changes)
         inverse = None
-        if self._counts_positions and _padding_inside(key_padding_mask):
+        if (
+            self._counts_positions
+            and key_padding_mask is not None
+            and padding_inside(key_padding_mask)
+        ):
             # padding before or between real tokens: the real tokens first (module docs)
             order, inverse = real_tokens_first(key_padding_mask)
             x, key_padding_mask = permute_tokens(x, order), key_padding_mask.gather(-1, order)

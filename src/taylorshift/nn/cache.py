@@ -58,6 +58,17 @@ class KVCache:
     ) -> tuple[Tensor, Tensor, Tensor]:
         """Append T new tokens; returns all keys, values and the mask, past first."""
         b, _, t, _ = key.shape
+        if self.key_buffer is not None:  # (before anything is written)
+            for name, new, buffer in (
+                ("key", key, self.key_buffer),
+                ("value", value, self.value_buffer),
+            ):
+                if (new.shape[:2], new.shape[3]) != (buffer.shape[:2], buffer.shape[3]):
+                    raise ValueError(
+                        f"cache holds {name}s of shape (B, H, ·, d) = ({buffer.shape[0]}, "
+                        f"{buffer.shape[1]}, ·, {buffer.shape[3]}); got {tuple(new.shape)} "
+                        "(a cache of another model or batch: new_cache() for this one)"
+                    )
         new_mask = key_padding_mask
         if new_mask is None:
             new_mask = torch.ones((b, t), dtype=torch.bool, device=key.device)
@@ -87,6 +98,43 @@ class KVCache:
         """Bytes held: the buffers with their room, and the convolution's inputs."""
         parts = (self.key_buffer, self.value_buffer, self.mask_buffer, self.conv)
         return sum(t.nbytes for t in parts if t is not None)
+
+
+def check_decode_step(cache: object, batch: int, tokens: int, key_padding_mask: object) -> None:
+    """Refuse, before ``cache`` changes, a ``key_padding_mask`` that is not a (B, T) bool
+    tensor and a cache that holds tokens of another batch size (each raised from deep
+    inside, or not at all: a float mask of ones passed, and a key/value cache of three rows
+    stepped with one took the token into every row before its error)."""
+    if key_padding_mask is not None:
+        if not isinstance(key_padding_mask, Tensor) or key_padding_mask.dtype != torch.bool:
+            what = getattr(key_padding_mask, "dtype", type(key_padding_mask).__name__)
+            raise TypeError(
+                f"key_padding_mask must be a bool tensor (B, T), True = real token; got {what}"
+            )
+        if tuple(key_padding_mask.shape) != (batch, tokens):
+            raise ValueError(
+                f"key_padding_mask must be (B, T) = ({batch}, {tokens}); got "
+                f"{tuple(key_padding_mask.shape)}"
+            )
+    held = _held_batch(cache)
+    if held is not None and held != batch:
+        raise ValueError(
+            f"cache holds tokens of a batch of {held} sequences; got a batch of {batch} "
+            "(a cache serves the batch it was filled with: new_cache() for another)"
+        )
+
+
+def _held_batch(cache: object) -> int | None:
+    """The batch size of the tokens in a cache (None while it holds none)."""
+    if isinstance(cache, StateCache):
+        if cache.state is not None:  # (a kernel's state: TaylorShiftState, LinearAttentionState)
+            return cache.state.sums.shape[0]
+        held = cache.conv if cache.conv is not None else cache.window and cache.window[0]
+    elif isinstance(cache, KVCache):
+        held = cache.key_buffer if cache.key_buffer is not None else cache.conv
+    else:
+        return None
+    return None if held is None else held.shape[0]
 
 
 # Tokens of room a key/value cache's buffers add when they grow, besides an eighth.

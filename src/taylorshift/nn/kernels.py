@@ -41,7 +41,7 @@ from ..ops.taylor_shift.checks import check_options
 from ..ops.taylor_shift.decode import decode_token
 from ..ops.taylor_shift.features import attended_counts
 from ..ops.window import sliding_window_attention, window_attention_of_cache
-from .cache import CACHE_KINDS, KVCache, StateCache
+from .cache import CACHE_KINDS, KVCache, StateCache, check_decode_step
 
 _KERNELS: dict[str, type[AttentionKernel]] = {}
 
@@ -182,6 +182,7 @@ class AttentionKernel(nn.Module):
         Updates ``cache`` in place and returns (B, H, T, dv): row t equals row ``N + t`` of
         ``forward(..., is_causal=True)`` over the real tokens. Inference only.
         """
+        check_decode_step(cache, q.shape[0], q.shape[2], key_padding_mask)
         if isinstance(cache, KVCache):
             keys, values, mask = cache.extend(k, v, key_padding_mask)
             return self._decode_kv(q, keys, values, mask, cache.padded, self.attend_heads)
@@ -328,6 +329,7 @@ class TaylorShiftKernel(AttentionKernel):
     def decode(self, q, k, v, key_padding_mask, cache):
         if not (self.local_heads and isinstance(cache, KVCache)):
             return super().decode(q, k, v, key_padding_mask, cache)
+        check_decode_step(cache, q.shape[0], q.shape[2], key_padding_mask)
         keys, values, mask = cache.extend(k, v, key_padding_mask)
         ell = self.local_heads
         local = window_attention_of_cache(

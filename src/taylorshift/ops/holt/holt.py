@@ -75,7 +75,9 @@ def holt_attention(
     subtract_one: bool = False,
     eps: float = 1e-6,
 ) -> Tensor:
-    """Linear-time HOLT; equals ``naive_holt_attention``. Masks must not vary over queries.
+    """Linear-time HOLT; equals ``naive_holt_attention``. A mask that varies over queries
+    runs the quadratic form (as ``linear_attention`` does): only key padding and
+    ``is_causal`` fit the linear-time sums.
 
     Inputs are checked as ``taylor_shift_attention``'s (a bool mask broadcasting to
     (B, H, Nq, Nk)), ``alpha`` > 0, ``subtract_one`` a bool, with ``ValueError``/
@@ -84,6 +86,10 @@ def holt_attention(
     check_number("alpha", alpha, gt=0)
     check_bool("subtract_one", subtract_one)
     check_number("eps", eps, gt=0)
+    if attn_mask is not None and key_padding_of(attn_mask) is None:
+        # (it raised a message about taylor_shift_attention's mode, which HOLT has not)
+        options = {"alpha": alpha, "subtract_one": subtract_one, "eps": eps}
+        return naive_holt_attention(query, key, value, attn_mask, is_causal, **options)
     d = query.shape[-1]
     scale = 1.0 / (alpha * math.sqrt(d))
     q, k = _normed(query), _normed(key)
@@ -103,15 +109,8 @@ def _pair_features(x: Tensor) -> Tensor:
 def _linear_without_constant(q, k, v, attn_mask, is_causal, eps):
     nq, nk = q.shape[-2], k.shape[-2]
     key_mask = None
-    if attn_mask is not None:
-        padding = key_padding_of(attn_mask)
-        if padding is None:
-            raise ValueError(
-                "attn_mask varies over queries, which linear-time HOLT cannot express; got "
-                f"attn_mask of shape {tuple(attn_mask.shape)} (use the softmax or taylorshift "
-                "kernel with mode='direct')"
-            )
-        key_mask = padding[..., 0, :]  # (·, ·, Nk)
+    if attn_mask is not None:  # (key padding: holt_attention took other masks elsewhere)
+        key_mask = key_padding_of(attn_mask)[..., 0, :]  # (·, ·, Nk)
     v_ones = torch.cat([v, v.new_ones((*v.shape[:-1], 1))], dim=-1)
     if key_mask is not None:
         v_ones = v_ones * key_mask.unsqueeze(-1)

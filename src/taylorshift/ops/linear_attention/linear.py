@@ -94,9 +94,9 @@ def linear_attention(
             return naive_linear_attention(query, key, value, attn_mask, is_causal, eps)
         key_mask = padding.transpose(-2, -1)  # (·, ·, Nk, 1)
     q, k = feature_map(query), feature_map(key)
-    if key_mask is not None:
-        k = k * key_mask
     v_ones = torch.cat([value, value.new_ones((*value.shape[:-1], 1))], dim=-1)
+    if key_mask is not None:  # (replaced: an inf or NaN in padding reaches no row)
+        k, v_ones = k.masked_fill(~key_mask, 0), v_ones.masked_fill(~key_mask, 0)
     if not is_causal:
         y = q @ (k.transpose(-2, -1) @ v_ones)
     else:
