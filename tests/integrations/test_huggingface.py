@@ -639,6 +639,25 @@ def test_check_model_finds_options_no_attention_reads():
     assert hf.check_model(decoder, _ids()) == decoder.config.num_hidden_layers
 
 
+class _AttentionWithoutConfig(nn.Module):
+    """A model whose attention module has no config: it reads register()'s options."""
+
+    def __init__(self):
+        super().__init__()
+        self.config = types.SimpleNamespace(_attn_implementation=NAME, taylorshift={"order": 2})
+        self.attention = nn.Module()
+
+    def forward(self, x):
+        attend = _tf().AttentionInterface._global_mapping[NAME]
+        return attend(self.attention, x, x, x, None)[0]
+
+
+def test_check_model_says_when_attention_modules_have_no_config():
+    match = r"from register\(\)'s options \(modules without a config\); set them there"
+    with pytest.raises(ValueError, match=match):
+        hf.check_model(_AttentionWithoutConfig(), torch.randn(1, 2, 5, 4))
+
+
 def test_output_attentions_warns_that_no_weights_come_back():
     model = _model(_llama_config())
     with pytest.warns(UserWarning, match="output_attentions=True: the taylorshift attention "

@@ -282,11 +282,16 @@ def _check_options_are_read(top: Any, configs: Any) -> None:
     names = [
         f"config.{name}" for name, value in vars(top).items() if any(value is c for c in unread)
     ]
-    where = ", ".join(names) if names else "configs of their own"
+    without = any(c is None for c in unread)  # modules with no config read register()'s
+    where = names + (["register()'s options (modules without a config)"] if without else [])
+    if names:
+        hint = f"model.{names[0]}.{CONFIG_ATTRIBUTE} = {{...}}"
+    else:
+        hint = "register(...)" if without else f"model.config.<sub_config>.{CONFIG_ATTRIBUTE}"
     raise ValueError(
         f"model: config.{CONFIG_ATTRIBUTE} is set but not read: this model's attention modules "
-        f"read their options from {where}; set them there (e.g. "
-        f"model.{names[0] if names else 'config.<sub_config>'}.{CONFIG_ATTRIBUTE} = {{...}})"
+        f"read their options from {', '.join(where) or 'configs of their own'}; set them "
+        f"there (e.g. {hint})"
     )
 
 
