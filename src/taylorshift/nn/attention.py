@@ -71,7 +71,7 @@ from torch import Tensor, nn
 
 from .._inference import inference_only
 from .._validate import check_bool, check_choice, check_int, check_probability, values_readable
-from ..ops.masks import key_padding_of, padding_inside, permute_tokens, real_tokens_first
+from ..ops.masks import as_4d, key_padding_of, padding_inside, permute_tokens, real_tokens_first
 from ..ops.taylor_shift.checks import broadcasts_to
 from .cache import check_decode_step
 from .kernels import create_kernel
@@ -438,7 +438,7 @@ class Attention(nn.Module):
         # (as projection "super" reads a mask of any form): the taps read no padding
         real = None
         if mask is not None:
-            keys = mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape)).any(1).any(1)
+            keys = as_4d(mask).any(1).any(1)
             real = keys[..., None]  # (B | 1, M, 1) bool
         weight, bias = self.conv.weight, self.conv.bias
         taps = self.short_conv
@@ -541,7 +541,7 @@ class Attention(nn.Module):
         if self.conv is not None:
             q, k, v = self._local_mix_step(q, k, v, cache, key_padding_mask)
         q, k, v = self._qkv_heads(q, k, v)
-        y = self.kernel.decode(q, k, v, key_padding_mask, cache)
+        y = self.kernel.decode_unchecked(q, k, v, key_padding_mask, cache)  # (checked above)
         y = y.transpose(1, 2).reshape(x.shape[0], x.shape[1], self.dim)
         y = self.proj(self.norm(y))
         return y if inverse is None else permute_tokens(y, inverse)

@@ -36,6 +36,7 @@ from .._inference import inference_only
 from .._validate import check_bool, check_choice, check_int, check_number, check_probability
 from ..ops.holt import holt_attention
 from ..ops.linear_attention import linear_attention, linear_attention_decode
+from ..ops.masks import as_4d
 from ..ops.taylor_shift import taylor_shift_attention, taylor_shift_decode
 from ..ops.taylor_shift.checks import check_options
 from ..ops.taylor_shift.decode import decode_token
@@ -183,6 +184,11 @@ class AttentionKernel(nn.Module):
         ``forward(..., is_causal=True)`` over the real tokens. Inference only.
         """
         check_decode_step(cache, q.shape[0], q.shape[2], key_padding_mask)
+        return self.decode_unchecked(q, k, v, key_padding_mask, cache)
+
+    def decode_unchecked(self, q, k, v, key_padding_mask, cache) -> Tensor:
+        """``decode`` after ``check_decode_step`` (the layer's ``decode`` checks first, before
+        its own part of the cache changes). Kernels override this, not ``decode``."""
         if isinstance(cache, KVCache):
             keys, values, mask = cache.extend(k, v, key_padding_mask)
             return self._decode_kv(q, keys, values, mask, cache.padded, self.attend_heads)
@@ -325,11 +331,9 @@ class TaylorShiftKernel(AttentionKernel):
             text += f", local_heads={self.local_heads}, window={self.window}"
         return text
 
-    @inference_only
-    def decode(self, q, k, v, key_padding_mask, cache):
+    def decode_unchecked(self, q, k, v, key_padding_mask, cache):
         if not (self.local_heads and isinstance(cache, KVCache)):
-            return super().decode(q, k, v, key_padding_mask, cache)
-        check_decode_step(cache, q.shape[0], q.shape[2], key_padding_mask)
+            return super().decode_unchecked(q, k, v, key_padding_mask, cache)
         keys, values, mask = cache.extend(k, v, key_padding_mask)
         ell = self.local_heads
         local = window_attention_of_cache(
@@ -443,8 +447,7 @@ class TaylorShiftKernel(AttentionKernel):
         nk = k.shape[-2]
         mask = attn_mask
         if mask is not None:
-            while mask.dim() < 4:
-                mask = mask.unsqueeze(0)
+            mask = as_4d(mask)
             mask = mask.expand(b, h, mask.shape[2], nk)
         count = attended_counts(mask, is_causal, b, h, nq, nk, q.device)
         return self._without_factor(y, count)

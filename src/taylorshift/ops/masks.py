@@ -8,7 +8,12 @@ from torch import Tensor
 
 from .._validate import values_readable
 
-__all__ = ["key_padding_of", "padding_inside", "permute_tokens", "real_tokens_first"]
+__all__ = ["as_4d", "key_padding_of", "padding_inside", "permute_tokens", "real_tokens_first"]
+
+
+def as_4d(mask: Tensor) -> Tensor:
+    """A mask broadcastable to (B, H, Nq, Nk) as a 4-D view: its missing leading axes as 1."""
+    return mask[(None,) * (4 - mask.dim())]
 
 
 def key_padding_of(mask: Tensor) -> Tensor | None:
@@ -19,8 +24,7 @@ def key_padding_of(mask: Tensor) -> Tensor | None:
     a mask with more than one query row counts as varying (give key padding as
     (B, H, 1, Nk)).
     """
-    while mask.dim() < 4:
-        mask = mask.unsqueeze(0)
+    mask = as_4d(mask)
     if mask.shape[-2] == 1:
         return mask
     if torch.compiler.is_compiling() or mask.device.type == "meta":

@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .._validate import check_bool, check_int
-from .masks import key_padding_of
+from .masks import as_4d, key_padding_of
 from .taylor_shift.features import drop_masked_content
 
 __all__ = [
@@ -128,8 +128,7 @@ def sliding_window_attention(
     _check(q, k, v, window, is_causal)
     n = q.shape[-2]
     if attn_mask is not None:  # keys no query attends: zeros, whatever they held (NaN, inf)
-        keep = attn_mask.reshape((1,) * (4 - attn_mask.dim()) + tuple(attn_mask.shape))
-        k, v = drop_masked_content(k, v, keep.any(-2))
+        k, v = drop_masked_content(k, v, as_4d(attn_mask).any(-2))
     padding = None if attn_mask is None else key_padding_of(attn_mask)
     if k.shape[-2] != n or (attn_mask is not None and padding is None) or n <= window:
         # one block (N <= window), cross-attention or a mask varying over queries: the

@@ -16,6 +16,7 @@ from torch import Tensor
 from ..._validate import check_number
 from ..masks import key_padding_of
 from ..taylor_shift.checks import check_attention_inputs
+from ..taylor_shift.features import drop_masked_content
 
 CAUSAL_CHUNK = 128
 
@@ -92,11 +93,11 @@ def linear_attention(
         padding = key_padding_of(attn_mask)
         if padding is None:  # varies over queries: only the quadratic form can
             return naive_linear_attention(query, key, value, attn_mask, is_causal, eps)
-        key_mask = padding.transpose(-2, -1)  # (·, ·, Nk, 1)
+        key_mask = padding[..., 0, :]  # (·, ·, Nk)
     q, k = feature_map(query), feature_map(key)
     v_ones = torch.cat([value, value.new_ones((*value.shape[:-1], 1))], dim=-1)
-    if key_mask is not None:  # (replaced: an inf or NaN in padding reaches no row)
-        k, v_ones = k.masked_fill(~key_mask, 0), v_ones.masked_fill(~key_mask, 0)
+    # (replaced, not multiplied: an inf or NaN in padding reaches no row)
+    k, v_ones = drop_masked_content(k, v_ones, key_mask)
     if not is_causal:
         y = q @ (k.transpose(-2, -1) @ v_ones)
     else:

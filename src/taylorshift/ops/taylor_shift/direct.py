@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from ..masks import as_4d
 from .efficient import finish_outputs, grad_outputs
 from .features import (
     attended_counts,
@@ -277,8 +278,7 @@ def direct_taylor_shift(
     nk = key.shape[-2]
     cd = compute_dtype(query.dtype)
     if mask is not None:
-        while mask.dim() < 4:
-            mask = mask.unsqueeze(0)
+        mask = as_4d(mask)
         mask = mask.expand(b, h, mask.shape[2], nk)
     count = attended_counts(mask, is_causal, b, h, nq, nk, query.device).to(cd)[..., 0]
     t, f = split_factor(temperature, scale, normalize, d)

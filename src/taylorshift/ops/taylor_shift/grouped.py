@@ -33,6 +33,7 @@ from collections.abc import Callable
 
 from torch import Tensor
 
+from ..masks import as_4d
 from .state import TaylorShiftState
 
 
@@ -69,8 +70,7 @@ def varies_over_heads(t: object) -> bool:
 def _stacked_mask(mask: Tensor, groups: int, nq: int) -> Tensor:
     """A mask of one head axis for the stacked queries: rows repeated for each group member
     (a key-padding mask, one row for all queries, stays as it is)."""
-    while mask.dim() < 4:
-        mask = mask.unsqueeze(0)
+    mask = as_4d(mask)
     rows = mask.shape[2]
     if rows == 1:
         return mask

@@ -23,6 +23,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from ..masks import as_4d
 from ..taylor_shift.efficient import finish_outputs
 from ..taylor_shift.features import (
     compute_dtype,
@@ -590,8 +591,7 @@ def triton_direct_taylor_shift(
     if order != 2:
         raise ValueError(f"the Triton direct form computes order 2 only; got order={order}")
     if mask is not None:
-        while mask.dim() < 4:
-            mask = mask.unsqueeze(0)
+        mask = as_4d(mask)
         if mask.shape[2] != 1:
             raise ValueError(
                 "mask must be key padding, broadcastable to (B, H, 1, Nk), for the Triton "
