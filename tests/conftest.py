@@ -1,4 +1,5 @@
-"""Suite-wide fixtures, and Triton's interpreter switched on before anything imports Triton.
+"""Suite-wide fixtures, the global-state guard, and Triton's interpreter switched on before
+anything imports Triton.
 
 Triton reads ``TRITON_INTERPRET`` when its language module is imported: if another library
 (transformers checks for Triton at import) loads it first without the variable, the
@@ -10,6 +11,7 @@ without CUDA (where those tests run interpreted).
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -63,3 +65,80 @@ def isolated_cache_dir(tmp_path_factory, monkeypatch, shared_kernel_builds):
     monkeypatch.delenv(dispatch.CALIBRATION_ENV, raising=False)
     monkeypatch.setattr(calibration, "_loaded", calibration._UNSET)
     return cache
+
+
+# The global state a test may change only if it puts it back: one test that leaves
+# TAYLORSHIFT_TRITON=interpret set routes every later test of its worker through the Triton
+# interpreter (minutes a test), one that leaves TF32 on loosens every float32 comparison.
+# Each entry reads the state and sets it back.
+GUARDED_STATE: dict[str, tuple[Callable[[], object], Callable[[object], None]]] = {
+    "torch.backends.cuda.matmul.allow_tf32": (
+        lambda: torch.backends.cuda.matmul.allow_tf32,
+        lambda value: setattr(torch.backends.cuda.matmul, "allow_tf32", value),
+    ),
+    "torch.backends.cudnn.allow_tf32": (
+        lambda: torch.backends.cudnn.allow_tf32,
+        lambda value: setattr(torch.backends.cudnn, "allow_tf32", value),
+    ),
+    "torch.get_default_dtype()": (torch.get_default_dtype, torch.set_default_dtype),
+    "torch.get_num_threads()": (torch.get_num_threads, torch.set_num_threads),
+    "torch.is_grad_enabled()": (torch.is_grad_enabled, torch.set_grad_enabled),
+    "torch.are_deterministic_algorithms_enabled()": (
+        torch.are_deterministic_algorithms_enabled,
+        torch.use_deterministic_algorithms,
+    ),
+}
+GUARDED_ENV_PREFIX = "TAYLORSHIFT_"
+
+
+def global_state() -> dict[str, object]:
+    """The guarded state now: torch's flags, and every ``TAYLORSHIFT_*`` variable."""
+    state: dict[str, object] = {name: read() for name, (read, _) in GUARDED_STATE.items()}
+    for name, value in os.environ.items():
+        if name.startswith(GUARDED_ENV_PREFIX):
+            state[f"${name}"] = value
+    return state
+
+
+def restore_global_state(before: dict[str, object]) -> list[str]:
+    """Put back what changed since ``before``; returns each change, described."""
+    after = global_state()
+    changes = []
+    for key in sorted(before.keys() | after.keys()):
+        old, new = before.get(key), after.get(key)
+        if old == new:
+            continue
+        changes.append(f"{key}: {old!r} before the test, {new!r} after")
+        if key.startswith("$"):
+            if old is None:
+                del os.environ[key[1:]]
+            else:
+                os.environ[key[1:]] = old
+        else:
+            GUARDED_STATE[key][1](old)
+    return changes
+
+
+_STATE_BEFORE = pytest.StashKey[dict]()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item):
+    # before the test's fixtures: what they set must be undone by their teardown
+    item.stash[_STATE_BEFORE] = global_state()
+    return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    result = yield
+    before = item.stash.get(_STATE_BEFORE, None)
+    if before is not None:
+        changes = restore_global_state(before)
+        if changes:
+            pytest.fail(
+                f"{item.nodeid} left global state changed (put back now, so that later "
+                "tests run as alone): " + "; ".join(changes),
+                pytrace=False,
+            )
+    return result

@@ -2,10 +2,27 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import multiprocessing
 
 import torch
+
+
+@contextlib.contextmanager
+def tf32_matmuls(enabled: bool):
+    """``torch.backends.cuda.matmul.allow_tf32`` set for the block, then put back.
+
+    Not ``monkeypatch.setattr``: the flag lives behind the module's ``__getattr__``, so
+    pytest (9.2) finds no attribute to restore and its undo raises, skipping the undos
+    after it (environment variables included).
+    """
+    before = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = enabled
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = before
 
 
 def rel_error(actual: torch.Tensor, expected: torch.Tensor) -> float:

@@ -9,6 +9,7 @@ import torch
 
 from taylorshift.ops.taylor_shift import fused
 from taylorshift.ops.taylor_shift.checks import check_inputs
+from tests.helpers import tf32_matmuls
 
 
 def problem_for(q, k, v, mask=None, causal=False, mode="efficient", order=2):
@@ -124,7 +125,6 @@ def test_float32_efficient_calls_on_cuda_take_the_kernels_only_forward_in_tf32(
     # benchmarks/gpu_h100/2026-11-28: in exact float32 the kernels were 3.2-5.7x slower than
     # the PyTorch efficient form; with TF32 their forward was faster, their backward slower
     monkeypatch.setenv(fused.TRITON_ENV, "interpret")
-    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
     q, k, v = (torch.Tensor._make_subclass(_SaysCuda, t) for t in qkv())
     problem = problem_for(q, k, v, causal=causal)
 
@@ -132,12 +132,12 @@ def test_float32_efficient_calls_on_cuda_take_the_kernels_only_forward_in_tf32(
         x = q.to(dtype)
         return fused.fused_form(x, problem, mode, causal, 2, backward=backward) is not None
 
-    assert not routed() and not routed(backward=True)
-    assert routed(torch.float16) and routed(torch.float16, backward=True)  # 16-bit: kernels
-    assert routed(mode="direct", backward=True)  # the direct kernel: not this rule
-    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", True)
-    assert routed() and not routed(backward=True)
-    # CPU tensors under the interpreter (the suite's kernel tests): the rule is CUDA's only
-    x = q.as_subclass(torch.Tensor)
-    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
-    assert fused.fused_form(x, problem, "efficient", causal, 2, backward=True) is not None
+    with tf32_matmuls(False):
+        assert not routed() and not routed(backward=True)
+        assert routed(torch.float16) and routed(torch.float16, backward=True)  # 16-bit: kernels
+        assert routed(mode="direct", backward=True)  # the direct kernel: not this rule
+        # CPU tensors under the interpreter (the suite's kernel tests): the rule is CUDA's only
+        x = q.as_subclass(torch.Tensor)
+        assert fused.fused_form(x, problem, "efficient", causal, 2, backward=True) is not None
+    with tf32_matmuls(True):
+        assert routed() and not routed(backward=True)

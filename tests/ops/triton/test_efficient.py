@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from taylorshift.ops.taylor_shift.efficient import efficient_taylor_shift
-from tests.helpers import assert_rel_close
+from tests.helpers import assert_rel_close, tf32_matmuls
 from tests.ops.kernel_cases import (
     Case,
     call_form,
@@ -112,7 +112,8 @@ def test_token_splits_and_launch_settings_keep_the_result(monkeypatch, dtype):
     kind = triton_efficient.dot_kind(dtype)
     monkeypatch.setitem(
         triton_efficient.LAUNCH, kind, dict(block_n=32, block_m=16, state_warps=2,
-                                            token_warps=2, state_stages=1, token_stages=1)
+                                            token_warps=2, state_stages=1, token_stages=1,
+                                            apply_block_m=16, apply_warps=2, apply_stages=1)
     )  # fmt: skip
     tol = 1e-5 if dtype == torch.float32 else 2e-3
     for name, a, e in zip(["output", "q", "k", "v"], run(), default, strict=True):
@@ -181,17 +182,18 @@ def test_torch_compile_traces_forward_and_backward():
     check_compiles(triton_efficient_taylor_shift)
 
 
-def test_float32_takes_tf32_dots_where_torch_allows_them(monkeypatch):
+def test_float32_takes_tf32_dots_where_torch_allows_them():
     # The trade torch makes for its float32 matmuls (allow_tf32), as the direct kernels do;
     # off by default, so float32 stays exact.
-    assert triton_efficient.dot_kind(torch.float32) == triton_efficient.DOT_FP32
-    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", True)
-    assert triton_efficient.dot_kind(torch.float32) == triton_efficient.DOT_TF32
-    assert triton_efficient.dot_kind(torch.bfloat16) == triton_efficient.DOT_BF16
-    case = Case(1, 2, 9, 17, 16, 16, mask="padding")
-    low, high, mask, opts = make_problem(case, torch.float32, seed=2)
-    fast = call_form(triton_efficient_taylor_shift, low, mask, opts, case)
-    # TF32 keeps 10 mantissa bits (the interpreter may compute in full float32)
-    assert_rel_close(fast, call_reference(high, mask, opts), 5e-3, "output", atol=1e-5)
-    grads = torch.autograd.grad(fast.sum(), low[:3])
-    assert all(torch.isfinite(g).all() for g in grads)
+    with tf32_matmuls(False):
+        assert triton_efficient.dot_kind(torch.float32) == triton_efficient.DOT_FP32
+    with tf32_matmuls(True):
+        assert triton_efficient.dot_kind(torch.float32) == triton_efficient.DOT_TF32
+        assert triton_efficient.dot_kind(torch.bfloat16) == triton_efficient.DOT_BF16
+        case = Case(1, 2, 9, 17, 16, 16, mask="padding")
+        low, high, mask, opts = make_problem(case, torch.float32, seed=2)
+        fast = call_form(triton_efficient_taylor_shift, low, mask, opts, case)
+        # TF32 keeps 10 mantissa bits (the interpreter may compute in full float32)
+        assert_rel_close(fast, call_reference(high, mask, opts), 5e-3, "output", atol=1e-5)
+        grads = torch.autograd.grad(fast.sum(), low[:3])
+        assert all(torch.isfinite(g).all() for g in grads)
