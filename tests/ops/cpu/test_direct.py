@@ -133,13 +133,33 @@ def test_refuses_what_the_kernels_do_not_take_naming_it():
         cpu_direct_taylor_shift(wide, wide, q, None, False, 1.0, None, True)
 
 
-def test_public_op_routes_the_cpu_direct_form_to_the_kernels(routed, monkeypatch):
-    q, k, v = (torch.randn(1, 2, 9, 8) for _ in range(3))
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_public_op_routes_the_cpu_direct_form_to_the_kernels(routed, c_calls, monkeypatch, causal):
+    q, k, v = (torch.randn(1, 2, 9, 8, requires_grad=True) for _ in range(3))
     mask = torch.ones(1, 1, 1, 9, dtype=torch.bool)
-    taylor_shift_attention(q, k, v, attn_mask=mask, mode="direct")
-    taylor_shift_attention(q, k, v, is_causal=True, mode="direct")
-    assert routed == [fused.CPU_DIRECT, fused.CPU_DIRECT]
+    mask[..., 7:] = False
+    y = taylor_shift_attention(q, k, v, attn_mask=mask, is_causal=causal, mode="direct")
+    c_calls.ran("ts_direct_forward")
+    assert c_calls["ts_direct_backward"] == 0
+    grads = torch.autograd.grad(y.square().sum(), (q, k, v))
+    c_calls.ran("ts_direct_backward")
+    assert routed == [fused.CPU_DIRECT]
     routed.clear()
+
+    monkeypatch.setenv(build.ENV, "off")  # the reference: the PyTorch direct form
+    c_calls.clear()
+    ref = taylor_shift_attention(q, k, v, attn_mask=mask, is_causal=causal, mode="direct")
+    ref_grads = torch.autograd.grad(ref.square().sum(), (q, k, v))
+    c_calls.none()
+    torch.testing.assert_close(y, ref, rtol=1e-4, atol=1e-5)
+    for g, r in zip(grads, ref_grads, strict=True):
+        torch.testing.assert_close(g, r, rtol=1e-4, atol=1e-4)
+
+
+def test_public_op_keeps_what_the_cpu_direct_kernels_do_not_take_on_pytorch(
+    routed, c_calls, monkeypatch
+):
+    q, k, v = (torch.randn(1, 2, 9, 8) for _ in range(3))
     taylor_shift_attention(q.double(), k.double(), v.double(), mode="direct")  # float64
     rows = torch.rand(1, 1, 9, 9) > 0.5
     rows[..., 0] = True
@@ -148,6 +168,7 @@ def test_public_op_routes_the_cpu_direct_form_to_the_kernels(routed, monkeypatch
     monkeypatch.setenv(build.ENV, "off")
     taylor_shift_attention(q, k, v, mode="direct")
     assert routed == []
+    c_calls.none()
 
 
 def test_custom_op_registration_passes_opcheck():

@@ -44,6 +44,7 @@ from tests.ops.kernel_cases import (
     key_mask_of,
     make_problem,
 )
+from tests.ops.kernel_spy import no_fallback
 
 CASES = [
     Case(2, 2, 7, 65, 16, 16, mask="empty"),
@@ -106,18 +107,22 @@ def test_float64_default_dtype_changes_nothing():
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("mode", ["direct", "efficient", "auto"])
-def test_public_op_under_float64_default_dtype(mode, causal):
+def test_public_op_under_float64_default_dtype(c_calls, mode, causal):
     # float32 inputs route to the kernels whatever torch's default dtype: the same float32
     # result (main returned garbage here: float64 buffers filled with float32 sums)
     q, k, v = (torch.randn(1, 2, 300, 16, generator=torch.Generator().manual_seed(s))
                for s in range(3))  # fmt: skip
     want = taylor_shift_attention(q, k, v, mode=mode, is_causal=causal)
+    c_calls.clear()
     before = torch.get_default_dtype()
     try:
         torch.set_default_dtype(torch.float64)
         got = taylor_shift_attention(q, k, v, mode=mode, is_causal=causal)
     finally:
         torch.set_default_dtype(before)
+    forwards = [name for name in c_calls if name.endswith("_forward")]  # auto: either form's
+    assert forwards, f"no kernel ran: {dict(c_calls)}"
+    no_fallback()
     assert got.dtype == torch.float32 and torch.equal(got, want)
 
 
@@ -342,20 +347,40 @@ def test_a_missing_compiler_and_the_switch_are_named(fresh_build, monkeypatch):
 # Routing of the public op.
 
 
-def test_public_op_routes_the_cpu_efficient_form_to_the_kernels(routed, monkeypatch):
-    calls = routed
-    q, k, v = (torch.randn(1, 2, 9, 8) for _ in range(3))
+def test_public_op_routes_the_cpu_efficient_form_to_the_kernels(routed, c_calls, monkeypatch):
+    q, k, v = (torch.randn(1, 2, 9, 8, requires_grad=True) for _ in range(3))
     mask = torch.ones(1, 1, 1, 9, dtype=torch.bool)
-    taylor_shift_attention(q, k, v, attn_mask=mask, mode="efficient")
-    assert calls == [fused.CPU_EFFICIENT]
-    calls.clear()
+    mask[..., 7:] = False
+    y = taylor_shift_attention(q, k, v, attn_mask=mask, mode="efficient")
+    c_calls.ran("ts_efficient_forward")
+    assert c_calls["ts_efficient_backward"] == 0
+    grads = torch.autograd.grad(y.square().sum(), (q, k, v))
+    c_calls.ran("ts_efficient_backward")
+    assert routed == [fused.CPU_EFFICIENT]
+    routed.clear()
+
+    monkeypatch.setenv(build.ENV, "off")  # the reference: the PyTorch efficient form
+    c_calls.clear()
+    ref = taylor_shift_attention(q, k, v, attn_mask=mask, mode="efficient")
+    ref_grads = torch.autograd.grad(ref.square().sum(), (q, k, v))
+    c_calls.none()
+    torch.testing.assert_close(y, ref, rtol=1e-4, atol=1e-5)
+    for g, r in zip(grads, ref_grads, strict=True):
+        torch.testing.assert_close(g, r, rtol=1e-4, atol=1e-4)
+
+
+def test_public_op_keeps_what_the_cpu_efficient_kernels_do_not_take_on_pytorch(
+    routed, c_calls, monkeypatch
+):
+    q, k, v = (torch.randn(1, 2, 9, 8) for _ in range(3))
     taylor_shift_attention(q.double(), k.double(), v.double(), mode="efficient")  # float64
     rows = torch.rand(1, 1, 9, 9) > 0.5
     rows[..., 0] = True
     taylor_shift_attention(q, k, v, attn_mask=rows)  # varies over queries: auto -> torch direct
     monkeypatch.setenv(build.ENV, "off")
     taylor_shift_attention(q, k, v, mode="efficient")
-    assert calls == []
+    assert routed == []
+    c_calls.none()
 
 
 # The custom ops (the path torch.compile takes).

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 
+import pytest
 import torch
 
 if not torch.cuda.is_available():
@@ -19,3 +20,13 @@ TRITON_MISSING = (
     "triton is not installed (pip install 'taylorshift[triton]'); the Triton kernel tests "
     "need it (on the CPU they run under TRITON_INTERPRET=1)"
 )
+
+
+@pytest.fixture
+def launches(monkeypatch):
+    """The Triton kernels' launches during the test, by kernel name, and an empty fallback
+    record (tests/ops/kernel_spy.py)."""
+    pytest.importorskip("triton", reason=TRITON_MISSING)
+    from tests.ops.kernel_spy import spy_on_triton_launches
+
+    return spy_on_triton_launches(monkeypatch)
