@@ -3,7 +3,8 @@
 Every case: a prompt prefilled in one call, then tokens one at a time; each output row is
 compared with the row of the parallel causal op (float64) over the same real tokens. A
 batch of right-padded prompts of different lengths is checked item by item against each
-sequence run alone.
+sequence run alone, and so are padded tokens at decoding steps, whose PyTorch step must
+leave them out of the state's sums and count.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from taylorshift.ops.linear_attention import (
     naive_linear_attention,
 )
 from taylorshift.ops.taylor_shift.features import feature_dim
+from taylorshift.ops.taylor_shift.fused import cpu_kernels_ready
 from tests.helpers import assert_rel_close
 
 B, H, D, DV = 3, 2, 5, 4
@@ -120,6 +122,39 @@ def test_padded_token_content_never_reaches_the_state(n_prompt):
     assert_rel_close(state_bad.sums, state.sums, 1e-14, "state")
     real = mask[:, None, :, None].expand_as(out)
     assert_rel_close(out_bad[real], out[real], 1e-14, "outputs of real tokens")
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["fp64", "fp32"])
+def test_padded_steps_join_no_sum_of_the_pytorch_step(dtype, monkeypatch):
+    # Token by token with key_padding_mask False for some rows at some steps, through the
+    # PyTorch step: float64 (the CPU step kernel takes float32 only) and float32 with the
+    # kernels off. Each real token's output is the causal op over its row's real tokens
+    # alone, and after every step the count is the number of real tokens so far.
+    monkeypatch.setenv("TAYLORSHIFT_CPU_KERNELS", "off")
+    assert not cpu_kernels_ready()
+    real = torch.tensor(
+        [[1, 1, 0, 1, 0, 0, 1, 1, 1], [0, 0, 1, 1, 1, 0, 1, 0, 1], [1, 0, 1, 0, 1, 0, 0, 1, 0]],
+        dtype=torch.bool,
+    )  # (B, N): row 1 starts with two padded tokens (count 0), rows pad at other steps
+    q, k, v = (x.to(dtype) for x in _qkv(real.shape[1], seed=6))
+    tau = torch.tensor([0.7, 1.4], dtype=torch.float64).view(1, H, 1, 1)
+    state, outs = None, []
+    for t in range(real.shape[1]):
+        step = (x[:, :, t : t + 1] for x in (q, k, v))
+        y, state = taylor_shift_decode(*step, state, real[:, t : t + 1], temperature=tau.to(dtype))
+        outs.append(y)
+        counted = real[:, : t + 1].sum(1, dtype=dtype)[:, None].expand(B, H)
+        what = f"step {t}: {counted[:, 0].tolist()} real tokens so far"
+        assert torch.equal(state.count, counted), f"{what}, count {state.count.tolist()}"
+        # (the sum of the constant feature counts them too)
+        assert torch.equal(state.sums[..., -1, -1], counted), f"{what}, sums' constant"
+    got = torch.cat(outs, dim=2)
+    rtol, atol = (RTOL, 1e-13) if dtype == torch.float64 else (1e-5, 1e-7)
+    for i in range(B):
+        idx = real[i].nonzero().squeeze(1)
+        qi, ki, vi = (x[i : i + 1, :, idx].double() for x in (q, k, v))
+        ref = naive_taylor_shift_attention(qi, ki, vi, None, True, temperature=tau)
+        assert_rel_close(got[i : i + 1, :, idx], ref, rtol, f"item {i}", atol=atol)
 
 
 @pytest.mark.parametrize("steps", [1, 3], ids=["token", "block"])
