@@ -179,12 +179,22 @@ def test_mean_pooling_averages_real_tokens_only():
     assert_rel_close(model(x, mask)[0], pooled, 1e-13, "mean over the real tokens")
 
 
-def test_fully_padded_sequence_gives_finite_output():
-    for pooling in ("cls", "mean"):
-        model = classifier(pooling=pooling, kernel_args={"mode": "efficient"})
-        mask = lengths_mask([0, 4], 4)
-        out = model(inputs_for(model, batch=2, length=4), mask)
-        assert torch.isfinite(out).all()
+@pytest.mark.parametrize("pooling", ["cls", "mean"])
+def test_fully_padded_sequence_gives_the_logits_of_no_tokens(pooling):
+    model = classifier(pooling=pooling, kernel_args={"mode": "efficient"})
+    with torch.no_grad():  # (zero at initialisation, as a zeroed row would be)
+        model.head.bias.copy_(torch.tensor([0.3, -0.2, 0.1], dtype=F64))
+    mask = lengths_mask([0, 4], 4)
+    x = inputs_for(model, batch=2, length=4)
+    out = model(x, mask)
+    assert torch.isfinite(out).all()
+    if pooling == "mean":
+        # no real token to average: pooled features of zeros, the logits the head's bias
+        assert torch.equal(out[0], model.head.bias.detach()), f"{out[0]} is not the bias"
+    else:
+        # the CLS token attends itself alone: the model on an empty sequence
+        assert_rel_close(out[0], model(x[:1, :0])[0], 1e-13, "CLS alone")
+    assert_rel_close(out[1], model(x[1:])[0], 1e-13, "the full sequence, alone")
 
 
 def test_cosine_positions_any_length_learned_limited():

@@ -497,9 +497,11 @@ def test_value_dim_zero(mode, causal):
     q, k, v = _qkv(dv=0, requires_grad=True)
     y = taylor_shift_attention(q, k, v, None, causal, mode=mode)
     assert y.shape == (B, H, NQ, 0)
-    for x, g in zip((q, k, v), _grads(y, [q, k, v]), strict=True):
+    assert y.dtype == F64
+    for name, x, g in zip("qkv", (q, k, v), _grads(y, [q, k, v]), strict=True):
         assert g.shape == x.shape
-        assert torch.isfinite(g).all()
+        # an output of no elements depends on nothing: exact zeros, not merely finite
+        assert torch.equal(g, torch.zeros_like(x)), f"gradient of {name}"
 
 
 def _degenerate_problem(seed=0):
@@ -547,9 +549,21 @@ def test_masked_rows_and_zero_vectors_give_no_nan(causal, normalize):
         for name, g, g_ref in zip("qkvt", grads, ref_grads, strict=False):
             assert torch.isfinite(g).all(), f"{mode}: gradient of {name}"
             assert_rel_close(g, g_ref, 1e-9, f"{mode} gradient of {name}")
-        # Padded keys get no gradient: they are excluded from every sum.
-        assert torch.equal(grads[1][0], torch.zeros_like(grads[1][0])), f"{mode}: grad of key"
-        assert torch.equal(grads[2][0], torch.zeros_like(grads[2][0])), f"{mode}: grad of value"
+        # Padded keys get no gradient, exactly: they are excluded from every sum (batch 0:
+        # all keys, batch 1: keys 0 and 1). The queries of empty rows (batch 0; under
+        # is_causal batch 1's rows 0 and 1) give zeros whatever they hold: no gradient.
+        g_q, g_k, g_v = grads[:3]
+        for name, g in (("key", g_k), ("value", g_v)):
+            assert torch.equal(g[0], torch.zeros_like(g[0])), f"{mode}: grad of {name}, batch 0"
+            padded = g[1, :, :2]
+            assert torch.equal(padded, torch.zeros_like(padded)), f"{mode}: grad of {name}"
+            assert g[1, :, 2:].abs().amax() > 0, f"{mode}: {name}s attended get a gradient"
+        assert torch.equal(g_q[0], torch.zeros_like(g_q[0])), f"{mode}: grad of query, batch 0"
+        early = g_q[1, :, :2]
+        if causal:
+            assert torch.equal(early, torch.zeros_like(early)), f"{mode}: grad of empty rows"
+        else:
+            assert early.abs().amax() > 0, f"{mode}: rows 0, 1 attend keys 2-5"
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
@@ -608,15 +622,36 @@ def test_large_plain_scores_below_the_bound_are_computed_right(mode):
     assert_rel_close(out, want, 1e-5)
 
 
-def test_plain_score_bound_ignores_masked_keys_and_float64():
+@pytest.mark.parametrize("forms", ["kernels", "pytorch"])
+@pytest.mark.parametrize("mode", MODES)
+def test_plain_score_bound_ignores_masked_keys_and_float64(mode, forms, monkeypatch):
+    if forms == "pytorch":  # (as well: the efficient CPU kernel skips masked keys by itself)
+        monkeypatch.setenv("TAYLORSHIFT_CPU_KERNELS", "off")
     g = torch.Generator().manual_seed(2)
     q, k, v = (torch.randn(1, 1, 8, 4, generator=g) for _ in range(3))
-    k[..., -1, :] = 1e30  # padding content never counts
     keep = torch.ones(1, 1, 1, 8, dtype=torch.bool)
     keep[..., -1] = False
-    out = taylor_shift_attention(q, k, v, keep, normalize=False, mode="efficient")
-    assert torch.isfinite(out).all()
-    huge = taylor_shift_attention(
-        q.double() * 1e9, k.double() * 1e9, v.double(), normalize=False, mode="direct"
-    )
-    assert torch.isfinite(huge).all()  # float64 has the range: no refusal
+    real = [t.double() for t in (k[..., :7, :], v[..., :7, :])]
+    want = naive_taylor_shift_attention(q.double(), *real, normalize=False)
+    # Padding content never counts: a key of norm 1e30 (past the bound, were it counted),
+    # other random content, NaN and inf in the padded key and value all give the same
+    # output, that of the seven real keys alone.
+    outputs = {}
+    for name, padded_k, padded_v in [
+        ("1e30", 1e30, 1.0),
+        ("random", torch.randn(4, generator=g), torch.randn(4, generator=g)),
+        ("zero", 0.0, 0.0),
+        ("nan", float("nan"), float("nan")),
+        ("inf", float("inf"), float("-inf")),
+    ]:
+        k_pad, v_pad = k.clone(), v.clone()
+        k_pad[..., -1, :], v_pad[..., -1, :] = padded_k, padded_v
+        outputs[name] = taylor_shift_attention(q, k_pad, v_pad, keep, normalize=False, mode=mode)
+        assert_rel_close(outputs[name], want, 1e-5, f"padded content {name}")
+    for name, out in outputs.items():
+        assert torch.equal(out, outputs["zero"]), f"padded content {name} changed the output"
+    # float64 has the range: scores of order 1e18 are computed (not refused), and right
+    q64, k64, v64 = q.double() * 1e9, k.double() * 1e9, v.double()
+    huge = taylor_shift_attention(q64, k64, v64, normalize=False, mode=mode)
+    want = naive_taylor_shift_attention(q64, k64, v64, normalize=False)
+    assert_rel_close(huge, want, 1e-10, "float64 plain scores of order 1e18")
