@@ -32,6 +32,25 @@ if _workers > 1:
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // _workers))
 
 
+# What pip resolved for this run, at the top of pytest's output: CI installs the newest
+# versions pyproject.toml allows into a fresh environment, so a failure can be read
+# against the versions that produced it.
+REPORTED_VERSIONS = ("torch", "triton", "pytest", "pytest-xdist", "hypothesis", "transformers",
+                     "scikit-learn", "numpy", "safetensors")  # fmt: skip
+
+
+def pytest_report_header(config):
+    from importlib import metadata
+
+    found = []
+    for name in REPORTED_VERSIONS:
+        try:
+            found.append(f"{name} {metadata.version(name)}")
+        except metadata.PackageNotFoundError:
+            found.append(f"{name} (not installed)")
+    return "versions: " + ", ".join(found)
+
+
 @pytest.fixture(scope="session")
 def shared_kernel_builds(tmp_path_factory):
     """One folder of built CPU kernels for the whole run, all xdist workers included.
