@@ -96,8 +96,10 @@ def main() -> int:
         "fp32-dots": None,
         "16-bit": dict(base),
         "16-bit, no splits": dict(base),
-        "16-bit, block_m 128, 8 warps": dict(base, block_m=128, token_warps=8),
-        "16-bit, block_m 32": dict(base, block_m=32),
+        "16-bit, grad block_m 128, 8 warps": dict(base, block_m=128, token_warps=8),
+        "16-bit, grad block_m 32": dict(base, block_m=32),
+        "16-bit, apply block_m 64, 4 warps": dict(base, apply_block_m=64, apply_warps=4),
+        "16-bit, apply 3 stages": dict(base, apply_stages=3),
         "16-bit, state 8 warps": dict(base, state_warps=8),
         "16-bit, block_n 128": dict(base, block_n=128),
     }

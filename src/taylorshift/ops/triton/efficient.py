@@ -39,26 +39,42 @@ from .layout import TILE, Layout, layout
 # Sums that are not dots (the denominator rows) stay float32 in every case.
 # docs/triton-efficient.md §6 has the error and speed of each.
 DOT_FP32, DOT_FP16, DOT_BF16, DOT_TF32 = 0, 1, 2, 3
-# Launch settings per DOT kind: tokens per step of the state kernel (block_n) and per
-# program of the apply and grad kernels (block_m), warps and software-pipelining stages.
-# The apply and grad kernels hold a (T², DVP) state block and a (BLOCK_M, T²) feature block
-# as dot operands in shared memory: float32 at dv = 128 with BLOCK_M = 32 and one stage that
-# is 166 KB (sm_80 allows 163 KiB per block, sm_90 227 KiB); half as much in 16 bits.
-# Plain dicts so that a tuning run (benchmarks/gpu/tune_efficient.py) can set them. The
-# 16-bit settings are the fastest of those timed on an H200 at d = 64, N = 16,384, bf16
-# (benchmarks/gpu_h200/tune: block_m 32 was 1.4-1.6x slower, 8 state warps 1.3x slower
-# forward, block_m 128 and block_n 128 within 5 %); float32 keeps the first settings.
+# Launch settings per DOT kind: tokens per step of the state kernel (block_n), per
+# program of the grad kernel (block_m) and of the apply kernel (apply_block_m), warps and
+# software-pipelining stages. The apply and grad kernels hold a (T², DVP) state block and a
+# (BLOCK_M, T²) feature block as dot operands in shared memory: float32 at dv = 128 with
+# BLOCK_M = 32 and one stage that is 166 KB (sm_80 allows 163 KiB per block, sm_90
+# 227 KiB); half as much in 16 bits. In 16 bits the state kernel steps 32 tokens on 8
+# warps (its (T², 64) accumulator spills on 4 warps or at 64 tokens a step), the grad
+# kernel runs 64 tokens on 8 warps (it spills on 4), and the apply kernel 128 tokens on
+# 8 warps with the state blocks double-buffered; past 64 value columns (WIDE_DVP) the
+# apply kernel's accumulator and feature block no longer fit 8 warps' registers and it
+# takes 64 tokens on 4 warps. benchmarks/gpu/compile_check.py reads the sm_90a builds of
+# these settings (registers, spills, tensor-core bound). Plain dicts so that a tuning run
+# (benchmarks/gpu/tune_efficient.py) can set them.
 LAUNCH = {
     DOT_FP32: dict(block_n=64, block_m=32, state_warps=4, token_warps=4, state_stages=2,
-                   token_stages=1),
-    DOT_FP16: dict(block_n=64, block_m=64, state_warps=4, token_warps=4, state_stages=2,
-                   token_stages=1),
-    DOT_BF16: dict(block_n=64, block_m=64, state_warps=4, token_warps=4, state_stages=2,
-                   token_stages=1),
+                   token_stages=1, apply_block_m=32, apply_warps=4, apply_stages=1),
+    DOT_FP16: dict(block_n=32, block_m=64, state_warps=8, token_warps=8, state_stages=2,
+                   token_stages=1, apply_block_m=128, apply_warps=8, apply_stages=2),
+    DOT_BF16: dict(block_n=32, block_m=64, state_warps=8, token_warps=8, state_stages=2,
+                   token_stages=1, apply_block_m=128, apply_warps=8, apply_stages=2),
     # float32 operands in shared memory, as DOT_FP32 (not timed on a GPU yet)
     DOT_TF32: dict(block_n=64, block_m=32, state_warps=4, token_warps=4, state_stages=2,
-                   token_stages=1),
+                   token_stages=1, apply_block_m=32, apply_warps=4, apply_stages=1),
 }  # fmt: skip
+WIDE_DVP = 64
+
+
+def apply_launch(dot: int, lay: Layout) -> tuple[int, int, int]:
+    """(tokens per program, warps, stages) of the apply kernel for this call."""
+    launch = LAUNCH[dot]
+    block_m, warps = launch["apply_block_m"], launch["apply_warps"]
+    if lay.dvp > WIDE_DVP and block_m > 64:
+        block_m, warps = 64, max(4, warps // 2)
+    return block_m, warps, launch["apply_stages"]
+
+
 # Columns of the state per program of the state kernel (dv padded to a power of two >= 16).
 MAX_BLOCK_DV = 64
 # The state kernel splits the tokens among programs when B·H · pairs · column blocks alone
@@ -92,6 +108,29 @@ def _mma(a, b, DOT: tl.constexpr):
     else:
         c = tl.dot(a, b, input_precision="ieee")
     return c
+
+
+@triton.jit
+def _mma_acc(a, b, acc, DOT: tl.constexpr):
+    # acc + a @ b, accumulated by the dot itself (one wgmma chain, no separate adds over
+    # the accumulator); operands rounded as in _mma.
+    if DOT == 1:
+        c = tl.dot(a.to(tl.float16), b.to(tl.float16), acc)
+    elif DOT == 2:
+        c = tl.dot(a.to(tl.bfloat16), b.to(tl.bfloat16), acc)
+    elif DOT == 3:
+        c = tl.dot(a, b, acc, input_precision="tf32")
+    else:
+        c = tl.dot(a, b, acc, input_precision="ieee")
+    return c
+
+
+@triton.jit
+def _moment_dot(a, b, DOT: tl.constexpr):
+    # a @ b for the denominator's small moment products (T columns): float32 operands,
+    # TF32 tensor cores unless the call is exact float32. The denominator never takes
+    # 16-bit operands: it divides every output.
+    return tl.dot(a, b, input_precision="ieee" if DOT == 0 else "tf32")
 
 
 @triton.jit
@@ -187,7 +226,7 @@ def _state_kernel(
     offs = tl.arange(0, BLOCK_N)
 
     quad = tl.zeros((T * T, BLOCK_DV), tl.float32)
-    quad_den = tl.zeros((T * T,), tl.float32)
+    quad_den = tl.zeros((T, T), tl.float32)
     lin = tl.zeros((T, BLOCK_DV), tl.float32)
     lin_den = tl.zeros((T,), tl.float32)
     const = tl.zeros((BLOCK_DV,), tl.float32)
@@ -199,9 +238,10 @@ def _state_kernel(
         xb = _load_tile(x_base, rows, live, sx_n, tb, T, D)
         u, r = _load_rows(u_base, r_base, rows, live, su_n, sr_n, cols, DV, R_MODE)
         f = tl.reshape(xa[:, :, None] * xb[:, None, :], (BLOCK_N, T * T))
-        quad += _mma(tl.trans(f), u, DOT)
-        quad_den += tl.sum(f * r[:, None], axis=0)
-        lin += _mma(tl.trans(xa), u, DOT)
+        quad = _mma_acc(tl.trans(f), u, quad, DOT)
+        # the ones column of the quadratic rows is the moment x_Aᵀ diag(r) x_B (T × T)
+        quad_den += _moment_dot(tl.trans(xa), xb * r[:, None], DOT)
+        lin = _mma_acc(tl.trans(xa), u, lin, DOT)
         lin_den += tl.sum(xa * r[:, None], axis=0)
         const += tl.sum(u, axis=0)
         const_den += r
@@ -215,7 +255,7 @@ def _state_kernel(
     diag = (ca * 0 + ta) == tb  # (T,)
     pair0 = (cols * 0 + p) == 0  # (BLOCK_DV,)
     tl.store(s_base + at_q, quad)
-    tl.store(s_base + at_qd, quad_den, mask=first)
+    tl.store(s_base + at_qd, tl.reshape(quad_den, (T * T,)), mask=first)
     tl.store(s_base + at_l, lin, mask=diag[:, None])
     tl.store(s_base + at_ld, lin_den, mask=diag & ((ca * 0 + dvb) == 0))
     tl.store(s_base + OFF_C + cols, const, mask=pair0)
@@ -224,9 +264,23 @@ def _state_kernel(
 
 
 @triton.jit
+def _pair_tiles(p, NT: tl.constexpr):
+    # Inverse of _pair_index: (ta, tb) of pair p. Row ta of the triangle starts at pair
+    # s(ta) = ta·NT − ta(ta − 1)/2, the root of t² − (2NT + 1) t + 2 s = 0; at p = s(ta) the
+    # discriminant is the square (2NT + 1 − 2ta)², exact in float32, so the floor is ta
+    # for every p of the row. Computed from p, not read from a table: a load in the loop
+    # head keeps Triton from pipelining the loop.
+    b = 2 * NT + 1
+    disc = (b * b - 8 * p).to(tl.float32)
+    ta = ((b - tl.sqrt(disc)) * 0.5).to(tl.int32)
+    tb = ta + p - (ta * NT - (ta * (ta - 1)) // 2)
+    return ta, tb
+
+
+@triton.jit
 def _apply_kernel(
-    x_ptr, s_ptr, r_ptr, count_ptr, out_ptr, den_ptr, N,
-    sx_b, sx_n, ss_b, sr_b, sr_n, so_b, so_n, sd_b,
+    x_ptr, s_ptr, sd_ptr, r_ptr, count_ptr, out_ptr, den_ptr, N,
+    sx_b, sx_n, ss_b, ssd_b, sr_b, sr_n, so_b, so_n, sd_b,
     D: tl.constexpr, DV: tl.constexpr, DVP: tl.constexpr, T: tl.constexpr, NT: tl.constexpr,
     OFF_QD: tl.constexpr, OFF_L: tl.constexpr, OFF_LD: tl.constexpr,
     OFF_C: tl.constexpr, OFF_CD: tl.constexpr,
@@ -235,34 +289,43 @@ def _apply_kernel(
 ):  # fmt: skip
     """Y' = φ(x) (c ⊙ S) for BLOCK_M tokens; FINISH: y = nom/den · sqrt(n/d).
 
-    Without FINISH the numerator is stored, times the row mask r when HAS_R (g_v). The
-    denominator (float32, summed beside the dots) is stored when STORE_DEN.
+    ``s_ptr``: the state's numerator rows in the dots' operand dtype (a 16-bit copy made
+    once a call, or the float32 state itself); ``sd_ptr``: the float32 state, read for
+    the denominator rows and the constant. One flat loop over the tile pairs: per pair the
+    numerator takes F @ S_AB on the tensor cores, accumulated in the dot, and the
+    denominator the T × T moment block, x_A M_AB x_Bᵀ, a small dot in place of a
+    reduction over the T² features. Without FINISH the numerator is stored, times the row
+    mask r when HAS_R (g_v). The denominator (float32) is stored when STORE_DEN.
     """
     bh, rows, live = _token_block(N, BLOCK_M)
     x_base = x_ptr + bh * sx_b
     s_base = s_ptr + bh * ss_b
+    sd_base = sd_ptr + bh * ssd_b
     cols = tl.arange(0, DVP)
     tt = tl.arange(0, T * T)
+    ti = tl.arange(0, T)
 
     nom = tl.zeros((BLOCK_M, DVP), tl.float32)
     den = tl.zeros((BLOCK_M,), tl.float32)
+    for p in range(0, NT * (NT + 1) // 2):
+        ta, tb = _pair_tiles(p, NT)
+        # c: a diagonal tile pair holds (a, b) and (b, a); ½ on x_A is ½ on its features
+        xa = _load_tile(x_base, rows, live, sx_n, ta, T, D) * tl.where(ta == tb, 0.5, 1.0)
+        xb = _load_tile(x_base, rows, live, sx_n, tb, T, D)
+        f = tl.reshape(xa[:, :, None] * xb[:, None, :], (BLOCK_M, T * T))
+        at_q, _ = _pair_offsets(p, tt, cols, T, DVP, OFF_QD)
+        nom = _mma_acc(f, tl.load(s_base + at_q), nom, DOT)
+        if STORE_DEN:
+            m_ab = tl.load(sd_base + OFF_QD + p * (T * T) + ti[:, None] * T + ti[None, :])
+            den += tl.sum(_moment_dot(xa, m_ab, DOT) * xb, axis=1)
     for ta in range(0, NT):
         xa = _load_tile(x_base, rows, live, sx_n, ta, T, D)
-        for tb in range(ta, NT):
-            xb = _load_tile(x_base, rows, live, sx_n, tb, T, D)
-            p = _pair_index(ta, tb, NT)
-            w = tl.where(ta == tb, 0.5, 1.0)  # c: a diagonal tile holds (a, b) and (b, a)
-            f = tl.reshape(xa[:, :, None] * xb[:, None, :], (BLOCK_M, T * T))
-            at_q, at_qd = _pair_offsets(p, tt, cols, T, DVP, OFF_QD)
-            sq, sqd = tl.load(s_base + at_q), tl.load(s_base + at_qd)
-            nom += w * _mma(f, sq, DOT)
-            den += w * tl.sum(f * sqd[None, :], axis=1)
         _, at_l, at_ld = _linear_offsets(ta, cols, T, DVP, OFF_L, OFF_LD)
-        sl, sld = tl.load(s_base + at_l), tl.load(s_base + at_ld)
-        nom += _mma(xa, sl, DOT)
-        den += tl.sum(xa * sld[None, :], axis=1)
-    nom += tl.load(s_base + OFF_C + cols)[None, :]
-    den += tl.load(s_base + OFF_CD)
+        nom = _mma_acc(xa, tl.load(s_base + at_l), nom, DOT)
+        if STORE_DEN:
+            den += tl.sum(xa * tl.load(sd_base + at_ld)[None, :], axis=1)
+    nom += tl.load(sd_base + OFF_C + cols)[None, :]
+    den += tl.load(sd_base + OFF_CD)
 
     if FINISH:
         count = tl.load(count_ptr + bh)
@@ -285,8 +348,8 @@ def _apply_kernel(
 
 @triton.jit
 def _grad_kernel(
-    x_ptr, u_ptr, r_ptr, s_ptr, gx_ptr, N,
-    sx_b, sx_n, su_b, su_n, sr_b, sr_n, ss_b, sg_b, sg_n,
+    x_ptr, u_ptr, r_ptr, s_ptr, sd_ptr, gx_ptr, N,
+    sx_b, sx_n, su_b, su_n, sr_b, sr_n, ss_b, ssd_b, sg_b, sg_n,
     D: tl.constexpr, DV: tl.constexpr, DVP: tl.constexpr, T: tl.constexpr,
     NT: tl.constexpr, NT_PAD: tl.constexpr,
     OFF_QD: tl.constexpr, OFF_L: tl.constexpr, OFF_LD: tl.constexpr,
@@ -296,11 +359,14 @@ def _grad_kernel(
 
     Per tile pair (A, B): z = [u, r] S_ABᵀ (BLOCK_M, T²), then Σ_ab x_a x_b z_ab gives
     z x_B to tile A and zᵀ x_A to tile B. The gradient lives in registers as
-    (BLOCK_M, NT_PAD, T); a tile is added where the tile index matches.
+    (BLOCK_M, NT_PAD, T); a tile is added where the tile index matches. ``s_ptr``: the
+    state's numerator rows in the dots' dtype (as for _apply_kernel); ``sd_ptr``: the
+    float32 state, read for the denominator rows.
     """
     bh, rows, live = _token_block(N, BLOCK_M)
     x_base = x_ptr + bh * sx_b
     s_base = s_ptr + bh * ss_b
+    sd_base = sd_ptr + bh * ssd_b
     cols = tl.arange(0, DVP)
     tt = tl.arange(0, T * T)
     g, r = _load_rows(
@@ -317,14 +383,16 @@ def _grad_kernel(
             p = _pair_index(ta, tb, NT)
             w = tl.where(ta == tb, 0.5, 1.0)
             at_q, at_qd = _pair_offsets(p, tt, cols, T, DVP, OFF_QD)
-            sq, sqd = tl.load(s_base + at_q), tl.load(s_base + at_qd)
-            z = _mma(g, tl.trans(sq), DOT) + r[:, None] * sqd[None, :]
-            z = tl.reshape(w * z, (BLOCK_M, T, T))
-            ga += tl.sum(z * xb[:, None, :], axis=2)
-            gb = tl.sum(z * xa[:, :, None], axis=1)
+            sq, sqd = tl.load(s_base + at_q), tl.load(sd_base + at_qd)
+            # the denominator's column starts the accumulator; c (w) goes on the T-wide
+            # tiles of the contraction, not on the T²-wide z
+            z = _mma_acc(g, tl.trans(sq), r[:, None] * sqd[None, :], DOT)
+            z = tl.reshape(z, (BLOCK_M, T, T))
+            ga += tl.sum(z * (w * xb)[:, None, :], axis=2)
+            gb = tl.sum(z * (w * xa)[:, :, None], axis=1)
             gx += tl.where(tile_of == tb, gb[:, None, :], 0.0)
         _, at_l, at_ld = _linear_offsets(ta, cols, T, DVP, OFF_L, OFF_LD)
-        sl, sld = tl.load(s_base + at_l), tl.load(s_base + at_ld)
+        sl, sld = tl.load(s_base + at_l), tl.load(sd_base + at_ld)
         ga += _mma(g, tl.trans(sl), DOT) + r[:, None] * sld[None, :]
         gx += tl.where(tile_of == ta, ga[:, None, :], 0.0)
 
@@ -395,6 +463,14 @@ def _state(
     return state[0] if splits == 1 else state.sum(0)
 
 
+def operands(state: Tensor, dot: int) -> Tensor:
+    """The state as the apply kernel's dots take it: a 16-bit copy for 16-bit dots (made
+    once a call, where every program would round the same float32 blocks again), else the
+    float32 state itself. The rounding is the one the dots make anyway."""
+    dtype = {DOT_FP16: torch.float16, DOT_BF16: torch.bfloat16}.get(dot)
+    return state if dtype is None else state.to(dtype)
+
+
 def _apply(
     x: Tensor,
     state: Tensor,
@@ -407,25 +483,27 @@ def _apply(
     r: Tensor | None = None,
     dot: int = DOT_FP32,
     finish: bool = True,
+    state_operands: Tensor | None = None,
 ) -> None:
     """Writes φ(x)(c ⊙ S) into out (BH, N, dv) (a view with unit column stride is fine) and,
     when ``den`` (BH, N) is given, the denominators into it; the outputs are finished
-    (y = nom/den · …) when ``den`` is given and ``finish``."""
+    (y = nom/den · …) when ``den`` is given and ``finish``. ``state_operands``: the state
+    in the dots' dtype (``operands``), or None to let the kernel round the float32 state."""
     bh, n, _ = x.shape
     store_den = den is not None
     finish = finish and store_den
     r_t, sr_b, sr_n = _r_args(r, x)
-    launch = LAUNCH[dot]
-    grid = (bh, triton.cdiv(n, launch["block_m"]))
+    block_m, warps, stages = apply_launch(dot, lay)
+    ops = state if state_operands is None else state_operands
+    grid = (bh, triton.cdiv(n, block_m))
     _apply_kernel[grid](
-        x, state, r_t, count if finish else x, out, den if store_den else x, n,
-        x.stride(0), x.stride(1), state.stride(0), sr_b, sr_n, out.stride(0), out.stride(1),
-        den.stride(0) if store_den else 0,
+        x, ops, state, r_t, count if finish else x, out, den if store_den else x, n,
+        x.stride(0), x.stride(1), ops.stride(0), state.stride(0), sr_b, sr_n, out.stride(0),
+        out.stride(1), den.stride(0) if store_den else 0,
         D=lay.d, DV=lay.dv, DVP=lay.dvp, T=TILE, NT=lay.nt, **_offsets(lay),
         OFF_C=lay.off_const, OFF_CD=lay.off_const_den,
         FINISH=finish, STORE_DEN=store_den, NORMALIZE=normalize, HAS_R=r is not None,
-        BLOCK_M=launch["block_m"], DOT=dot, num_warps=launch["token_warps"],
-        num_stages=launch["token_stages"],
+        BLOCK_M=block_m, DOT=dot, num_warps=warps, num_stages=stages,
     )  # fmt: skip
 
 
@@ -437,16 +515,18 @@ def _grad(
     state: Tensor,
     lay: Layout,
     dot: int = DOT_FP32,
+    state_operands: Tensor | None = None,
 ) -> Tensor:
     bh, n, _ = x.shape
     gx = torch.empty_like(x)
+    ops = state if state_operands is None else state_operands
     r_t, sr_b, sr_n = _r_args(r, x)
     launch = LAUNCH[dot]
     grid = (bh, triton.cdiv(n, launch["block_m"]))
     _grad_kernel[grid](
-        x, u, r_t, state, gx, n,
-        x.stride(0), x.stride(1), u.stride(0), u.stride(1), sr_b, sr_n, state.stride(0),
-        gx.stride(0), gx.stride(1),
+        x, u, r_t, ops, state, gx, n,
+        x.stride(0), x.stride(1), u.stride(0), u.stride(1), sr_b, sr_n, ops.stride(0),
+        state.stride(0), gx.stride(0), gx.stride(1),
         D=lay.d, DV=lay.dv, DVP=lay.dvp, T=TILE, NT=lay.nt, NT_PAD=lay.nt_pad, **_offsets(lay),
         R_MODE=r_mode, BLOCK_M=launch["block_m"], DOT=dot, num_warps=launch["token_warps"],
         num_stages=launch["token_stages"],
@@ -496,7 +576,10 @@ def triton_efficient_forward(
         count = mask.sum(-1)
     out = torch.empty((b * h, nq, dv), dtype=value.dtype, device=qp.device)
     den = torch.empty((b * h, nq), dtype=torch.float32, device=qp.device)
-    _apply(q, state, lay, out, den=den, count=count, normalize=normalize, dot=dot)
+    _apply(
+        q, state, lay, out, den=den, count=count, normalize=normalize, dot=dot,
+        state_operands=operands(state, dot),
+    )  # fmt: skip
     return out.view(b, h, nq, dv), den.view(b, h, nq), state.view(b, h, lay.size)
 
 
@@ -537,10 +620,11 @@ def triton_efficient_backward(
 
     dot = dot_kind(value.dtype)
     grad_state = _state(q, g, g_den, 2, lay, dot)  # R = Σ_i φ(q'_i)ᵀ gY'_i
-    gq = _grad(q, g, g_den, 2, flat_state, lay, dot)
+    grad_ops = operands(grad_state, dot)
+    gq = _grad(q, g, g_den, 2, flat_state, lay, dot, state_operands=operands(flat_state, dot))
     gv = torch.empty_like(v)
-    _apply(k, grad_state, lay, gv, r=mask, dot=dot)  # g_v = m · φ(k')(c ⊙ R)
-    gk = _grad(k, v, mask, 0 if mask is None else 1, grad_state, lay, dot)
+    _apply(k, grad_state, lay, gv, r=mask, dot=dot, state_operands=grad_ops)  # m · φ(k')(c ⊙ R)
+    gk = _grad(k, v, mask, 0 if mask is None else 1, grad_state, lay, dot, state_operands=grad_ops)
     return gq.view(qp.shape), gk.view(kp.shape), gv.view(value.shape)
 
 
