@@ -93,11 +93,12 @@ def test_refuses_float64_naming_the_dtype():
         cpu_causal_efficient_taylor_shift(q, q, q, None, 1.0, None, True)
 
 
-def test_public_op_routes_eager_causal_calls_to_the_kernels(routed, monkeypatch):
+def test_public_op_routes_eager_causal_calls_to_the_kernels(routed, c_calls, monkeypatch):
     calls = routed
     q, k, v = (torch.randn(1, 2, 9, 8, requires_grad=True) for _ in range(3))
     y = taylor_shift_attention(q, k, v, is_causal=True, mode="efficient")
     assert calls == [fused.CPU_EFFICIENT_CAUSAL]
+    c_calls.ran("ts_causal_forward")  # it ran, and nothing fell back to the PyTorch form
     calls.clear()
     ref = causal_efficient_taylor_shift(q, k, v, None, 1.0, None, True)
     assert_rel_close(y, ref, 1e-5, "routed output", atol=1e-7)
@@ -113,8 +114,10 @@ def test_public_op_routes_eager_causal_calls_to_the_kernels(routed, monkeypatch)
         lambda *x: taylor_shift_attention(*x, is_causal=True, mode="efficient"),
         backend="aot_eager", fullgraph=True,
     )  # fmt: skip
+    c_calls.clear()
     y_compiled = compiled(q, k, v)
     assert calls == [fused.CPU_EFFICIENT_CAUSAL]
+    c_calls.ran("ts_causal_forward")
     assert_rel_close(y_compiled, ref, 1e-5, "compiled output", atol=1e-7)
     g = torch.randn_like(ref)
     for name, a, e in zip(
@@ -122,6 +125,7 @@ def test_public_op_routes_eager_causal_calls_to_the_kernels(routed, monkeypatch)
         torch.autograd.grad(ref, (q, k, v), g), strict=True,
     ):  # fmt: skip
         assert_rel_close(a, e, 2e-5, f"compiled grad {name}", atol=1e-6)
+    c_calls.ran("ts_causal_backward")
 
 
 GROUPED = [  # (B, H, Hkv, Nq, Nk, d, dv, chunk, key padding, temperature per head)

@@ -116,7 +116,7 @@ def test_gradients_asked_as_a_graph():
     check_graph_gradients(cpu_causal_efficient_taylor_shift, 8)
 
 
-def test_public_op_routes_state_calls_to_the_kernel(routed):
+def test_public_op_routes_state_calls_to_the_kernel(routed, c_calls):
     calls = routed
     b, h, hk, n, d = 1, 4, 2, 40, 16
     q, k, v, *_ = state_problem(b, h, hk, 0, n, n, d, d, False, "float")
@@ -130,6 +130,8 @@ def test_public_op_routes_state_calls_to_the_kernel(routed):
         enable_gqa=True,
     )  # fmt: skip
     assert calls == [fused.CPU_EFFICIENT_CAUSAL] * 2
+    c_calls.ran("ts_causal_forward")  # it ran, and nothing fell back to the PyTorch form
+    assert c_calls["ts_causal_forward"] == 2
     whole = taylor_shift_attention(q, k, v, is_causal=True, enable_gqa=True, mode="efficient")
     assert_rel_close(torch.cat([out, rest], 2), whole, 1e-5, "segments", atol=1e-7)
     calls.clear()
@@ -199,7 +201,7 @@ def test_state_custom_ops_pass_opcheck():
     torch.library.opcheck(op, (q, k, v, None, factors, False, 3, None))
 
 
-def test_decode_prefills_with_the_kernel_and_continues_token_by_token(routed):
+def test_decode_prefills_with_the_kernel_and_continues_token_by_token(routed, c_calls):
     calls = routed
     b, h, n, d = 2, 2, 50, 8
     q, k, v, _, _, _, tau = state_problem(b, h, h, 0, n, n, d, d, False, "tensor")
@@ -210,6 +212,7 @@ def test_decode_prefills_with_the_kernel_and_continues_token_by_token(routed):
     prompt = (x[:, :, :40] for x in (q, k, v))
     out, state = taylor_shift_decode(*prompt, None, mask, temperature=tau)
     assert calls == [fused.CPU_EFFICIENT_CAUSAL]
+    c_calls.ran("ts_causal_forward")  # the prefill ran in the kernel, nothing fell back
     assert torch.equal(state.count, torch.tensor([[40.0, 40.0], [30.0, 30.0]]))
     assert_rel_close(out[0], exact[0, :, :40], 1e-5, "prefill", atol=1e-7)
     assert_rel_close(out[1, :, :30], exact[1, :, :30], 1e-5, "padded prefill", atol=1e-7)
