@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
 import multiprocessing
+import sys
 
 import torch
 
@@ -23,6 +25,20 @@ def tf32_matmuls(enabled: bool):
         yield
     finally:
         torch.backends.cuda.matmul.allow_tf32 = before
+
+
+@contextlib.contextmanager
+def script_module(path, name: str):
+    """A script outside the package (benchmarks/...) imported as module ``name``, in
+    ``sys.modules`` for the block (dataclasses look their module up there), then removed."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+        yield module
+    finally:
+        sys.modules.pop(name, None)
 
 
 def rel_error(actual: torch.Tensor, expected: torch.Tensor) -> float:

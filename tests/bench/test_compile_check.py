@@ -6,7 +6,6 @@ here: a loop of one dot (tensor-core bound) and the same dot behind heavy elemen
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -21,19 +20,15 @@ try:
 except ImportError:  # the compiled kernels' tests skip
     tl = JITFunction = None
 
+from tests.helpers import script_module
+
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu" / "compile_check.py"
 
 
 @pytest.fixture(scope="module")
 def cc():
-    spec = importlib.util.spec_from_file_location("compile_check", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # (its dataclasses look their module up)
-    try:
-        spec.loader.exec_module(module)
+    with script_module(SCRIPT, "compile_check") as module:
         yield module
-    finally:
-        sys.modules.pop(spec.name, None)
 
 
 PTXAS_SPILLS = """\

@@ -6,8 +6,6 @@ which runs every step under the interpreter, is a step of ``benchmarks/gpu/run -
 from __future__ import annotations
 
 import argparse
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,20 +13,15 @@ import torch
 
 from taylorshift import naive_taylor_shift_attention
 from taylorshift.theory import impl_ops_efficient
+from tests.helpers import script_module
 
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu" / "kernels_ab.py"
 
 
 @pytest.fixture(scope="module")
 def kab():
-    spec = importlib.util.spec_from_file_location("kernels_ab", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # (its dataclasses look their module up)
-    try:
-        spec.loader.exec_module(module)
+    with script_module(SCRIPT, "kernels_ab") as module:
         yield module
-    finally:
-        sys.modules.pop(spec.name, None)
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["noncausal", "causal"])

@@ -49,9 +49,7 @@ DOT_FP32, DOT_FP16, DOT_BF16, DOT_TF32 = 0, 1, 2, 3
 # kernel runs 64 tokens on 8 warps (it spills on 4), and the apply kernel 128 tokens on
 # 8 warps with the state blocks double-buffered; past 64 value columns (WIDE_DVP) the
 # apply kernel's accumulator and feature block no longer fit 8 warps' registers and it
-# takes 64 tokens on 4 warps. benchmarks/gpu/compile_check.py reads the sm_90a builds of
-# these settings (registers, spills, tensor-core bound). Plain dicts so that a tuning run
-# (benchmarks/gpu/tune_efficient.py) can set them.
+# takes 64 tokens on 4 warps. Plain dicts, so that a tuning run can set them.
 LAUNCH = {
     DOT_FP32: dict(block_n=64, block_m=32, state_warps=4, token_warps=4, state_stages=2,
                    token_stages=1, apply_block_m=32, apply_warps=4, apply_stages=1),
