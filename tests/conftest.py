@@ -161,3 +161,34 @@ def pytest_runtest_teardown(item, nextitem):
                 pytrace=False,
             )
     return result
+
+
+# The modules holding the suite's longest tests (a test of 5-20 s, or a group that one
+# worker runs whole), longest first. Under pytest-xdist they are handed out first, so that
+# the last work each worker gets is short and both finish together (longest first is the
+# classic greedy schedule); the order of tests within a module stays. A module missing here
+# only runs in its usual place.
+RUN_FIRST = (
+    "tests/train/test_distributed.py",
+    "tests/test_compile.py",
+    "tests/ops/triton/test_efficient_causal_state.py",
+    "tests/distributed/test_sequence_parallel.py",
+    "tests/bench/test_op.py",
+    "tests/integrations/test_huggingface.py",
+    "tests/bench/test_compile_check.py",
+    "tests/bench/test_calibrate.py",
+    "tests/train/test_cli_mistakes.py",
+    "tests/bench/test_models.py",
+    "tests/bench/test_seqpar.py",
+    "tests/test_global_state.py",
+    "tests/train/test_forked.py",
+    "tests/bench/test_measure.py",
+    "tests/train/test_resume.py",
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    rank = {path: i for i, path in enumerate(RUN_FIRST)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(rank)))

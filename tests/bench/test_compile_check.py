@@ -275,8 +275,7 @@ print("ROWS " + json.dumps(tiny.compile_tiny(cc)))
 """
 
 
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
+def _compile_tiny(tmp_path: Path) -> dict:
     """The two kernels compiled in a process of their own (under TRITON_INTERPRET=1, this
     suite on a machine without CUDA, Triton's language builtins do not compile), in an
     empty Triton cache."""
@@ -284,7 +283,7 @@ def tiny(tmp_path_factory):
         pytest.skip("compiling for sm_90a needs triton")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
-    env["TRITON_CACHE_DIR"] = str(tmp_path_factory.mktemp("triton-cache"))
+    env["TRITON_CACHE_DIR"] = str(tmp_path / "triton-cache")
     done = subprocess.run([sys.executable, "-c", CHILD, str(SCRIPT), __file__], env=env,
                           capture_output=True, text=True, timeout=300)  # fmt: skip
     line = [x for x in done.stdout.splitlines() if x.startswith("ROWS ")]
@@ -292,7 +291,11 @@ def tiny(tmp_path_factory):
     return json.loads(line[-1][5:])
 
 
-def test_a_bare_dot_loop_is_tensor_core_bound(tiny):
+def test_the_bound_of_two_tiny_kernels_compiled_for_sm_90a(tmp_path):
+    # (one test, so that the kernels compile once: seconds of ptxas)
+    tiny = _compile_tiny(tmp_path)
+
+    # a bare dot loop is tensor-core bound
     row = tiny["bare"]
     assert "error" not in row, row.get("error")
     assert row["ptx_target"] == "sm_90a"
@@ -302,8 +305,7 @@ def test_a_bare_dot_loop_is_tensor_core_bound(tiny):
     assert row["tc_cycles"] == 4 * 64
     assert row["bound"] >= 0.8, row
 
-
-def test_elementwise_work_beside_the_dot_makes_it_issue_bound(tiny):
+    # elementwise work beside the dot makes it issue bound
     row = tiny["work"]
     assert "error" not in row, row.get("error")
     assert row["hot_wgmma"] == 4  # four m64n64k16 a step
@@ -312,8 +314,7 @@ def test_elementwise_work_beside_the_dot_makes_it_issue_bound(tiny):
     assert row["issued"] > 768
     assert row["bound"] < 0.2, row
 
-
-def test_a_cached_kernel_is_measured_alike(tiny):
+    # a kernel from Triton's cache is measured alike
     assert (tiny["bare"]["ptxas_run"], tiny["again"]["ptxas_run"]) == ("compile", "again")
     keys = ("registers", "spill_stores", "spill_loads", "shared_bytes", "wgmma", "bound")
     assert {k: tiny["again"][k] for k in keys} == {k: tiny["bare"][k] for k in keys}

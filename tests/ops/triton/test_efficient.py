@@ -35,9 +35,9 @@ from taylorshift.ops.triton.efficient import triton_efficient_taylor_shift
 
 CASES = [
     Case(2, 2, 7, 65, 16, 16, mask="empty"),
-    Case(2, 2, 65, 7, 17, 20, normalize=False),
+    Case(2, 1, 65, 7, 17, 20, normalize=False),
     Case(2, 2, 1, 1, 16, 8, temperature="float"),
-    Case(2, 2, 33, 40, 17, 17, mask="padding"),
+    Case(1, 2, 33, 40, 17, 17, mask="padding"),
     Case(1, 2, 9, 17, 64, 16, mask="padding", temperature="float"),
 ]
 # d = 48, dv = 80: three tiles (a tile count that is not a power of two), 6 tile pairs and
@@ -45,7 +45,7 @@ CASES = [
 SLOW_CASES = [Case(1, 1, 9, 17, 48, 80, mask="padding")]
 FP16_CASES = [
     Case(2, 2, 40, 65, 16, 16, mask="padding", temperature="float"),
-    Case(2, 2, 33, 40, 17, 20, normalize=False),
+    Case(1, 2, 33, 40, 17, 20, normalize=False),
 ]
 
 

@@ -40,8 +40,8 @@ from taylorshift.ops.triton.efficient_causal import triton_causal_efficient_tayl
 CASES = [
     (2, 1, 1, 13, 21, 21, 16, 16, 8, True, "tensor", True),
     (1, 1, 1, 7, 12, 19, 17, 12, 8, False, "float", True),  # keys after the last query
-    (1, 1, 1, 5, 11, 7, 33, 5, 4, True, "float", False),  # queries after the last key
-    (1, 1, 1, 0, 9, 9, 20, 70, 4, False, "float", True),  # no prefix; dv in two blocks
+    (1, 1, 1, 5, 11, 7, 33, 5, 8, True, "float", False),  # queries after the last key
+    (1, 1, 1, 0, 9, 9, 20, 70, 8, False, "float", True),  # no prefix; dv in two blocks
 ]
 IDS = [f"B{c[0]}-H{c[1]}-before{c[3]}-Nq{c[4]}-Nk{c[5]}-d{c[6]}-dv{c[7]}" for c in CASES]
 
@@ -152,7 +152,7 @@ def test_torch_compile_traces_a_state_call_whole():
     def call(q, k, v, tau, sums):
         first = TaylorShiftState.from_sums(sums)
         return triton_causal_efficient_taylor_shift(
-            q, k, v, mask, tau, None, True, 4, initial_state=first, output_final_state=True
+            q, k, v, mask, tau, None, True, 8, initial_state=first, output_final_state=True
         )
 
     (y, after), (y_c, after_c) = (
@@ -185,16 +185,16 @@ def test_long_calls_sweep_pieces_within_the_budget(piece, monkeypatch):
 
     monkeypatch.setattr(triton_causal, "_state", spy)
     check_state_in_and_out(
-        triton_causal_efficient_taylor_shift, 2, 1, 1, 13, 21, 21, 16, 16, 4, True, "tensor", True
+        triton_causal_efficient_taylor_shift, 2, 1, 1, 13, 14, 14, 16, 16, 4, True, "tensor", True
     )
     check_state_in_and_out(
-        triton_causal_efficient_taylor_shift, 2, 1, 1, 0, 21, 21, 16, 16, 4, False, "float", True
+        triton_causal_efficient_taylor_shift, 2, 1, 1, 0, 14, 14, 16, 16, 4, False, "float", True
     )
     # pieces of keys but no query, of queries but no key: with one chunk a piece, where
     # there are most pieces (the interpreter takes seconds a call; the suite's budget)
-    for nq, nk in ((3, 21), (21, 6)) if piece == 1 else ():
+    for nq, nk in ((3, 14), (14, 6)) if piece == 1 else ():
         check_state_in_and_out(
             triton_causal_efficient_taylor_shift, 2, 1, 1, 5, nq, nk, 16, 16, 4, True,
             "float", True,
         )  # fmt: skip
-    assert max(chunks) == piece  # (21 tokens: 6 chunks of 4)
+    assert max(chunks) == piece  # (14 tokens: 4 chunks of 4, the last one short)
