@@ -153,3 +153,33 @@ def test_states_are_dv_wide_with_the_mask_as_their_row_column(monkeypatch):
     assert widths and all(w == (16, True, 2, 16) for w in widths), widths
     assert_rel_close(fast, call_reference(high, mask, opts, is_causal=True), 1e-5, "output",
                      atol=1e-7)  # fmt: skip
+
+
+# (chunks of keys, chunks of queries): as many, more queries (their prefix is the whole
+# keys'), more keys (the suffix of the first key chunks takes the later query chunks), none
+SCAN_SHAPES = [(3, 3), (2, 5), (5, 2), (0, 3), (4, 0), (1, 1)]
+
+
+@pytest.mark.parametrize(("n_keys", "n_queries"), SCAN_SHAPES)
+@pytest.mark.parametrize("start", [False, True], ids=["from-zero", "from-a-state"])
+def test_the_scan_kernel_gives_the_prefix_and_suffix_states(launches, n_keys, n_queries, start):
+    # Against the torch forms beside it and float64 sums; 1,100 entries a state: two
+    # programs of SCAN_BLOCK, the second one partly masked.
+    from taylorshift.ops.triton import efficient_causal as ec
+
+    g = torch.Generator().manual_seed(n_keys * 10 + n_queries)
+    bh, size = 3, ec.SCAN_BLOCK + 76
+    keys = torch.randn(bh, n_keys, size, generator=g)
+    queries = torch.randn(bh, n_queries, size, generator=g)
+    first = torch.randn(bh, size, generator=g) if start else None
+    cases = [
+        (ec._prefix(keys, n_queries, first), ec.prefix_reference, keys, n_queries),
+        (ec._suffix(queries, n_keys, first), ec.suffix_reference, queries, n_keys),
+    ]
+    for got, reference, states, rows in cases:
+        want = reference(states.double(), rows, None if first is None else first.double())
+        assert got.shape == (bh * rows, size) and got.dtype == torch.float32
+        assert_rel_close(got, want, 1e-6, reference.__name__, atol=1e-6)
+        torch.testing.assert_close(got, reference(states, rows, first), rtol=1e-6, atol=1e-6)
+    if n_queries or n_keys:
+        launches.ran("_scan_kernel")

@@ -5,14 +5,15 @@ u = [v·m, m] (values times the key mask, and the mask as the denominator column
 Y' = [numerator, denominator]:
 
     S_c   = Σ_{j in key chunk c} φ(k'_j)ᵀ u_j        state kernel, one grid over all chunks
-    P_c   = Σ_{c' < c} S_c'                           exclusive prefix sum in torch (fp32)
+    P_c   = Σ_{c' < c} S_c'                           scan kernel, serial over chunks (fp32)
     Y'_i  = φ(q'_i)(c ⊙ P_c)                          apply kernel, one grid over all chunks
           + Σ_{j in chunk c, j <= i} w(q'_i·k'_j) u_j  intra-chunk block in torch, (C × C) tiles
 
 then y = nom/den · sqrt(n_i/d) in torch, n_i the attended keys j <= i. Backward: the query
 side from P_c (grad kernel), the state gradient R_c = Σ_{c' > c} φ(q'_c')ᵀ gY'_c' (state
-kernel per query chunk, reverse prefix sum), g_u = φ(k')(c ⊙ R) (apply kernel) and g_k'
-from R (grad kernel); the intra-chunk block is differentiated by autograd on its tiles.
+kernel per query chunk, then the scan kernel from the last chunk down), g_u = φ(k')(c ⊙ R)
+(apply kernel) and g_k' from R (grad kernel); the intra-chunk block is differentiated by
+hand on its tiles.
 The maps q -> q', k -> k', v -> u and the finishing run in torch around the core and are
 differentiated by autograd.
 
@@ -33,6 +34,7 @@ from typing import Optional  # custom_op reads Optional[Tensor] from annotations
 
 import torch
 import triton
+import triton.language as tl
 from torch import Tensor
 
 from ..taylor_shift.efficient import finish_outputs
@@ -310,9 +312,77 @@ def _backward_causal(ctx, grad, _grad_final):
 triton_causal_forward.register_autograd(_backward_causal, setup_context=_setup_causal)
 
 
+# Entries of the state per program of the scan kernel: its grid is (B·H, size / SCAN_BLOCK),
+# each program serial over the chunks with a float32 running sum in registers.
+SCAN_BLOCK = 1024
+
+
+@triton.jit
+def _scan_kernel(
+    x_ptr, start_ptr, out_ptr, N_IN, N_OUT, SIZE, sx_b, sx_c, ss_b, so_b, so_c,
+    HAS_START: tl.constexpr, REVERSE: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    """Exclusive running sums of the chunk states x (BH, N_IN, SIZE) into out (BH, N_OUT,
+    SIZE), from start (BH, SIZE) or zero. Forward: out[c] = start + Σ_{c' < min(c, N_IN)}
+    x[c'] (the prefix P_c). REVERSE: out[c] = start + Σ_{c < c' < N_IN} x[c'] (the suffix
+    R_c), summed from the last chunk down."""
+    bh = tl.program_id(0)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    live = cols < SIZE
+    x_base = x_ptr + bh * sx_b + cols
+    out_base = out_ptr + bh * so_b + cols
+    acc = tl.zeros((BLOCK,), tl.float32)
+    if HAS_START:
+        acc += tl.load(start_ptr + bh * ss_b + cols, mask=live, other=0.0)
+    if REVERSE:
+        # the states of chunks past the last output row are in every output
+        for c in range(N_OUT, N_IN):
+            acc += tl.load(x_base + c * sx_c, mask=live, other=0.0)
+        for i in range(0, N_OUT):
+            c = N_OUT - 1 - i
+            tl.store(out_base + c * so_c, acc, mask=live)
+            if c < N_IN:
+                acc += tl.load(x_base + c * sx_c, mask=live, other=0.0)
+    else:
+        for c in range(0, N_OUT):
+            tl.store(out_base + c * so_c, acc, mask=live)
+            if c < N_IN:
+                acc += tl.load(x_base + c * sx_c, mask=live, other=0.0)
+
+
+def _scan(x: Tensor, n_out: int, start: Tensor | None, reverse: bool) -> Tensor:
+    """``_scan_kernel`` on x (BH, chunks, size) float32: (BH·n_out, size)."""
+    bh, n_in, size = x.shape
+    out = x.new_empty((bh, n_out, size))
+    if n_out and bh:
+        # (a tensor with no element is never read: the kernel gets one with an address)
+        x = x.contiguous() if n_in else out
+        s = x if start is None else start.contiguous()
+        grid = (bh, triton.cdiv(size, SCAN_BLOCK))
+        _scan_kernel[grid](
+            x, s, out, n_in, n_out, size, x.stride(0), x.stride(1), s.stride(0),
+            out.stride(0), out.stride(1),
+            HAS_START=start is not None, REVERSE=reverse, BLOCK=SCAN_BLOCK,
+        )  # fmt: skip
+    return out.view(bh * n_out, size)
+
+
 def _prefix(states: Tensor, ncq: int, initial: Tensor | None = None) -> Tensor:
     """P_c = S_0 + Σ_{c' < c} S_c' for the query chunks c < ncq: (BH·ncq, size) float32;
-    S_0 the initial state (BH, size), or zero."""
+    S_0 the initial state (BH, size), or zero. One scan kernel (``prefix_reference`` is
+    the same in torch)."""
+    return _scan(states, ncq, initial, reverse=False)
+
+
+def _suffix(q_states: Tensor, nck: int, after: Tensor | None = None) -> Tensor:
+    """R_c = Σ_{c' > c} Q_c' (+ ``after``, (BH, size): the query states of the pieces after
+    this one) for the key chunks c < nck: (BH·nck, size) float32. One scan kernel
+    (``suffix_reference`` is the same in torch)."""
+    return _scan(q_states, nck, after, reverse=True)
+
+
+def prefix_reference(states: Tensor, ncq: int, initial: Tensor | None = None) -> Tensor:
+    """``_prefix`` in torch: cumulative sums, then the rows of the query chunks."""
     bh, nck, size = states.shape
     cum = torch.cat([states.new_zeros((bh, 1, size)), states.cumsum(1)], dim=1)
     if initial is not None:
@@ -321,9 +391,8 @@ def _prefix(states: Tensor, ncq: int, initial: Tensor | None = None) -> Tensor:
     return cum[:, index].reshape(bh * ncq, size).contiguous()
 
 
-def _suffix(q_states: Tensor, nck: int, after: Tensor | None = None) -> Tensor:
-    """R_c = Σ_{c' > c} Q_c' (+ ``after``, (BH, size): the query states of the pieces after
-    this one) for the key chunks c < nck: (BH·nck, size) float32."""
+def suffix_reference(q_states: Tensor, nck: int, after: Tensor | None = None) -> Tensor:
+    """``_suffix`` in torch: reversed cumulative sums, then the rows of the key chunks."""
     bh, ncq, size = q_states.shape
     rev = q_states.flip(1).cumsum(1).flip(1)  # Σ_{c' >= c}
     rev = torch.cat([rev, rev.new_zeros((bh, 1, size))], dim=1)
