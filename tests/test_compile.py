@@ -396,9 +396,9 @@ def test_inductor_compiles_the_efficient_form_end_to_end():
 def test_decoding_step_compiles_whole(kernel, cache, monkeypatch):
     # the step a generation loop compiles: model.decode of one token, caches updated in
     # place. The key/value cache grows by a token per step: torch.compile's default traces
-    # again at the second step with its length as a symbol (dynamic=True from the start
-    # took 9-10 s here, the default 3 s). Its buffers get 1 token of room here (and an
-    # eighth), so that the steps cross a move to larger buffers.
+    # again at the second step with its length as a symbol (torch.compile's default, not
+    # dynamic=True). Its buffers get 1 token of room here (and an eighth), so that the
+    # steps cross a move to larger buffers.
     monkeypatch.setattr(taylorshift.nn.cache, "KV_CACHE_ROOM", 1)
     torch.manual_seed(0)
     model = create_model("lm-tiny", attn_kernel=kernel).eval()

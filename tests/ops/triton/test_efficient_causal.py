@@ -181,5 +181,4 @@ def test_the_scan_kernel_gives_the_prefix_and_suffix_states(launches, n_keys, n_
         assert got.shape == (bh * rows, size) and got.dtype == torch.float32
         assert_rel_close(got, want, 1e-6, reference.__name__, atol=1e-6)
         torch.testing.assert_close(got, reference(states, rows, first), rtol=1e-6, atol=1e-6)
-    if n_queries or n_keys:
-        launches.ran("_scan_kernel")
+    launches.ran("_scan_kernel")  # (every shape has chunks of keys or of queries)
